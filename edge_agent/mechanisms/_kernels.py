@@ -1,0 +1,253 @@
+"""Batch sampling kernels.
+
+Private ``@njit`` functions work on plain arrays and scalars and allocate
+nothing; each has a thin public wrapper that checks dtypes and lengths.
+Randomness arrives as an array of uniform 64-bit words produced outside
+numba (see ``randomness.py``); numba's ``np.random`` is never used.
+
+The three-piece kernels draw exactly one word per value and are branch-free
+in the hot path: whether the word falls in the 'base' layer (weight A on
+every tick) or the 'extra' layer (weight D on the central ticks) is a data
+dependent coin flip that a branch predictor cannot learn.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+# --------------------------------------------------------------------------
+# Three-piece mechanisms (see _layout.py for the integer construction)
+# --------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _tpm_tick(word, left, shift, base_total, extra, inv_extra, mask):
+    """Tick index drawn from one word, for a central interval starting at ``left``."""
+    u = np.int64(word >> np.uint64(shift))  # uniform on [0, 2**TOTAL_BITS)
+    e = u - base_total  # >= 0: inside the extra layer
+    # Exact e // extra through the float reciprocal: e < 2**53, so the estimate
+    # is off by at most one and the remainder test corrects it.
+    q = np.int64(np.float64(e) * inv_extra)
+    r = e - q * extra
+    q += np.int64(r >= extra) - np.int64(r < 0)
+    return (u & mask) if e < 0 else (left + q)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _tpm_linear(x, words, out, low, high, slope, intercept, max_left,
+                shift, base_total, extra, inv_extra, cell_shift, mask):
+    """Perturb ``x`` on a bounded line; returns (non-finite count, clipped count)."""
+    bad = 0
+    clipped = 0
+    for i in range(x.shape[0]):
+        v = x[i]
+        bad += not math.isfinite(v)
+        c = min(max(v, low), high)
+        clipped += c != v
+        # Ticks from the start of the output domain; truncation equals floor
+        # after the clamp to [0, max_left].
+        left = np.int64(slope * (c - low) + intercept)
+        left = min(max(left, 0), max_left)
+        tick = _tpm_tick(words[i], left, shift, base_total, extra, inv_extra, mask)
+        out[i] = np.uint32(tick >> cell_shift)
+    return bad, clipped
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _tpm_circular(x, words, out, origin, period, scale, offset,
+                  shift, base_total, extra, inv_extra, cell_shift, mask):
+    """Perturb angles on a circle; returns (non-finite count, wrapped count)."""
+    bad = 0
+    wrapped = 0
+    ticks = np.float64(mask + 1)
+    for i in range(x.shape[0]):
+        v = x[i]
+        bad += not math.isfinite(v)
+        d = v - origin
+        wrapped += (d < 0.0) | (d >= period)
+        t = d * scale
+        t -= math.floor(t / ticks) * ticks  # wrap into [0, T)
+        left = np.int64(math.floor(t + offset)) & mask
+        tick = _tpm_tick(words[i], left, shift, base_total, extra, inv_extra, mask) & mask
+        out[i] = np.uint32(tick >> cell_shift)
+    return bad, wrapped
+
+
+def _check_batch(x, words, out, words_needed):
+    if x.dtype != np.float64 or x.ndim != 1 or not x.flags.c_contiguous:
+        raise TypeError("x must be a contiguous 1-D float64 array")
+    if out.dtype != np.uint32 or out.shape != x.shape:
+        raise TypeError("out must be a uint32 array shaped like x")
+    if words.dtype != np.uint64 or words.ndim != 1 or words.shape[0] < words_needed:
+        raise ValueError(f"need at least {words_needed} uint64 random words")
+
+
+def tpm_linear(x, words, out, *, low, high, slope, intercept, max_left, constants):
+    """Validated entry to the bounded-line kernel; ``constants`` from TickLayout."""
+    _check_batch(x, words, out, x.shape[0])
+    return _tpm_linear(x, words, out, float(low), float(high), float(slope),
+                       float(intercept), int(max_left), *constants)
+
+
+def tpm_circular(x, words, out, *, origin, period, scale, offset, constants):
+    """Validated entry to the circle kernel; ``constants`` from TickLayout."""
+    _check_batch(x, words, out, x.shape[0])
+    return _tpm_circular(x, words, out, float(origin), float(period), float(scale),
+                         float(offset), *constants)
+
+
+# --------------------------------------------------------------------------
+# Discrete Laplace on the output grid (Canonne, Kamath, Steinke 2020, Alg. 1-2)
+# --------------------------------------------------------------------------
+# Every draw is an exact rejection or Bernoulli step on integers, so the
+# distribution is exactly the discrete Laplace with the rational scale
+# num / 2**den_shift.  A sampler call that runs out of words reports where its
+# value started; the wrapper replays that value on the same words followed by
+# fresh ones, so running out never biases the result.
+
+_EXHAUSTED = -1
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _bit_length(m):
+    bits = 0
+    while m > 0:
+        m >>= 1
+        bits += 1
+    return bits
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _uniform_below(m, words, pos):
+    """Uniform integer in [0, m) by exact rejection; pos = -1 when out of words."""
+    if m <= 1:
+        return np.int64(0), pos
+    shift = np.uint64(64 - _bit_length(m - 1))
+    bound = np.uint64(m)
+    while True:
+        if pos >= words.shape[0]:
+            return np.int64(0), _EXHAUSTED
+        r = words[pos] >> shift
+        pos += 1
+        if r < bound:
+            return np.int64(r), pos
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _bernoulli_exp(numer, denom, words, pos):
+    """Bernoulli(exp(-numer/denom)) for 0 <= numer <= denom (CKS Algorithm 1)."""
+    k = 1
+    while True:
+        # Bernoulli(gamma / k) as Bernoulli(gamma) and Bernoulli(1 / k).
+        u, pos = _uniform_below(denom, words, pos)
+        if pos == _EXHAUSTED:
+            return False, pos
+        if not u < numer:
+            break
+        u, pos = _uniform_below(k, words, pos)
+        if pos == _EXHAUSTED:
+            return False, pos
+        if u != 0:
+            break
+        k += 1
+    return k % 2 == 1, pos
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _discrete_laplace(num, den_shift, words, pos):
+    """Z with P(z) proportional to exp(-|z| * 2**den_shift / num) (CKS Algorithm 2)."""
+    while True:
+        u, pos = _uniform_below(num, words, pos)
+        if pos == _EXHAUSTED:
+            return np.int64(0), pos
+        accept, pos = _bernoulli_exp(u, num, words, pos)
+        if pos == _EXHAUSTED:
+            return np.int64(0), pos
+        if not accept:
+            continue
+        v = 0
+        while True:
+            more, pos = _bernoulli_exp(1, 1, words, pos)
+            if pos == _EXHAUSTED:
+                return np.int64(0), pos
+            if not more:
+                break
+            v += 1
+        y = (u + num * v) >> den_shift
+        sign, pos = _uniform_below(2, words, pos)
+        if pos == _EXHAUSTED:
+            return np.int64(0), pos
+        if sign == 1 and y == 0:
+            continue
+        return (y if sign == 0 else -y), pos
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _quantize(x, cells, low, high, inv_cell, n_cells):
+    """Clip to [low, high] and map to the index of the grid cell holding x."""
+    bad = 0
+    clipped = 0
+    top = n_cells - 1
+    for i in range(x.shape[0]):
+        v = x[i]
+        bad += not math.isfinite(v)
+        c = min(max(v, low), high)
+        clipped += c != v
+        cells[i] = min(max(np.int64((c - low) * inv_cell), 0), top)
+    return bad, clipped
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _laplace_cells(cells, words, out, start, num, den_shift, n_cells, bounded):
+    """Noisy cell indices from ``start`` on; returns (next index, its word position).
+
+    ``bounded`` False clamps x + Z into the grid (truncated Laplace, atoms at the
+    ends); True redraws Z until x + Z is inside (bounded Laplace).
+    """
+    pos = 0
+    top = n_cells - 1
+    for i in range(start, cells.shape[0]):
+        begin = pos
+        while True:
+            z, pos = _discrete_laplace(num, den_shift, words, pos)
+            if pos == _EXHAUSTED:
+                return i, begin
+            y = cells[i] + z
+            if not bounded:
+                y = min(max(y, 0), top)
+                break
+            if 0 <= y <= top:
+                break
+        out[i] = np.uint32(y)
+    return cells.shape[0], pos
+
+
+def quantize(x, cells, *, low, high, n_cells):
+    if x.dtype != np.float64 or x.ndim != 1 or not x.flags.c_contiguous:
+        raise TypeError("x must be a contiguous 1-D float64 array")
+    if cells.dtype != np.int64 or cells.shape != x.shape:
+        raise TypeError("cells must be an int64 array shaped like x")
+    return _quantize(x, cells, float(low), float(high), n_cells / (high - low), int(n_cells))
+
+
+def laplace_cells(cells, source, *, num, den_shift, n_cells, bounded):
+    """Discrete-Laplace noise on grid cells, drawing words from ``source`` as needed."""
+    if cells.dtype != np.int64 or cells.ndim != 1:
+        raise TypeError("cells must be a 1-D int64 array")
+    if not 1 <= num < 1 << 50:
+        raise ValueError("num out of range for exact 64-bit arithmetic")
+    out = np.empty(cells.shape[0], dtype=np.uint32)
+    # About 6 words per draw on average; ask for enough that a refill is rare.
+    words = source.words(8 * cells.shape[0] + 64)
+    done = 0
+    while True:
+        done, resume = _laplace_cells(cells, words, out, done, int(num), int(den_shift),
+                                      int(n_cells), bool(bounded))
+        if done == cells.shape[0]:
+            return out
+        # Replay the unfinished value on its own words followed by fresh ones.
+        fresh = source.words(4 * (cells.shape[0] - done) + 64)
+        words = np.concatenate([words[resume:], fresh])

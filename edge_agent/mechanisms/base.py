@@ -1,0 +1,249 @@
+"""What every mechanism offers, and the output grid they share.
+
+Why reports are grid codes
+--------------------------
+A sampler that computes a float, e.g. ``x + scale * log(u)``, cannot reach
+every double, and *which* doubles it can reach depends on ``x``.  Looking at
+the least significant bits of one report can then rule inputs in or out
+entirely, an unbounded privacy loss (Mironov 2012; Haney et al. 2022 broke
+three major DP libraries this way).  Our kernels never produce such a float:
+they pick one of ``2**grid_bits`` fixed cells of the output domain with an
+exactly computed integer probability, and a report is that cell's index (its
+*code*).  ``from_codes`` maps codes back to the cell centres, a fixed set of
+values that does not depend on any input, so nothing finer than a cell is
+ever released.
+
+Inputs
+------
+``perturb`` accepts any array shape.  A NaN or infinite value raises
+``ValueError`` (a sensor that says NaN is broken, and guessing a value would
+misreport it).  Values outside the input domain are clipped to it; on a
+circle they are wrapped instead.  ``perturb_codes(..., return_clipped=True)``
+also returns how many values were clipped or wrapped so callers can count them.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from decimal import Decimal, localcontext
+from fractions import Fraction
+from typing import Any, ClassVar
+
+import numpy as np
+
+from . import _validate
+from .randomness import RandomSource, as_random_source
+
+_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+def as_batch(values: Any, name: str = "values") -> tuple[np.ndarray, tuple[int, ...]]:
+    """Contiguous 1-D float64 copy-free view of ``values`` and its original shape."""
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be numeric (array-like of floats): {exc}") from None
+    return np.ascontiguousarray(array.reshape(-1)), array.shape
+
+
+def raise_non_finite(bad: int, total: int, name: str = "values") -> None:
+    if bad:
+        raise ValueError(
+            f"{name}: {bad} of {total} values are NaN or infinite; "
+            "drop or repair them before perturbing"
+        )
+
+
+@dataclass(frozen=True)
+class ExactLoss:
+    """A privacy loss ln(ratio) + exponent held exactly (ratio, exponent rational).
+
+    The three-piece mechanisms lose ln of a ratio of integer weights, the
+    grid Laplace ones a rational exponent; composition multiplies ratios and
+    adds exponents.  ``at_most(eps)`` decides loss <= eps without rounding.
+    """
+
+    ratio: Fraction = Fraction(1)
+    exponent: Fraction = Fraction(0)
+
+    def __add__(self, other: "ExactLoss") -> "ExactLoss":
+        return ExactLoss(self.ratio * other.ratio, self.exponent + other.exponent)
+
+    def __float__(self) -> float:
+        # Correctly rounded: if the exact loss is <= a float epsilon, so is this.
+        with localcontext() as ctx:
+            ctx.prec = 80
+            value = (Decimal(self.ratio.numerator).ln() - Decimal(self.ratio.denominator).ln()
+                     + Decimal(self.exponent.numerator) / Decimal(self.exponent.denominator))
+            return float(value)
+
+    def at_most(self, epsilon: float) -> bool:
+        with localcontext() as ctx:
+            ctx.prec = 80
+            # exp() is correctly rounded to 80 digits; the 1e-70 guard absorbs it.
+            bound = (Decimal(epsilon) - Decimal(self.exponent.numerator)
+                     / Decimal(self.exponent.denominator)).exp() * (1 - Decimal(10) ** -70)
+            return Decimal(self.ratio.numerator) <= Decimal(self.ratio.denominator) * bound
+
+
+class Mechanism(ABC):
+    """Base class: input domain, output grid, codes and the closed-form API.
+
+    Subclasses set ``epsilon``, ``low``, ``high``, ``output_low``,
+    ``output_high`` and ``grid_bits`` and implement the sampling and the
+    closed forms.  Closed forms (``pdf``, ``cdf``, ``mean_output``,
+    ``variance``, ``expected_error``) describe the continuous mechanism of the
+    paper; ``grid_pmf`` gives the exact probabilities of the codes that
+    ``perturb`` actually draws, which differ from the cell integrals of
+    ``pdf`` only by the sub-cell placement of interval ends (about 2**-20 of
+    the output width).
+    """
+
+    name: ClassVar[str]
+    circular: ClassVar[bool] = False
+    unbiased: ClassVar[bool] = False
+
+    epsilon: float
+    low: float
+    high: float
+    output_low: float
+    output_high: float
+    grid_bits: int
+
+    # -- grid ----------------------------------------------------------------
+    @property
+    def n_cells(self) -> int:
+        return 1 << self.grid_bits
+
+    @property
+    def cell_width(self) -> float:
+        return (self.output_high - self.output_low) / self.n_cells
+
+    def cell_edges(self) -> np.ndarray:
+        return self.output_low + np.arange(self.n_cells + 1) * self.cell_width
+
+    def from_codes(self, codes: Any) -> np.ndarray:
+        """Cell centres for integer codes; a code outside the grid raises ValueError."""
+        codes = self._check_codes(codes)
+        return self.output_low + (codes + 0.5) * self.cell_width
+
+    def to_codes(self, values: Any) -> np.ndarray:
+        """Code of the cell holding each value (values outside the output domain raise)."""
+        y = np.asarray(values, dtype=np.float64)
+        if not np.all(np.isfinite(y)):
+            raise ValueError("values must be finite to have a code")
+        if self.circular:
+            y = self.output_low + np.mod(y - self.output_low, self.output_high - self.output_low)
+        elif np.any((y < self.output_low) | (y > self.output_high)):
+            raise ValueError(
+                f"values must lie in the output domain [{self.output_low:g}, {self.output_high:g}]"
+            )
+        codes = np.floor((y - self.output_low) / self.cell_width).astype(np.int64)
+        return np.clip(codes, 0, self.n_cells - 1).astype(np.uint32)
+
+    def _check_codes(self, codes: Any) -> np.ndarray:
+        array = np.asarray(codes)
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"codes must be integers, got dtype {array.dtype}")
+        if array.size and (array.min() < 0 or array.max() >= self.n_cells):
+            raise ValueError(f"codes must be in [0, {self.n_cells - 1}]")
+        return array.astype(np.int64)
+
+    # -- reports -------------------------------------------------------------
+    def perturb(self, values: Any, rng: Any = None) -> np.ndarray:
+        """Privatised values (cell centres), same shape as ``values``.
+
+        ``rng=None`` draws from the OS-seeded CSPRNG; pass a seeded
+        ``numpy.random.Generator`` only for tests and benchmarks.
+        """
+        return self.from_codes(self.perturb_codes(values, rng))
+
+    def perturb_codes(self, values: Any, rng: Any = None, *, return_clipped: bool = False):
+        """Grid codes (uint32) of privatised values, same shape as ``values``."""
+        x, shape = as_batch(values)
+        codes, bad, clipped = self._sample_codes(x, as_random_source(rng))
+        raise_non_finite(bad, x.size)
+        codes = codes.reshape(shape)
+        return (codes, int(clipped)) if return_clipped else codes
+
+    @abstractmethod
+    def _sample_codes(self, x: np.ndarray, source: RandomSource) -> tuple[np.ndarray, int, int]:
+        """Codes for a 1-D float64 batch, with (non-finite, clipped) counts."""
+
+    # -- closed forms --------------------------------------------------------
+    @abstractmethod
+    def pdf(self, x: Any, y: Any) -> np.ndarray:
+        """Density of the report y given input x (broadcasting)."""
+
+    @abstractmethod
+    def cdf(self, x: Any, y: Any) -> np.ndarray:
+        """P[M(x) <= y] (on a circle: P[origin <= M(x) <= y])."""
+
+    @abstractmethod
+    def mean_output(self, x: Any) -> np.ndarray:
+        """E[M(x)] in closed form (on a circle: the mean direction)."""
+
+    @abstractmethod
+    def variance(self, x: Any) -> np.ndarray:
+        """Var[M(x)] in closed form (on a circle: E[d(M(x), x)**2])."""
+
+    @abstractmethod
+    def expected_error(self, x: Any, p: int = 2) -> np.ndarray:
+        """E|M(x) - x|**p in closed form (circular distance on a circle)."""
+
+    @abstractmethod
+    def grid_pmf(self, x: Any) -> np.ndarray:
+        """Exact probability of each code for input(s) x, shape (..., n_cells)."""
+
+    @abstractmethod
+    def exact_privacy_loss(self) -> ExactLoss:
+        """max over inputs x1, x2 and codes k of ln(P[k|x1] / P[k|x2]), held exactly.
+
+        Computed from the integer pieces the kernel samples from, so it is
+        the loss of what is released, not of an idealised continuous density.
+        """
+
+    def privacy_loss(self) -> float:
+        """The maximal log probability ratio of the released codes (<= epsilon, tested exactly)."""
+        return float(self.exact_privacy_loss())
+
+    def worst_case_error(self, p: int = 2) -> float:
+        """max over inputs x of expected_error(x, p).
+
+        The closed form is evaluated on 4097 points of the input domain and
+        refined by golden-section search around the best one (for the
+        piecewise mechanisms the maximum is at an end, OGPM paper Lemma 3.2).
+        """
+        p = _validate.error_power(p)
+        grid = np.linspace(self.low, self.high, 4097)
+        errors = self.expected_error(grid, p)
+        best = int(np.argmax(errors))
+        a = grid[max(best - 1, 0)]
+        b = grid[min(best + 1, grid.size - 1)]
+        f = lambda t: float(self.expected_error(t, p))  # noqa: E731
+        c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
+        for _ in range(80):
+            if f(c) > f(d):
+                b = d
+            else:
+                a = c
+            c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
+        return max(float(errors[best]), f((a + b) / 2.0))
+
+    # -- description ---------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """Parameters that rebuild this mechanism (see ``from_description``)."""
+        return {"name": self.name, "epsilon": self.epsilon, "low": self.low,
+                "high": self.high, "grid_bits": self.grid_bits}
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.describe().items() if k != "name")
+        return f"{type(self).__name__}({params})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.describe() == self.describe()
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(sorted(self.describe().items()))))
