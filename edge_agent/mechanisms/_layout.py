@@ -84,17 +84,25 @@ class TickLayout:
 
         The low weight follows from the continuous normalisation
         p_low * (1 + (e**eps - 1) * fraction) = 1 (unit-width output domain);
-        the interval length then follows from the integer normalisation, so it
-        matches ``fraction`` up to about one part in 2**33.
+        the interval length then follows from the integer normalisation.  A
+        step of one in A moves it by about fraction*T/A ticks; A is around
+        2**33 / (1 + e**eps * fraction), so for every mechanism here the
+        length is right to well under a tick.
         """
         ticks = 1 << tick_bits
         if epsilon == 0.0:  # uniform component (used by PolarOGPM for a zero share)
             return cls(grid_bits, 1 << (TOTAL_BITS - tick_bits), 0, 1, 0, tick_bits)
-        low = round((1 << TOTAL_BITS) / (ticks * (1.0 + math.expm1(epsilon) * fraction)))
-        extra = max_extra_weight(low, epsilon)
-        if extra < 1:
-            raise ValueError(f"epsilon={epsilon:g} is too small for an integer layout")
-        remaining = (1 << TOTAL_BITS) - low * ticks
+        target = (1 << TOTAL_BITS) / (ticks * (1.0 + math.expm1(epsilon) * fraction))
+        best = None
+        for low in {max(math.floor(target), 1), math.ceil(target)}:
+            extra = max_extra_weight(low, epsilon)
+            if extra < 1:
+                raise ValueError(f"epsilon={epsilon:g} is too small for an integer layout")
+            remaining = (1 << TOTAL_BITS) - low * ticks
+            miss = abs(remaining / extra - fraction * ticks)
+            if best is None or miss < best[0]:
+                best = (miss, low, extra, remaining)
+        _, low, extra, remaining = best
         length = -(-remaining // extra)
         last = remaining - extra * (length - 1)
         return cls(grid_bits, low, extra, length, last, tick_bits)
@@ -218,9 +226,12 @@ class TickLayout:
         weights = self.cell_weights(candidates, cells[:, None], circular)
         high = weights.max(axis=1)
         low = weights.min(axis=1)
-        # Compare the fractions exactly with Python integers.
-        best_num, best_den = 1, 1
-        for h, lo in zip(high.tolist(), low.tolist()):
+        # Floats find the contenders; Python integers pick the exact maximum.
+        ratio = high / low
+        top = int(np.argmax(ratio))
+        best_num, best_den = int(high[top]), int(low[top])
+        others = (ratio >= ratio[top] * (1 - 1e-9)) & ((high != best_num) | (low != best_den))
+        for h, lo in zip(high[others].tolist(), low[others].tolist()):
             if h * best_den > best_num * lo:
                 best_num, best_den = h, lo
         return best_num, best_den

@@ -80,11 +80,16 @@ class ExactLoss:
             return float(value)
 
     def at_most(self, epsilon: float) -> bool:
+        room = Fraction(epsilon) - self.exponent
+        if room == 0:  # e**0 = 1 is the one rational value of exp at a rational point
+            return self.ratio <= 1
         with localcontext() as ctx:
             ctx.prec = 80
-            # exp() is correctly rounded to 80 digits; the 1e-70 guard absorbs it.
-            bound = (Decimal(epsilon) - Decimal(self.exponent.numerator)
-                     / Decimal(self.exponent.denominator)).exp() * (1 - Decimal(10) ** -70)
+            # Otherwise exp(room) is irrational (Lindemann), so it never equals the
+            # ratio; exp() is correctly rounded to 80 digits and the 1e-70 guard
+            # only ever errs towards refusing.
+            bound = (Decimal(room.numerator) / Decimal(room.denominator)).exp() * (
+                1 - Decimal(10) ** -70)
             return Decimal(self.ratio.numerator) <= Decimal(self.ratio.denominator) * bound
 
 

@@ -1,0 +1,78 @@
+"""Catalogue of every mechanism and the goodness-of-fit machinery for the tests."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from edge_agent.mechanisms import (
+    PTT,
+    BoundedLaplace,
+    CircularOGPM,
+    ClassicalOGPM,
+    Duchi,
+    PiecewiseMechanism,
+    SquareWave,
+    TruncatedLaplace,
+    UnbiasedOGPM,
+)
+
+FALSE_ALARM = 1e-6
+
+
+def make(kind: str, epsilon: float, low: float = 0.0, high: float = 1.0, grid_bits: int = 16):
+    """Every scalar mechanism by a short name, on [low, high] (circles use that as one turn)."""
+    if kind == "ogpm":
+        return ClassicalOGPM(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
+    if kind == "ogpm-u":
+        return UnbiasedOGPM(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
+    if kind == "circular":
+        return CircularOGPM(epsilon=epsilon, period=high - low, origin=low, grid_bits=grid_bits)
+    if kind == "pm":
+        return PiecewiseMechanism(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
+    if kind == "pm-c":
+        return PiecewiseMechanism(epsilon=epsilon, low=low, high=high, compressed=True,
+                                  grid_bits=grid_bits)
+    if kind == "sw":
+        return SquareWave(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
+    if kind == "sw-c":
+        return SquareWave(epsilon=epsilon, low=low, high=high, compressed=True,
+                          grid_bits=grid_bits)
+    if kind == "ptt":
+        return PTT(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
+    if kind == "duchi":
+        return Duchi(epsilon=epsilon, low=low, high=high)
+    if kind == "t-laplace":
+        return TruncatedLaplace(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
+    if kind == "b-laplace":
+        return BoundedLaplace(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
+    raise KeyError(kind)
+
+
+KINDS = ["ogpm", "ogpm-u", "circular", "pm", "pm-c", "sw", "sw-c", "ptt", "duchi",
+         "t-laplace", "b-laplace"]
+PIECEWISE_KINDS = ["ogpm", "ogpm-u", "circular", "pm", "pm-c", "sw", "sw-c", "ptt"]
+
+
+def dkw_threshold(n: int, alpha: float = FALSE_ALARM) -> float:
+    """t with P(sup|F_n - F| > t) <= alpha for *any* F (Dvoretzky-Kiefer-Wolfowitz-Massart).
+
+    Valid for discrete distributions too, so it tests grid codes directly.
+    """
+    return math.sqrt(math.log(2.0 / alpha) / (2.0 * n))
+
+
+def ks_statistic(codes: np.ndarray, cdf: np.ndarray) -> float:
+    """sup over codes k of |empirical P[code <= k] - cdf[k]|."""
+    counts = np.bincount(codes.ravel().astype(np.int64), minlength=cdf.size)
+    empirical = np.cumsum(counts) / codes.size
+    return float(np.max(np.abs(empirical - cdf)))
+
+
+def continuous_cdf_at_cells(mech, x: float) -> np.ndarray:
+    """The paper's closed-form CDF at the upper edge of every grid cell."""
+    if isinstance(mech, Duchi):
+        return np.array([float(mech.cdf(x, mech.output_low)), 1.0])
+    edges = mech.cell_edges()[1:]
+    return np.asarray(mech.cdf(x, edges), dtype=np.float64)

@@ -1,0 +1,108 @@
+"""Slow, obvious per-sample reference implementations of every kernel.
+
+They use Python integers, plain ``//`` and explicit branches: no float
+reciprocal trick, no branch-free selects.  The kernel tests feed both the same
+random words and require identical codes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from edge_agent.mechanisms._layout import TOTAL_BITS
+
+
+def tpm_code(layout, left: int, word: int, circular: bool) -> int:
+    """Code drawn from one 64-bit word when the central interval starts at ``left``."""
+    u = word >> (64 - TOTAL_BITS)
+    base = layout.low_weight * layout.ticks
+    if u < base:
+        # The base layer is A copies of every tick: u mod T is uniform over ticks.
+        tick = u % layout.ticks
+    else:
+        tick = left + (u - base) // layout.extra_weight
+    if circular:
+        tick %= layout.ticks
+    assert 0 <= tick < layout.ticks
+    return tick // layout.ticks_per_cell
+
+
+def tpm_linear_left(mech, x: float) -> int:
+    c = min(max(x, mech.low), mech.high)
+    raw = math.floor(mech._tick_slope * (c - mech.low) + mech._tick_intercept)
+    return min(max(raw, 0), mech._max_left)
+
+
+def tpm_circular_left(mech, x: float) -> int:
+    t = (x - mech.origin) * mech._tick_scale
+    t -= math.floor(t / mech.layout.ticks) * mech.layout.ticks
+    return math.floor(t + mech._tick_offset) % mech.layout.ticks
+
+
+def duchi_left(mech, x: float) -> int:
+    c = min(max(x, mech.low), mech.high)
+    return math.floor(mech._tick_slope * (c - mech.low) + 0.5)
+
+
+class WordStream:
+    """Hands out words one at a time, like the kernel's cursor."""
+
+    def __init__(self, words):
+        self.words = [int(w) for w in words]
+        self.pos = 0
+
+    def next(self) -> int:
+        word = self.words[self.pos]
+        self.pos += 1
+        return word
+
+
+def uniform_below(m: int, stream: WordStream) -> int:
+    if m <= 1:
+        return 0
+    shift = 64 - (m - 1).bit_length()
+    while True:
+        r = stream.next() >> shift
+        if r < m:
+            return r
+
+
+def bernoulli_exp(numer: int, denom: int, stream: WordStream) -> bool:
+    """Bernoulli(exp(-numer/denom)), 0 <= numer <= denom (Canonne-Kamath-Steinke Alg. 1)."""
+    k = 1
+    while True:
+        if not uniform_below(denom, stream) < numer:
+            break
+        if uniform_below(k, stream) != 0:
+            break
+        k += 1
+    return k % 2 == 1
+
+
+def discrete_laplace(num: int, den_shift: int, stream: WordStream) -> int:
+    """CKS Algorithm 2 with scale num / 2**den_shift."""
+    while True:
+        u = uniform_below(num, stream)
+        if not bernoulli_exp(u, num, stream):
+            continue
+        v = 0
+        while bernoulli_exp(1, 1, stream):
+            v += 1
+        y = (u + num * v) >> den_shift
+        sign = uniform_below(2, stream)
+        if sign == 1 and y == 0:
+            continue
+        return -y if sign else y
+
+
+def laplace_code(mech, x: float, stream: WordStream) -> int:
+    c = min(max(x, mech.low), mech.high)
+    cell = min(max(int((c - mech.low) * (mech.n_cells / (mech.high - mech.low))), 0),
+               mech.n_cells - 1)
+    top = mech.n_cells - 1
+    while True:
+        y = cell + discrete_laplace(mech._num, 16, stream)
+        if not mech.bounded:
+            return min(max(y, 0), top)
+        if 0 <= y <= top:
+            return y
