@@ -37,11 +37,16 @@ def _tpm_tick(word, left, shift, base_total, extra, inv_extra, mask):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _tpm_linear(x, words, out, low, high, slope, intercept, max_left,
-                shift, base_total, extra, inv_extra, cell_shift, mask):
-    """Perturb ``x`` on a bounded line; returns (non-finite count, clipped count)."""
+def _tpm_linear(x, words, codes, values, value_origin, value_step, low, high, slope, intercept,
+                max_left, shift, base_total, extra, inv_extra, cell_shift, mask):
+    """Perturb ``x`` on a bounded line; returns (non-finite count, clipped count).
+
+    Writes cell codes to ``codes``, or, when ``values`` is non-empty, the cell
+    centres ``value_origin + code * value_step`` to ``values`` instead.
+    """
     bad = 0
     clipped = 0
+    emit_values = values.shape[0] > 0
     for i in range(x.shape[0]):
         v = x[i]
         bad += not math.isfinite(v)
@@ -51,52 +56,113 @@ def _tpm_linear(x, words, out, low, high, slope, intercept, max_left,
         # after the clamp to [0, max_left].
         left = np.int64(slope * (c - low) + intercept)
         left = min(max(left, 0), max_left)
-        tick = _tpm_tick(words[i], left, shift, base_total, extra, inv_extra, mask)
-        out[i] = np.uint32(tick >> cell_shift)
+        cell = _tpm_tick(words[i], left, shift, base_total, extra, inv_extra, mask) >> cell_shift
+        if emit_values:
+            values[i] = value_origin + cell * value_step
+        else:
+            codes[i] = np.uint32(cell)
     return bad, clipped
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _tpm_circular(x, words, out, origin, period, scale, offset,
-                  shift, base_total, extra, inv_extra, cell_shift, mask):
+def _tpm_circular(x, words, codes, values, value_origin, value_step, origin, period, scale,
+                  offset, shift, base_total, extra, inv_extra, cell_shift, mask):
     """Perturb angles on a circle; returns (non-finite count, wrapped count)."""
     bad = 0
     wrapped = 0
     ticks = np.float64(mask + 1)
+    inv_ticks = 1.0 / ticks  # exact: the tick count is a power of two
+    emit_values = values.shape[0] > 0
     for i in range(x.shape[0]):
         v = x[i]
         bad += not math.isfinite(v)
         d = v - origin
         wrapped += (d < 0.0) | (d >= period)
         t = d * scale
-        t -= math.floor(t / ticks) * ticks  # wrap into [0, T)
+        t -= math.floor(t * inv_ticks) * ticks  # wrap into [0, T)
         left = np.int64(math.floor(t + offset)) & mask
         tick = _tpm_tick(words[i], left, shift, base_total, extra, inv_extra, mask) & mask
-        out[i] = np.uint32(tick >> cell_shift)
+        cell = tick >> cell_shift
+        if emit_values:
+            values[i] = value_origin + cell * value_step
+        else:
+            codes[i] = np.uint32(cell)
     return bad, wrapped
 
 
+@njit(cache=True, nogil=True, boundscheck=False)
+def _cell_values(codes, values, value_origin, value_step, n_cells):
+    """Cell centres of ``codes``; returns how many codes are outside [0, n_cells)."""
+    bad = 0
+    for i in range(codes.shape[0]):
+        c = np.int64(codes[i])
+        bad += (c < 0) | (c >= n_cells)
+        values[i] = value_origin + c * value_step
+    return bad
+
+
+def _is(array, kind, itemsize):
+    # kind/itemsize tests: portable across platforms and cheaper than dtype equality.
+    return array.dtype.kind == kind and array.dtype.itemsize == itemsize
+
+
 def _check_batch(x, words, out, words_needed):
-    if x.dtype != np.float64 or x.ndim != 1 or not x.flags.c_contiguous:
+    if not _is(x, "f", 8) or x.ndim != 1 or not x.flags.c_contiguous:
         raise TypeError("x must be a contiguous 1-D float64 array")
-    if out.dtype != np.uint32 or out.shape != x.shape:
-        raise TypeError("out must be a uint32 array shaped like x")
-    if words.dtype != np.uint64 or words.ndim != 1 or words.shape[0] < words_needed:
+    if not (_is(out, "u", 4) or _is(out, "f", 8)) or out.shape != x.shape:
+        raise TypeError("out must be a uint32 (codes) or float64 (values) array shaped like x")
+    if not _is(words, "u", 8) or words.ndim != 1 or words.shape[0] < words_needed:
         raise ValueError(f"need at least {words_needed} uint64 random words")
 
 
-def tpm_linear(x, words, out, *, low, high, slope, intercept, max_left, constants):
-    """Validated entry to the bounded-line kernel; ``constants`` from TickLayout."""
-    _check_batch(x, words, out, x.shape[0])
-    return _tpm_linear(x, words, out, float(low), float(high), float(slope),
-                       float(intercept), int(max_left), *constants)
+_NO_CODES = np.empty(0, dtype=np.uint32)
+_NO_VALUES = np.empty(0, dtype=np.float64)
 
 
-def tpm_circular(x, words, out, *, origin, period, scale, offset, constants):
-    """Validated entry to the circle kernel; ``constants`` from TickLayout."""
+def _outputs(out, value_origin, value_step):
+    if out.dtype.kind == "f":
+        return _NO_CODES, out, value_origin, value_step
+    return out, _NO_VALUES, 0.0, 0.0
+
+
+def linear_args(*, low, high, slope, intercept, max_left, constants):
+    """The kernel's scalar parameters, built once per mechanism."""
+    return (float(low), float(high), float(slope), float(intercept), int(max_left),
+            *(int(c) if isinstance(c, int) else float(c) for c in constants))
+
+
+def circular_args(*, origin, period, scale, offset, constants):
+    return (float(origin), float(period), float(scale), float(offset),
+            *(int(c) if isinstance(c, int) else float(c) for c in constants))
+
+
+def tpm_linear(x, words, out, args, value_origin=0.0, value_step=0.0):
+    """Validated entry to the bounded-line kernel; ``args`` from ``linear_args``.
+
+    ``out`` uint32 receives codes; float64 receives cell centres
+    ``value_origin + code * value_step``.
+    """
     _check_batch(x, words, out, x.shape[0])
-    return _tpm_circular(x, words, out, float(origin), float(period), float(scale),
-                         float(offset), *constants)
+    return _tpm_linear(x, words, *_outputs(out, value_origin, value_step), *args)
+
+
+def tpm_circular(x, words, out, args, value_origin=0.0, value_step=0.0):
+    """Validated entry to the circle kernel; ``args`` from ``circular_args``."""
+    _check_batch(x, words, out, x.shape[0])
+    return _tpm_circular(x, words, *_outputs(out, value_origin, value_step), *args)
+
+
+def cell_values(codes, *, value_origin, value_step, n_cells):
+    """(values, count of codes outside the grid) for a 1-D integer array."""
+    if codes.ndim != 1 or codes.dtype.kind not in "iu":
+        raise TypeError("codes must be a 1-D integer array")
+    if codes.dtype not in (np.uint32, np.int64):
+        if codes.dtype.kind == "u" and codes.size and codes.max() > np.iinfo(np.int64).max:
+            return np.empty(codes.shape[0]), codes.shape[0]
+        codes = codes.astype(np.int64)
+    values = np.empty(codes.shape[0], dtype=np.float64)
+    bad = _cell_values(codes, values, float(value_origin), float(value_step), int(n_cells))
+    return values, bad
 
 
 # --------------------------------------------------------------------------

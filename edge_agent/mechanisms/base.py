@@ -27,20 +27,25 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import cached_property
 from decimal import Decimal, localcontext
 from fractions import Fraction
 from typing import Any, ClassVar
 
 import numpy as np
 
-from . import _validate
+from . import _kernels, _validate
 from .randomness import RandomSource, as_random_source
 
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 
 
 def as_batch(values: Any, name: str = "values") -> tuple[np.ndarray, tuple[int, ...]]:
-    """Contiguous 1-D float64 copy-free view of ``values`` and its original shape."""
+    """Contiguous 1-D float64 view of ``values`` (copied only if needed) and its shape."""
+    if type(values) is np.ndarray and values.dtype.kind == "f" and values.dtype.itemsize == 8 \
+            and values.ndim == 1 \
+            and values.flags.c_contiguous:
+        return values, values.shape  # the common case, without the generic conversions
     try:
         array = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -129,10 +134,23 @@ class Mechanism(ABC):
     def cell_edges(self) -> np.ndarray:
         return self.output_low + np.arange(self.n_cells + 1) * self.cell_width
 
+    @cached_property
+    def _grid_values(self) -> tuple[float, float]:
+        """(value of code 0, step between codes): code k reports the centre of cell k."""
+        return self.output_low + 0.5 * self.cell_width, self.cell_width
+
     def from_codes(self, codes: Any) -> np.ndarray:
         """Cell centres for integer codes; a code outside the grid raises ValueError."""
-        codes = self._check_codes(codes)
-        return self.output_low + (codes + 0.5) * self.cell_width
+        array = np.asarray(codes)
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"codes must be integers, got dtype {array.dtype}")
+        origin, step = self._grid_values
+        values, bad = _kernels.cell_values(np.ascontiguousarray(array.reshape(-1)),
+                                           value_origin=origin, value_step=step,
+                                           n_cells=self.n_cells)
+        if bad:
+            raise ValueError(f"codes must be in [0, {self.n_cells - 1}]: {bad} are not")
+        return values.reshape(array.shape)
 
     def to_codes(self, values: Any) -> np.ndarray:
         """Code of the cell holding each value (values outside the output domain raise)."""
@@ -148,14 +166,6 @@ class Mechanism(ABC):
         codes = np.floor((y - self.output_low) / self.cell_width).astype(np.int64)
         return np.clip(codes, 0, self.n_cells - 1).astype(np.uint32)
 
-    def _check_codes(self, codes: Any) -> np.ndarray:
-        array = np.asarray(codes)
-        if array.dtype.kind not in "iu":
-            raise TypeError(f"codes must be integers, got dtype {array.dtype}")
-        if array.size and (array.min() < 0 or array.max() >= self.n_cells):
-            raise ValueError(f"codes must be in [0, {self.n_cells - 1}]")
-        return array.astype(np.int64)
-
     # -- reports -------------------------------------------------------------
     def perturb(self, values: Any, rng: Any = None) -> np.ndarray:
         """Privatised values (cell centres), same shape as ``values``.
@@ -163,19 +173,23 @@ class Mechanism(ABC):
         ``rng=None`` draws from the OS-seeded CSPRNG; pass a seeded
         ``numpy.random.Generator`` only for tests and benchmarks.
         """
-        return self.from_codes(self.perturb_codes(values, rng))
+        x, shape = as_batch(values)
+        out, bad, _ = self._sample(x, as_random_source(rng), as_values=True)
+        raise_non_finite(bad, x.size)
+        return out.reshape(shape)
 
     def perturb_codes(self, values: Any, rng: Any = None, *, return_clipped: bool = False):
         """Grid codes (uint32) of privatised values, same shape as ``values``."""
         x, shape = as_batch(values)
-        codes, bad, clipped = self._sample_codes(x, as_random_source(rng))
+        codes, bad, clipped = self._sample(x, as_random_source(rng), as_values=False)
         raise_non_finite(bad, x.size)
         codes = codes.reshape(shape)
         return (codes, int(clipped)) if return_clipped else codes
 
     @abstractmethod
-    def _sample_codes(self, x: np.ndarray, source: RandomSource) -> tuple[np.ndarray, int, int]:
-        """Codes for a 1-D float64 batch, with (non-finite, clipped) counts."""
+    def _sample(self, x: np.ndarray, source: RandomSource,
+                as_values: bool) -> tuple[np.ndarray, int, int]:
+        """Codes (or cell centres) for a 1-D float64 batch, with (non-finite, clipped) counts."""
 
     # -- closed forms --------------------------------------------------------
     @abstractmethod

@@ -159,7 +159,10 @@ class Duchi(Mechanism):
         e = math.exp(self.epsilon)
         self.bound = (e + 1.0) / (e - 1.0)
         mid, half = 0.5 * (self.low + self.high), 0.5 * (self.high - self.low)
-        self.output_low, self.output_high = mid - self.bound * half, mid + self.bound * half
+        self.output_low = mid - self.bound * half
+        # Define the upper atom as low + step so the kernel's low + 1 * step is it exactly.
+        self._atom_step = (mid + self.bound * half) - self.output_low
+        self.output_high = self.output_low + self._atom_step
         # Two cells of T/2 ticks; the 'central interval' is exactly one cell long
         # and slides from the lower cell (x = low) to the upper (x = high), so
         # P[upper] = (A T/2 + D * start) / 2**53 is affine in the start tick.
@@ -168,6 +171,9 @@ class Duchi(Mechanism):
         )
         self._constants = self.layout.kernel_constants()
         self._tick_slope = (self.layout.ticks // 2) / (self.high - self.low)
+        self._kernel_args = _kernels.linear_args(
+            low=self.low, high=self.high, slope=self._tick_slope, intercept=0.5,
+            max_left=self.layout.ticks // 2, constants=self._constants)
 
     def _upper_probability(self, x: Any) -> np.ndarray:
         x = np.clip(np.asarray(x, dtype=np.float64), self.low, self.high)
@@ -176,7 +182,11 @@ class Duchi(Mechanism):
         return 0.5 + (e - 1.0) / (2.0 * (e + 1.0)) * t
 
     def from_codes(self, codes: Any) -> np.ndarray:
-        codes = self._check_codes(codes)
+        codes = np.asarray(codes)
+        if codes.dtype.kind not in "iu":
+            raise TypeError(f"codes must be integers, got dtype {codes.dtype}")
+        if codes.size and (codes.min() < 0 or codes.max() > 1):
+            raise ValueError("codes must be in [0, 1]")
         return np.where(codes == 1, self.output_high, self.output_low)
 
     def to_codes(self, values: Any) -> np.ndarray:
@@ -223,13 +233,10 @@ class Duchi(Mechanism):
     def exact_privacy_loss(self) -> ExactLoss:
         return ExactLoss(Fraction(*self.layout.max_cell_ratio(0, self.layout.ticks // 2, False)))
 
-    def _sample_codes(self, x: np.ndarray, source: RandomSource):
-        out = np.empty(x.shape[0], dtype=np.uint32)
-        bad, clipped = _kernels.tpm_linear(
-            x, source.words(x.shape[0]), out, low=self.low, high=self.high,
-            slope=self._tick_slope, intercept=0.5, max_left=self.layout.ticks // 2,
-            constants=self._constants,
-        )
+    def _sample(self, x: np.ndarray, source: RandomSource, as_values: bool):
+        out = np.empty(x.shape[0], dtype=np.float64 if as_values else np.uint32)
+        bad, clipped = _kernels.tpm_linear(x, source.words(x.shape[0]), out, self._kernel_args,
+                                           self.output_low, self._atom_step)
         return out, bad, clipped
 
     def describe(self) -> dict[str, Any]:

@@ -63,6 +63,9 @@ class ThreePieceMechanism(Mechanism):
             (centre_at_low - output_low) * per_unit - self.layout.effective_length / 2.0 + 0.5
         )
         self._max_left = ticks - self.layout.length
+        self._kernel_args = _kernels.linear_args(
+            low=low, high=high, slope=self._tick_slope, intercept=self._tick_intercept,
+            max_left=self._max_left, constants=self._constants)
 
     # -- the continuous pieces -------------------------------------------
     def centre(self, x: Any) -> np.ndarray:
@@ -138,13 +141,10 @@ class ThreePieceMechanism(Mechanism):
         first, last = self._reachable_starts()
         return ExactLoss(Fraction(*self.layout.max_cell_ratio(first, last, self.circular)))
 
-    def _sample_codes(self, x: np.ndarray, source: RandomSource):
-        out = np.empty(x.shape[0], dtype=np.uint32)
-        bad, clipped = _kernels.tpm_linear(
-            x, source.words(x.shape[0]), out, low=self.low, high=self.high,
-            slope=self._tick_slope, intercept=self._tick_intercept,
-            max_left=self._max_left, constants=self._constants,
-        )
+    def _sample(self, x: np.ndarray, source: RandomSource, as_values: bool):
+        out = np.empty(x.shape[0], dtype=np.float64 if as_values else np.uint32)
+        bad, clipped = _kernels.tpm_linear(x, source.words(x.shape[0]), out, self._kernel_args,
+                                           *self._grid_values)
         return out, bad, clipped
 
 
@@ -162,6 +162,9 @@ class CircularThreePiece(ThreePieceMechanism):
                          centre_slope=1.0, grid_bits=grid_bits)
         self._tick_scale = self.layout.ticks / period
         self._tick_offset = 0.5 - self.layout.effective_length / 2.0
+        self._kernel_args = _kernels.circular_args(
+            origin=origin, period=period, scale=self._tick_scale, offset=self._tick_offset,
+            constants=self._constants)
 
     def wrap(self, x: Any) -> np.ndarray:
         return self.origin + np.mod(np.asarray(x, dtype=np.float64) - self.origin, self.period)
@@ -225,12 +228,10 @@ class CircularThreePiece(ThreePieceMechanism):
     def _reachable_starts(self) -> tuple[int, int]:
         return 0, self.layout.ticks - 1
 
-    def _sample_codes(self, x: np.ndarray, source: RandomSource):
-        out = np.empty(x.shape[0], dtype=np.uint32)
-        bad, wrapped = _kernels.tpm_circular(
-            x, source.words(x.shape[0]), out, origin=self.origin, period=self.period,
-            scale=self._tick_scale, offset=self._tick_offset, constants=self._constants,
-        )
+    def _sample(self, x: np.ndarray, source: RandomSource, as_values: bool):
+        out = np.empty(x.shape[0], dtype=np.float64 if as_values else np.uint32)
+        bad, wrapped = _kernels.tpm_circular(x, source.words(x.shape[0]), out, self._kernel_args,
+                                             *self._grid_values)
         return out, bad, wrapped
 
     def describe(self) -> dict[str, Any]:

@@ -376,3 +376,19 @@ def test_truncated_laplace_worst_case_is_inside():
     m = TruncatedLaplace(epsilon=2.0, low=0.0, high=1.0)
     assert m.worst_case_error(1) > float(m.expected_error(0.0, 1)) + 0.01
     assert m.worst_case_error(1) == pytest.approx(float(m.expected_error(0.5, 1)), rel=1e-9)
+
+
+@pytest.mark.parametrize("epsilon", [0.3, 1.0, 4.0])
+def test_pm_c_coincides_with_ogpm_at_the_ends(epsilon):
+    """Compressed PM's central piece at x = low is [low, low + w/(s+1)), OGPM's exactly.
+
+    So the two have the same worst-case error (the OGPM paper's Fig. 9 shows a
+    gap); OGPM's advantage is inside the domain (its Fig. 8).
+    """
+    ogpm = ClassicalOGPM(epsilon=epsilon, low=0.0, high=1.0)
+    pmc = PiecewiseMechanism(epsilon=epsilon, low=0.0, high=1.0, compressed=True)
+    for x in (0.0, 1.0):
+        assert np.allclose(ogpm.interval(x), pmc.interval(x), atol=1e-15)
+        assert float(ogpm.expected_error(x)) == pytest.approx(float(pmc.expected_error(x)))
+    inside = np.linspace(0.05, 0.95, 19)
+    assert np.all(ogpm.expected_error(inside) < pmc.expected_error(inside))

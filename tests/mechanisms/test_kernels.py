@@ -131,13 +131,15 @@ def test_kernel_wrappers_validate_arrays():
     m = make("ogpm", 1.0)
     x = np.zeros(4)
     out = np.empty(4, np.uint32)
-    kw = dict(low=0.0, high=1.0, slope=1.0, intercept=0.0, max_left=10, constants=m._constants)
+    args = m._kernel_args
     with pytest.raises(TypeError):
-        _kernels.tpm_linear(x.astype(np.float32), np.zeros(4, np.uint64), out, **kw)
+        _kernels.tpm_linear(x.astype(np.float32), np.zeros(4, np.uint64), out, args)
     with pytest.raises(TypeError):
-        _kernels.tpm_linear(x, np.zeros(4, np.uint64), np.empty(4, np.int64), **kw)
+        _kernels.tpm_linear(x, np.zeros(4, np.uint64), np.empty(4, np.int64), args)
     with pytest.raises(ValueError):
-        _kernels.tpm_linear(x, np.zeros(3, np.uint64), out, **kw)
+        _kernels.tpm_linear(x, np.zeros(3, np.uint64), out, args)
+    with pytest.raises(ValueError):
+        _kernels.tpm_linear(x, np.zeros(4, np.int64), out, args)
 
 
 def test_kernels_never_use_numbas_internal_generator():

@@ -1,0 +1,1 @@
+"""edge-collector: ingest of perturbed reports and live fleet aggregates."""
