@@ -1,0 +1,425 @@
+"""Agent configuration: TOML (stdlib ``tomllib``) validated by pydantic v2.
+
+``load_config(path)`` returns an ``AgentConfig`` or raises ``ConfigError``
+whose message lists every problem as ``key.path[index].key: what is allowed,
+got value``, e.g. ``channels[2].epsilon: must be > 0, got -1``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .mechanisms._validate import EPSILON_MAX, GRID_BITS_MAX, GRID_BITS_MIN
+
+# MQTT topic levels we create from names: no wildcards, separators or the
+# reserved leading underscore (collector topics such as _aggregates).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+RESERVED_CHANNEL_NAMES = {"status"}
+
+_PERIOD = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_PERIOD_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_period(text: str) -> float:
+    """'1d', '12h', '30m', '90s', '1w' -> seconds."""
+    match = _PERIOD.match(text)
+    if not match:
+        raise ValueError(f"must look like 30m, 12h, 1d or 1w, got {text!r}")
+    seconds = float(match.group(1)) * _PERIOD_SECONDS[match.group(2)]
+    if seconds < 60:
+        raise ValueError(f"must be at least 1 minute, got {text!r}")
+    return seconds
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+def _epsilon_range(value: float) -> float:
+    if not 0 < value <= EPSILON_MAX:
+        raise ValueError(f"must be in (0, {EPSILON_MAX:g}], got {value:g}")
+    return value
+
+
+Epsilon = Annotated[float, AfterValidator(_epsilon_range)]
+GridBits = Annotated[int, Field(ge=GRID_BITS_MIN, le=GRID_BITS_MAX)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Rate = Annotated[float, Field(gt=0, le=10_000)]
+
+
+# -- broker ---------------------------------------------------------------------
+
+class TLSConfig(_Model):
+    ca: Path | None = None  # CA bundle; None = the system's
+    cert: Path | None = None  # client certificate (mutual TLS)
+    key: Path | None = None
+    insecure: bool = False  # skip host name check (testing only)
+
+
+class BrokerConfig(_Model):
+    host: str = "127.0.0.1"
+    port: Port = 1883
+    username: str | None = None
+    password: SecretStr | None = None
+    password_file: Path | None = None
+    tls: TLSConfig | None = None
+    keepalive: Annotated[int, Field(ge=5, le=3600)] = 30
+    # Messages allowed in flight (sent, not yet acknowledged) at once.
+    max_inflight: Annotated[int, Field(ge=1, le=65535)] = 100
+
+    @model_validator(mode="after")
+    def _one_password(self):
+        if self.password is not None and self.password_file is not None:
+            raise ValueError("set password or password_file, not both")
+        return self
+
+    def resolved_password(self) -> str | None:
+        if self.password_file is not None:
+            return self.password_file.read_text().strip()
+        return self.password.get_secret_value() if self.password else None
+
+
+# -- privacy, spool ------------------------------------------------------------
+
+class PrivacyConfig(_Model):
+    budget_epsilon: Annotated[float, Field(gt=0)]
+    budget_period: str = "1d"
+    state_dir: Path = Path("/var/lib/edge-agent")
+    # Most epsilon one range-discovery run may take from this agent (0 = never).
+    range_epsilon_max: Annotated[float, Field(ge=0, le=EPSILON_MAX)] = 4.0
+
+    @field_validator("budget_period")
+    @classmethod
+    def _period(cls, value: str) -> str:
+        parse_period(value)
+        return value
+
+    @property
+    def period_seconds(self) -> float:
+        return parse_period(self.budget_period)
+
+
+class SpoolConfig(_Model):
+    # Perturbed messages kept on disk while the broker is unreachable; past
+    # this the oldest are dropped (and counted).
+    max_messages: Annotated[int, Field(ge=10, le=100_000_000)] = 200_000
+
+
+# -- sources ---------------------------------------------------------------------
+
+Derive = Literal["horizontal", "tilt"]
+
+
+class _SourceBase(_Model):
+    name: Name
+    # Derived fields: "horizontal" adds accel_h_mag and accel_h_dir from
+    # accel_x/accel_y; "tilt" adds roll and pitch from accel_x/y/z where the
+    # source has no attitude of its own.
+    derive: list[Derive] = []
+
+
+class SyntheticSourceConfig(_SourceBase):
+    type: Literal["synthetic"]
+    rate_hz: Rate = 50.0
+    seed: int | None = None  # default: derived from agent_id and source name
+    duration: Annotated[float, Field(gt=0)] | None = None  # finite run (seconds)
+
+
+class CsvSourceConfig(_SourceBase):
+    type: Literal["csv"]
+    path: Path
+    pace: Literal["recorded", "fixed", "fast"] = "fixed"
+    rate_hz: Rate = 50.0
+    timestamp_column: str | None = None  # for pace = "recorded" (seconds)
+    loop: bool = False
+    columns: dict[str, str]  # field name = CSV column
+
+    @model_validator(mode="after")
+    def _recorded_needs_timestamps(self):
+        if self.pace == "recorded" and not self.timestamp_column:
+            raise ValueError("pace = 'recorded' needs timestamp_column")
+        if not self.columns:
+            raise ValueError("columns must map at least one field to a CSV column")
+        return self
+
+
+class JsonlSourceConfig(_SourceBase):
+    type: Literal["jsonl"]
+    path: str = "-"  # '-' = standard input
+    timestamp_field: str | None = None  # field holding seconds since the epoch
+
+
+class MqttSourceConfig(_SourceBase):
+    type: Literal["mqtt"]
+    host: str = "127.0.0.1"
+    port: Port = 1883
+    topic: str  # e.g. "wearables/+/raw"; payload: a JSON object (or list) of fields
+    username: str | None = None
+    password: SecretStr | None = None
+    timestamp_field: str | None = None
+
+
+class I2cSourceConfig(_SourceBase):
+    type: Literal["i2c"]
+    bus: Annotated[int, Field(ge=0, le=255)] = 1
+    address: Annotated[int, Field(ge=0x03, le=0x77)] = 0x68
+    rate_hz: Annotated[float, Field(gt=0, le=1000)] = 50.0
+
+
+SourceConfig = Annotated[
+    Union[SyntheticSourceConfig, CsvSourceConfig, JsonlSourceConfig, MqttSourceConfig,
+          I2cSourceConfig],
+    Field(discriminator="type"),
+]
+
+# Fields each source type provides before ``derive`` (None: whatever the data has).
+SYNTHETIC_FIELDS = ("accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw",
+                    "accel_h_mag", "accel_h_dir")
+I2C_FIELDS = ("accel_x", "accel_y", "accel_z", "gyro_x", "gyro_y", "gyro_z", "temperature")
+DERIVED_FIELDS = {"horizontal": ("accel_h_mag", "accel_h_dir"), "tilt": ("roll", "pitch")}
+
+
+def source_fields(source) -> set[str] | None:
+    base = {
+        "synthetic": set(SYNTHETIC_FIELDS),
+        "i2c": set(I2C_FIELDS),
+        "csv": set(getattr(source, "columns", {}) or {}),
+    }.get(source.type)
+    if base is None:
+        return None
+    for item in source.derive:
+        base |= set(DERIVED_FIELDS[item])
+    return base
+
+
+# -- channels --------------------------------------------------------------------
+
+LinearMechanism = Literal["ogpm", "ogpm-unbiased", "pm", "pm-c", "sw", "sw-c", "duchi",
+                          "laplace", "bounded-laplace", "ptt"]
+
+
+class _ChannelBase(_Model):
+    name: Name
+    source: Name
+    epsilon: Epsilon  # per report (a vector or polar report counts once)
+    # Seconds between reported readings: sub-sampling stretches the budget.
+    report_interval: Annotated[float, Field(ge=0, le=86400)] = 0.0
+    grid_bits: GridBits = 16
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value in RESERVED_CHANNEL_NAMES:
+            raise ValueError(f"{value!r} is reserved for the agent's status topic")
+        return value
+
+
+def _check_domain(domain: tuple[float, float]) -> tuple[float, float]:
+    low, high = domain
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"must be [low, high] with finite low < high, got {list(domain)}")
+    return domain
+
+
+class LinearChannelConfig(_ChannelBase):
+    kind: Literal["linear"]
+    field: str
+    mechanism: LinearMechanism = "ogpm"
+    domain: tuple[float, float]
+
+    _domain = field_validator("domain")(classmethod(lambda cls, v: _check_domain(v)))
+
+
+class CircularChannelConfig(_ChannelBase):
+    kind: Literal["circular"]
+    field: str
+    mechanism: Literal["ogpm"] = "ogpm"
+    unit: Literal["rad", "deg"] = "rad"
+    # Start of the reported range: 0 gives [0, 2pi) / [0, 360); -pi / -180 a
+    # signed range.  Values are wrapped either way.
+    origin: float = 0.0
+
+
+class PolarChannelConfig(_ChannelBase):
+    kind: Literal["polar"]
+    fields: tuple[str, str]  # (magnitude, direction)
+    mechanism: Literal["ogpm"] = "ogpm"
+    radius_max: Annotated[float, Field(gt=0)]
+    weight: Annotated[float, Field(gt=0)] = 1.0  # radius accuracy vs angle accuracy
+    unit: Literal["rad", "deg"] = "rad"
+    origin: float = 0.0
+
+
+class VectorChannelConfig(_ChannelBase):
+    kind: Literal["vector"]
+    fields: Annotated[list[str], Field(min_length=2, max_length=64)]
+    mechanism: LinearMechanism = "ogpm"
+    domain: tuple[float, float]
+    # split: every reading reports all d axes at epsilon/d each;
+    # sample: every reading reports k random axes at epsilon/k each;
+    # auto: the k (k = d is split) with the smallest worst-case variance of the
+    #       per-axis mean, from the mechanism's closed form.
+    strategy: Literal["split", "sample", "auto"] = "auto"
+    k: Annotated[int, Field(ge=1)] | None = None
+
+    _domain = field_validator("domain")(classmethod(lambda cls, v: _check_domain(v)))
+
+    @model_validator(mode="after")
+    def _k_fits(self):
+        if len(set(self.fields)) != len(self.fields):
+            raise ValueError("fields must be distinct")
+        if self.strategy == "sample":
+            if self.k is None:
+                raise ValueError("strategy 'sample' needs k")
+            if not 1 <= self.k <= len(self.fields):
+                raise ValueError(f"k must be in [1, {len(self.fields)}], got {self.k}")
+        elif self.k is not None:
+            raise ValueError(f"k is only used with strategy 'sample', not {self.strategy!r}")
+        return self
+
+
+ChannelConfig = Annotated[
+    Union[LinearChannelConfig, CircularChannelConfig, PolarChannelConfig, VectorChannelConfig],
+    Field(discriminator="kind"),
+]
+
+
+# -- the agent ---------------------------------------------------------------------
+
+class AgentConfig(_Model):
+    agent_id: Name  # also the MQTT client id and topic level
+    fleet: Name
+    broker: BrokerConfig = BrokerConfig()
+    privacy: PrivacyConfig
+    spool: SpoolConfig = SpoolConfig()
+    batch_seconds: Annotated[float, Field(ge=0.05, le=3600)] = 1.0
+    sources: Annotated[list[SourceConfig], Field(min_length=1)]
+    channels: Annotated[list[ChannelConfig], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _references(self):
+        _unique("sources", [s.name for s in self.sources])
+        _unique("channels", [c.name for c in self.channels])
+        sources = {s.name: s for s in self.sources}
+        for i, channel in enumerate(self.channels):
+            source = sources.get(channel.source)
+            if source is None:
+                raise ValueError(f"channels[{i}].source: no source named {channel.source!r} "
+                                 f"(have: {', '.join(sources)})")
+            available = source_fields(source)
+            wanted = [channel.field] if hasattr(channel, "field") else list(channel.fields)
+            if available is not None:
+                for name in wanted:
+                    if name not in available:
+                        raise ValueError(
+                            f"channels[{i}]: source {source.name!r} has no field {name!r} "
+                            f"(it has: {', '.join(sorted(available))})")
+        return self
+
+    def source(self, name: str):
+        return next(s for s in self.sources if s.name == name)
+
+
+def _unique(what: str, names: list[str]) -> None:
+    seen = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            raise ValueError(f"{what}[{i}].name: {name!r} is used twice")
+        seen.add(name)
+
+
+# -- loading and error messages ----------------------------------------------------------
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used; the message lists every problem."""
+
+
+_TAGS = {"synthetic", "csv", "jsonl", "mqtt", "i2c", "linear", "circular", "polar", "vector",
+         "function-after", "function-before", "function-plain"}
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part in _TAGS or str(part).startswith(("constrained-", "tuple[", "list[")):
+            continue  # union tags pydantic inserts
+        else:
+            text += f".{part}" if text else str(part)
+    return text or "(top level)"
+
+
+def _describe(error: dict[str, Any]) -> str:
+    kind, ctx = error["type"], error.get("ctx", {})
+    bounds = {"greater_than": "> {gt}", "greater_than_equal": ">= {ge}",
+              "less_than": "< {lt}", "less_than_equal": "<= {le}"}
+    if kind in bounds:
+        text = "must be " + bounds[kind].format(**{k: f"{v:g}" if isinstance(v, float) else v
+                                                   for k, v in ctx.items()})
+    elif kind == "missing":
+        return "is required"
+    elif kind == "extra_forbidden":
+        return "is not a known key (check the spelling)"
+    elif kind == "literal_error":
+        text = f"must be one of {ctx.get('expected')}"
+    elif kind == "union_tag_invalid":
+        text = f"must be one of {ctx.get('expected_tags')}"
+    elif kind == "union_tag_not_found":
+        return f"needs a '{ctx.get('discriminator', '').strip(chr(39))}' key"
+    elif kind == "string_pattern_mismatch":
+        text = ("must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
+                "digit")
+    elif kind in ("value_error", "assertion_error"):
+        return str(ctx.get("error", error["msg"]))
+    else:
+        text = error["msg"][0].lower() + error["msg"][1:]
+    value = error.get("input")
+    if kind.startswith("too_") or isinstance(value, (dict, list)):
+        return text
+    return f"{text}, got {value!r}" if not isinstance(value, (int, float)) or isinstance(
+        value, bool) else f"{text}, got {value:g}"
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        where = _location(error["loc"])
+        message = _describe(error)
+        # Model-level validators already name their own location.
+        lines.append(message if re.match(r"^\w+\[\d+\]", message) else f"{where}: {message}")
+    return "\n".join(dict.fromkeys(lines))
+
+
+def parse_config(data: dict[str, Any]) -> AgentConfig:
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def load_config(path: str | Path) -> AgentConfig:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(data)
