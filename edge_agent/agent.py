@@ -1,0 +1,234 @@
+"""The edge agent: sources -> channels -> state store (budget, seq, spool) -> MQTT.
+
+``AgentCore`` is one agent's logic with no network: each ``tick(now)`` polls
+its sources, lets every channel select readings, and commits the affordable
+reports (charge, sequence number, perturbed message) to the state store in a
+single transaction.  ``AgentService`` runs one or more cores as a service:
+JIT warm-up before READY, watchdog pings, the outbox pumping the spool to the
+broker, a retained status, and a clean exit on SIGTERM or when every finite
+source has ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from . import protocol, sdnotify
+from .channels import Channel, build_channel
+from .config import AgentConfig
+from .readings import Readings
+from .sources import build_source
+from .sources.base import Source
+from .state import Charge, StateStore, period_start
+from .transport import Outbox, PahoTransport, Transport
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.sqlite"
+
+
+class AgentCore:
+    def __init__(self, config: AgentConfig, store: StateStore, *,
+                 sources: dict[str, Source] | None = None, rng: Any = None,
+                 agent_id: str | None = None):
+        self.config = config
+        self.agent_id = agent_id or config.agent_id
+        self.store = store
+        self.rng = rng  # None: the OS-seeded CSPRNG; tests may pass a seeded Generator
+        self.sources = sources if sources is not None else {
+            s.name: build_source(s, agent_id=self.agent_id) for s in config.sources}
+        self.channels: list[Channel] = [
+            build_channel(c, agent_id=self.agent_id, fleet=config.fleet) for c in config.channels]
+        self.period_seconds = config.privacy.period_seconds
+        self._period: int | None = None
+        self.exhausted: set[str] = set()
+        self._last_tick: float | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        for source in self.sources.values():
+            source.start()
+            if source.error:
+                log.error("source %s failed to start: %s", source.name, source.error)
+
+    def stop(self) -> None:
+        for source in self.sources.values():
+            source.stop()
+
+    def warm_up(self) -> None:
+        for channel in self.channels:
+            channel.warm_up()
+
+    @property
+    def finished(self) -> bool:
+        return all(source.finished for source in self.sources.values())
+
+    @property
+    def failed_sources(self) -> dict[str, str]:
+        return {s.name: s.error for s in self.sources.values() if s.error}
+
+    # -- one batch --------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        batch_start = self._last_tick if self._last_tick is not None else now
+        self._last_tick = now
+        readings = {name: self._poll(source, now) for name, source in self.sources.items()}
+        start = period_start(now, self.period_seconds)
+        if start != self._period:
+            if self._period is not None and self.exhausted:
+                log.info("budget period rolled over: %s report again", ", ".join(self.exhausted))
+            self._period = start
+            self.exhausted.clear()
+        charges, chosen = [], {}
+        for channel in self.channels:
+            selection = channel.select(readings[channel.source])
+            if not len(selection):
+                continue
+            chosen[channel.name] = (channel, len(selection))
+            charges.append(Charge(
+                self.agent_id, channel.name, channel.epsilon, len(selection),
+                build=self._builder(channel, selection, batch_start, now - batch_start)))
+        if not charges:
+            return
+        results = self.store.record(charges, start=start,
+                                    budget_epsilon=self.config.privacy.budget_epsilon, now=now)
+        for result in results:
+            channel, wanted = chosen[result.channel]
+            if result.exhausted:
+                channel.counters["budget_refused"] += wanted - result.allowed
+                if channel.name not in self.exhausted:
+                    self.exhausted.add(channel.name)
+                    log.warning("privacy budget exhausted: channel %s stops reporting until "
+                                "the period ends at %s UTC", channel.name,
+                                time.strftime("%Y-%m-%d %H:%M:%S",
+                                              time.gmtime(start + self.period_seconds)))
+
+    def _poll(self, source: Source, now: float) -> Readings:
+        try:
+            return source.poll(now)
+        except Exception as exc:  # a source bug must not stop the other sources
+            source.fail(f"{type(exc).__name__} while reading")
+            log.exception("source %s failed", source.name)
+            return Readings.empty()
+
+    def _builder(self, channel: Channel, selection, t: float, dt: float) -> Callable:
+        def build(seq: int, allowed: int):
+            return channel.build_message(selection, seq=seq, allowed=allowed, t=t, dt=dt,
+                                         rng=self.rng)
+        return build
+
+    # -- status ----------------------------------------------------------------------------------
+    def status(self, state: str = "online") -> dict[str, Any]:
+        start = self._period if self._period is not None else period_start(
+            time.time(), self.period_seconds)
+        spent = self.store.spent(self.agent_id, start) / 1e9
+        return {
+            "state": state,
+            "budget": {"epsilon": self.config.privacy.budget_epsilon, "spent": round(spent, 9),
+                       "period": self.config.privacy.budget_period, "period_start": start},
+            "channels": {c.name: {"exhausted": c.name in self.exhausted, **c.counters}
+                         for c in self.channels},
+            "sources": {s.name: {"finished": s.finished, "error": s.error,
+                                 "rejected_rows": s.rejected_rows}
+                        for s in self.sources.values()},
+        }
+
+
+class AgentService:
+    """Runs agent cores with one transport until stopped or their sources end."""
+
+    def __init__(self, config: AgentConfig, *, transport: Transport | None = None,
+                 store: StateStore | None = None, clock: Callable[[], float] = time.time,
+                 rng: Any = None, drain_timeout: float = 30.0, status_interval: float = 30.0):
+        self.config = config
+        state_dir = Path(config.privacy.state_dir)
+        self.store = store or StateStore(state_dir / STATE_FILE,
+                                         max_messages=config.spool.max_messages)
+        self.cores = [AgentCore(config, self.store, rng=rng)]
+        self.status_topic = protocol.status_topic(config.fleet, config.agent_id)
+        self.transport = transport or PahoTransport(
+            config.broker, client_id=config.agent_id,
+            will=(self.status_topic, protocol.status(agent=config.agent_id, state="offline")))
+        self.outbox = Outbox(self.store, self.transport, window=config.broker.max_inflight,
+                             on_connect=self._publish_status)
+        self.clock = clock
+        self.drain_timeout = drain_timeout
+        self.status_interval = status_interval
+        self._stop = threading.Event()
+        self.exit_code = 0
+
+    def request_stop(self, *_: Any) -> None:
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def _publish_status(self, state: str = "online") -> None:
+        for core in self.cores:
+            self.transport.publish(
+                protocol.status_topic(self.config.fleet, core.agent_id),
+                protocol.status(agent=core.agent_id, t=self.clock(), **core.status(state)),
+                qos=1, retain=True)
+
+    def run(self) -> int:
+        batch = self.config.batch_seconds
+        for core in self.cores:
+            core.warm_up()  # numba compiles here, before READY
+            core.start()
+        self.transport.start()
+        sdnotify.ready("warmed up; reporting")
+        watchdog = sdnotify.Watchdog()
+        now = self.clock()
+        next_tick, next_status = now + batch, now + self.status_interval
+        log.info("agent %s running: %d channel(s), batches of %gs", self.config.agent_id,
+                 sum(len(c.channels) for c in self.cores), batch)
+        try:
+            while not self._stop.is_set():
+                now = self.clock()
+                if now >= next_tick:
+                    for core in self.cores:
+                        core.tick(now)
+                    next_tick = max(next_tick + batch, now)
+                self.outbox.pump()
+                watchdog.maybe_ping(time.monotonic())
+                if now >= next_status and self.transport.connected:
+                    self._publish_status()
+                    next_status = now + self.status_interval
+                if all(core.finished for core in self.cores):
+                    log.info("all sources have ended")
+                    break
+                self._stop.wait(min(0.05, max(0.0, next_tick - self.clock())))
+        finally:
+            self._shutdown()
+        return self.exit_code
+
+    def _shutdown(self) -> None:
+        sdnotify.stopping()
+        now = self.clock()
+        for core in self.cores:
+            core.tick(now)  # whatever the sources still hold goes into the spool
+            core.stop()
+        failed = {name: err for core in self.cores for name, err in core.failed_sources.items()}
+        if failed:
+            self.exit_code = 1
+            for name, error in failed.items():
+                log.error("source %s failed: %s", name, error)
+        deadline = time.monotonic() + self.drain_timeout
+        while not self.outbox.idle and time.monotonic() < deadline:
+            self.outbox.pump()
+            time.sleep(0.02)
+        if not self.outbox.idle:
+            log.warning("%d message(s) stay in the spool; they are sent at the next start",
+                        self.store.spooled)
+        if self.transport.connected:
+            # A clean disconnect does not fire the last will, so say it ourselves.
+            self._publish_status("offline")
+            self.outbox.pump()
+            time.sleep(0.1)
+        self.transport.stop()
+        self.store.close()

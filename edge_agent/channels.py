@@ -1,0 +1,264 @@
+"""Channels: raw readings of one source field (or fields) -> perturbed reports.
+
+A channel (a Telegraf-style processor) does three things per batch:
+
+1. ``select``: drop readings with a NaN in any field it reports (counted in
+   ``counters['nan_dropped']``; a NaN is a broken reading, and guessing a
+   value would misreport it), then keep at most one reading per
+   ``report_interval`` seconds (the first at or after the previous report
+   plus the interval; 0 keeps every reading).  Which readings are kept
+   depends only on time, never on values.
+2. The state store decides how many of the selected readings the budget
+   allows (see ``state.StateStore.record``).
+3. ``build_message``: perturb that many readings and encode one message.
+   Values outside the domain are clipped by the mechanism and counted in
+   ``counters['clipped']``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import protocol
+from .config import (
+    CircularChannelConfig,
+    LinearChannelConfig,
+    PolarChannelConfig,
+    VectorChannelConfig,
+)
+from .mechanisms import (
+    PTT,
+    BoundedLaplace,
+    CircularOGPM,
+    ClassicalOGPM,
+    Duchi,
+    PiecewiseMechanism,
+    PolarOGPM,
+    SquareWave,
+    TruncatedLaplace,
+    UnbiasedOGPM,
+)
+from .mechanisms.randomness import RandomSource, as_random_source
+from .readings import Readings
+
+_LINEAR = {
+    "ogpm": lambda e, lo, hi, g: ClassicalOGPM(epsilon=e, low=lo, high=hi, grid_bits=g),
+    "ogpm-unbiased": lambda e, lo, hi, g: UnbiasedOGPM(epsilon=e, low=lo, high=hi, grid_bits=g),
+    "pm": lambda e, lo, hi, g: PiecewiseMechanism(epsilon=e, low=lo, high=hi, grid_bits=g),
+    "pm-c": lambda e, lo, hi, g: PiecewiseMechanism(epsilon=e, low=lo, high=hi, grid_bits=g,
+                                                    compressed=True),
+    "sw": lambda e, lo, hi, g: SquareWave(epsilon=e, low=lo, high=hi, grid_bits=g),
+    "sw-c": lambda e, lo, hi, g: SquareWave(epsilon=e, low=lo, high=hi, grid_bits=g,
+                                            compressed=True),
+    "duchi": lambda e, lo, hi, g: Duchi(epsilon=e, low=lo, high=hi),
+    "laplace": lambda e, lo, hi, g: TruncatedLaplace(epsilon=e, low=lo, high=hi, grid_bits=g),
+    "bounded-laplace": lambda e, lo, hi, g: BoundedLaplace(epsilon=e, low=lo, high=hi,
+                                                           grid_bits=g),
+    "ptt": lambda e, lo, hi, g: PTT(epsilon=e, low=lo, high=hi, grid_bits=g),
+}
+
+
+def linear_mechanism(name: str, epsilon: float, domain: tuple[float, float], grid_bits: int):
+    return _LINEAR[name](epsilon, domain[0], domain[1], grid_bits)
+
+
+def period_of(unit: str) -> float:
+    return 2.0 * math.pi if unit == "rad" else 360.0
+
+
+@dataclass
+class Selection:
+    """Readings chosen for release (raw, in memory only)."""
+
+    times: np.ndarray
+    values: tuple[np.ndarray, ...]
+
+    def __len__(self) -> int:
+        return int(self.times.size)
+
+    def __repr__(self) -> str:
+        return f"Selection({len(self)} readings)"
+
+
+class Channel:
+    kind: str
+
+    def __init__(self, config, *, agent_id: str, fleet: str):
+        self.config = config
+        self.name = config.name
+        self.source = config.source
+        self.epsilon = config.epsilon  # charged per report
+        self.agent_id = agent_id
+        self.topic = protocol.data_topic(fleet, agent_id, config.name)
+        self.report_interval = config.report_interval
+        self._next_due = -math.inf
+        self.counters = {"nan_dropped": 0, "clipped": 0, "reports": 0, "budget_refused": 0,
+                         "messages": 0}
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return (self.config.field,) if hasattr(self.config, "field") else tuple(self.config.fields)
+
+    def describe(self) -> dict[str, Any]:
+        return self.mechanism.describe()
+
+    # -- step 1 --------------------------------------------------------------------------
+    def select(self, readings: Readings) -> Selection:
+        columns = [readings.column(name) for name in self.field_names]
+        ok = np.ones(len(readings), dtype=bool)
+        for column in columns:
+            ok &= ~np.isnan(column)
+        self.counters["nan_dropped"] += int(len(readings) - np.count_nonzero(ok))
+        index = np.flatnonzero(ok)
+        times = readings.times[index]
+        if self.report_interval > 0 and index.size:
+            index = index[self._subsample(times)]
+            times = readings.times[index]
+        return Selection(times, tuple(column[index] for column in columns))
+
+    def _subsample(self, times: np.ndarray) -> np.ndarray:
+        """Positions of the readings kept by report_interval (one per report, not per value)."""
+        order = np.argsort(times, kind="stable")
+        ordered = times[order]
+        keep = []
+        i = int(np.searchsorted(ordered, self._next_due))
+        while i < ordered.size:
+            keep.append(order[i])
+            self._next_due = ordered[i] + self.report_interval
+            i = int(np.searchsorted(ordered, self._next_due))
+        return np.array(keep, dtype=np.int64)
+
+    # -- step 3 --------------------------------------------------------------------------
+    def build_message(self, selection: Selection, *, seq: int, allowed: int, t: float,
+                      dt: float, rng: Any = None) -> tuple[str, bytes]:
+        source = as_random_source(rng)
+        codes, clipped = self._perturb(tuple(v[:allowed] for v in selection.values), source)
+        self.counters["clipped"] += clipped
+        self.counters["reports"] += allowed
+        self.counters["messages"] += 1
+        payload = protocol.report(agent=self.agent_id, channel=self.name, kind=self.kind,
+                                  seq=seq, t=t, dt=dt, mechanism=self.describe(), codes=codes,
+                                  **self._extra())
+        return self.topic, payload
+
+    def _perturb(self, values: tuple[np.ndarray, ...], source: RandomSource):
+        codes, clipped = self.mechanism.perturb_codes(values[0], source, return_clipped=True)
+        return codes.tolist(), clipped
+
+    def _extra(self) -> dict[str, Any]:
+        return {}
+
+    def warm_up(self) -> None:
+        """Run each kernel once so numba compiles before the service says READY."""
+        probe = tuple(np.zeros(4) for _ in self.field_names)
+        self._perturb(probe, as_random_source(None))
+
+
+class LinearChannel(Channel):
+    kind = "linear"
+
+    def __init__(self, config: LinearChannelConfig, **kw):
+        super().__init__(config, **kw)
+        self.mechanism = linear_mechanism(config.mechanism, config.epsilon, config.domain,
+                                          config.grid_bits)
+
+
+class CircularChannel(Channel):
+    kind = "circular"
+
+    def __init__(self, config: CircularChannelConfig, **kw):
+        super().__init__(config, **kw)
+        self.mechanism = CircularOGPM(epsilon=config.epsilon, period=period_of(config.unit),
+                                      origin=config.origin, grid_bits=config.grid_bits)
+
+
+class PolarChannel(Channel):
+    kind = "polar"
+
+    def __init__(self, config: PolarChannelConfig, **kw):
+        super().__init__(config, **kw)
+        self.mechanism = PolarOGPM(epsilon=config.epsilon, radius_max=config.radius_max,
+                                   weight=config.weight, period=period_of(config.unit),
+                                   origin=config.origin, grid_bits=config.grid_bits)
+
+    def _perturb(self, values, source):
+        (radius, angle), clipped = self.mechanism.perturb_codes(values[0], values[1], source,
+                                                                return_clipped=True)
+        return [radius.tolist(), angle.tolist()], clipped
+
+
+def vector_plan(config: VectorChannelConfig) -> tuple[int, float]:
+    """(k, epsilon per axis report) for a vector channel.
+
+    'split' is k = d.  'auto' picks the k in 1..d minimising the worst-case
+    MSE of one axis' mean: each axis gets k/d of the readings at epsilon/k
+    (the k-of-d strategy of Wang et al., Algorithm 3 / Lemma 5, with pure
+    epsilon; the collector averages the reports an axis received, so no d/k
+    rescaling is needed), so the error is proportional to MSE(eps/k) * d / k.
+    Which k wins depends on how the mechanism's error scales with epsilon:
+
+    * error ~ 1/eps**2 (PM, OGPM-U): MSE(eps/k) d/k ~ k d / eps**2, so k = 1;
+    * error that saturates at small eps (reports inside the domain: OGPM,
+      T-Laplace) favours splitting there, and exponential decay at large eps
+      favours k = 1;
+    * error with a floor at large eps (Duchi: variance -> 1 - x**2) favours
+      splitting there.
+    """
+    d = len(config.fields)
+    if config.strategy == "split":
+        return d, config.epsilon / d
+    if config.strategy == "sample":
+        return config.k, config.epsilon / config.k
+
+    def score(k: int) -> float:
+        mech = linear_mechanism(config.mechanism, config.epsilon / k, config.domain,
+                                min(config.grid_bits, 10))
+        return mech.worst_case_error(2) * d / k
+
+    best = min(range(1, d + 1), key=score)
+    return best, config.epsilon / best
+
+
+class VectorChannel(Channel):
+    kind = "vector"
+
+    def __init__(self, config: VectorChannelConfig, **kw):
+        super().__init__(config, **kw)
+        self.k, self.axis_epsilon = vector_plan(config)
+        self.mechanism = linear_mechanism(config.mechanism, self.axis_epsilon, config.domain,
+                                          config.grid_bits)
+
+    def _perturb(self, values, source):
+        d = len(values)
+        n = values[0].size
+        if self.k == d:
+            chosen = np.ones((n, d), dtype=bool)
+        else:
+            # k distinct axes per reading, uniformly: the k smallest of d random keys.
+            keys = source.words(n * d).reshape(n, d) if n else np.empty((0, d), np.uint64)
+            rank = np.argsort(np.argsort(keys, axis=1), axis=1)
+            chosen = rank < self.k
+        codes, clipped = [], 0
+        for axis in range(d):
+            axis_codes, axis_clipped = self.mechanism.perturb_codes(
+                values[axis][chosen[:, axis]], source, return_clipped=True)
+            codes.append(axis_codes.tolist())
+            clipped += axis_clipped
+        return codes, clipped
+
+    def _extra(self):
+        return {"fields": list(self.field_names),
+                "strategy": {"k": self.k, "d": len(self.field_names),
+                             "epsilon": self.epsilon}}
+
+
+_KINDS = {"linear": LinearChannel, "circular": CircularChannel, "polar": PolarChannel,
+          "vector": VectorChannel}
+
+
+def build_channel(config, *, agent_id: str, fleet: str) -> Channel:
+    return _KINDS[config.kind](config, agent_id=agent_id, fleet=fleet)

@@ -1,0 +1,124 @@
+"""``edge-agent``: run the agent, check a configuration, inspect the budget."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from .config import AgentConfig, ConfigError, load_config
+
+
+def _load(path: str) -> AgentConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        click.echo(f"{path}: invalid configuration:", err=True)
+        for line in str(exc).splitlines():
+            click.echo(f"  {line}", err=True)
+        sys.exit(2)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def main(log_level: str) -> None:
+    """Local-differential-privacy agent for sensor streams."""
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@main.command("check-config")
+@click.argument("file", type=click.Path(dir_okay=False))
+def check_config(file: str) -> None:
+    """Validate FILE and print the effective configuration (exit 2 if invalid)."""
+    config = _load(file)
+    effective = config.model_dump(mode="json")
+    if config.broker.password is not None:
+        effective["broker"]["password"] = "********"
+    effective["mechanisms"] = describe_channels(config)
+    click.echo(json.dumps(effective, indent=2))
+
+
+def describe_channels(config: AgentConfig) -> dict:
+    """Each channel's mechanism as the protocol will announce it (polar splits, vector plans)."""
+    from .channels import build_channel
+
+    described = {}
+    for channel_config in config.channels:
+        channel = build_channel(channel_config, agent_id=config.agent_id, fleet=config.fleet)
+        entry = {"topic": channel.topic, "epsilon_per_report": channel.epsilon,
+                 "mechanism": channel.describe()}
+        if channel.kind == "vector":
+            entry["axes_per_report"] = channel.k
+            entry["epsilon_per_axis"] = channel.axis_epsilon
+        described[channel.name] = entry
+    return described
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="agent TOML file")
+def run(config_path: str) -> None:
+    """Run the agent until SIGTERM or until every finite source has ended."""
+    from .agent import AgentService
+
+    config = _load(config_path)
+    service = AgentService(config)
+    service.install_signal_handlers()
+    sys.exit(service.run())
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def budget(config_path: str, as_json: bool) -> None:
+    """Epsilon spent and remaining, per budget period and per channel."""
+    from .agent import STATE_FILE
+    from .state import StateStore, period_start
+
+    config = _load(config_path)
+    path = Path(config.privacy.state_dir) / STATE_FILE
+    if not path.exists():
+        click.echo(f"no ledger yet at {path}: nothing has been spent", err=True)
+        rows = []
+    else:
+        store = StateStore(path, max_messages=config.spool.max_messages)
+        rows = store.budget_report(config.agent_id)
+        store.close()
+    total = config.privacy.budget_epsilon
+    current = period_start(time.time(), config.privacy.period_seconds)
+    periods: dict[int, dict] = {}
+    for _, start, channel, spent, reports in rows:
+        period = periods.setdefault(start, {"period_start": start, "channels": {}, "spent": 0.0})
+        period["channels"][channel] = {"spent": spent, "reports": reports}
+        period["spent"] += spent
+    for period in periods.values():
+        period["remaining"] = max(0.0, total - period["spent"])
+        period["current"] = period["period_start"] == current
+    if as_json:
+        click.echo(json.dumps({"agent": config.agent_id, "budget_epsilon": total,
+                               "period": config.privacy.budget_period,
+                               "periods": list(periods.values())}, indent=2))
+        return
+    click.echo(f"agent {config.agent_id}: budget {total:g} per {config.privacy.budget_period}")
+    if current not in periods:
+        click.echo(f"  current period (from {_utc(current)}): spent 0, remaining {total:g}")
+    for start, period in periods.items():
+        label = "current period" if period["current"] else "period"
+        click.echo(f"  {label} from {_utc(start)}: spent {period['spent']:.6g}, "
+                   f"remaining {period['remaining']:.6g}")
+        for channel, entry in sorted(period["channels"].items()):
+            click.echo(f"    {channel:<24} {entry['spent']:>12.6g}  ({entry['reports']} reports)")
+
+
+def _utc(seconds: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

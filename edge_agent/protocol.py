@@ -1,0 +1,63 @@
+"""The MQTT wire protocol between agents and collectors (docs/PROTOCOL.md).
+
+Topics
+  ldp/v1/<fleet>/<agent>/<channel>   perturbed reports, QoS 1, JSON (``report``)
+  ldp/v1/<fleet>/<agent>/status      retained agent status; last will ``offline``
+  ldp/v1/<fleet>/_<anything>/...     reserved for collectors (aggregates, range runs)
+
+Payloads never contain a raw reading: only grid codes of perturbed values,
+the parameters of the mechanism that produced them, and counts.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+PROTOCOL_VERSION = 1
+TOPIC_ROOT = "ldp/v1"
+STATUS = "status"
+
+
+def data_topic(fleet: str, agent: str, channel: str) -> str:
+    return f"{TOPIC_ROOT}/{fleet}/{agent}/{channel}"
+
+
+def status_topic(fleet: str, agent: str) -> str:
+    return f"{TOPIC_ROOT}/{fleet}/{agent}/{STATUS}"
+
+
+def data_subscription(fleet: str) -> str:
+    return f"{TOPIC_ROOT}/{fleet}/+/+"
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+
+
+def report(*, agent: str, channel: str, kind: str, seq: int, t: float, dt: float,
+           mechanism: dict[str, Any], codes: list, fields: list[str] | None = None,
+           strategy: dict[str, Any] | None = None) -> bytes:
+    """One message: a channel's perturbed reports for one batch.
+
+    ``codes`` is a list of ints (linear, circular), two lists (polar: radius,
+    angle) or one list per field (vector).  ``t`` is the batch start and
+    ``dt`` its length, in seconds.
+    """
+    message: dict[str, Any] = {
+        "v": PROTOCOL_VERSION, "agent": agent, "channel": channel, "kind": kind, "seq": seq,
+        "t": round(t, 3), "dt": round(dt, 3), "mechanism": mechanism, "codes": codes,
+    }
+    if fields is not None:
+        message["fields"] = fields
+    if strategy is not None:
+        message["strategy"] = strategy
+    return encode(message)
+
+
+def status(*, agent: str, state: str, t: float | None = None, **details: Any) -> bytes:
+    message: dict[str, Any] = {"v": PROTOCOL_VERSION, "agent": agent, "state": state}
+    if t is not None:
+        message["t"] = round(t, 3)
+    message.update(details)
+    return encode(message)

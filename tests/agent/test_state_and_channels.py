@@ -1,0 +1,202 @@
+"""State store (budget, seq, spool), channels and outbox: logic against a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+
+import numpy as np
+import pytest
+
+from edge_agent.channels import Selection, build_channel, vector_plan
+from edge_agent.config import VectorChannelConfig, parse_config
+from edge_agent.readings import Readings
+from edge_agent.state import NANO, Charge, StateStore, period_start
+from edge_agent.transport import FakeTransport, Outbox
+
+
+def _config(**overrides):
+    data = {
+        "agent_id": "w1", "fleet": "demo",
+        "privacy": {"budget_epsilon": 10.0, "state_dir": "/tmp/unused"},
+        "sources": [{"name": "imu", "type": "synthetic"}],
+        "channels": [{"name": "ax", "source": "imu", "field": "accel_x", "kind": "linear",
+                      "epsilon": 1.0, "domain": [-2, 2]}],
+    }
+    data.update(overrides)
+    return parse_config(data)
+
+
+def _message(seq, allowed):
+    return f"ldp/v1/demo/w1/ax", json.dumps({"seq": seq, "n": allowed}).encode()
+
+
+# -- the ledger ----------------------------------------------------------------------------
+
+def test_budget_allows_only_what_fits_and_persists(tmp_path):
+    path = tmp_path / "state.sqlite"
+    store = StateStore(path)
+    start = period_start(1000.0, 86400)
+    [r] = store.record([Charge("w1", "ax", 1.5, 4, _message)], start=start, budget_epsilon=5.0)
+    assert (r.allowed, r.seq, r.exhausted) == (3, 0, True)  # 3 * 1.5 <= 5 < 4 * 1.5
+    assert store.spent("w1", start) == 4_500_000_000
+    store.close()
+    again = StateStore(path)  # a restart does not reset the budget
+    [r] = again.record([Charge("w1", "ax", 0.5, 10, _message)], start=start, budget_epsilon=5.0)
+    assert (r.allowed, r.seq) == (1, 1)
+    [r] = again.record([Charge("w1", "ax", 0.5, 1, _message)], start=start, budget_epsilon=5.0)
+    assert r.allowed == 0 and r.exhausted and r.seq is None
+    # A new period starts from zero; the sequence continues.
+    [r] = again.record([Charge("w1", "ax", 0.5, 2, _message)], start=start + 86400,
+                       budget_epsilon=5.0)
+    assert (r.allowed, r.seq) == (2, 2)
+
+
+def test_budget_is_shared_by_channels_and_never_overspent_by_rounding(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    charges = [Charge("w1", "a", 0.1, 40, _message), Charge("w1", "b", 0.1, 40, _message)]
+    results = store.record(charges, start=0, budget_epsilon=3.0)
+    assert [r.allowed for r in results] == [30, 0]  # 30 * 0.1 = 3.0 exactly, no more
+    assert store.spent("w1", 0) <= 3 * NANO
+
+
+def test_charge_seq_and_message_are_atomic(tmp_path):
+    """A failure while building the message leaves no charge, no seq and no message."""
+    store = StateStore(tmp_path / "s.sqlite")
+
+    def broken(seq, allowed):
+        raise RuntimeError("perturbation failed")
+
+    with pytest.raises(RuntimeError):
+        store.record([Charge("w1", "ax", 1.0, 2, _message), Charge("w1", "ay", 1.0, 2, broken)],
+                     start=0, budget_epsilon=100)
+    assert store.spent("w1", 0) == 0
+    assert store.next_seq("w1", "ax") == 0
+    assert store.spooled == 0 and store.pending(0, 10) == []
+
+
+def test_agents_sharing_a_file_have_separate_ledgers_and_seqs(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    store.record([Charge("a", "ax", 1.0, 3, _message), Charge("b", "ax", 1.0, 5, _message)],
+                 start=0, budget_epsilon=4)
+    assert store.spent("a", 0) == 3 * NANO and store.spent("b", 0) == 4 * NANO
+    assert store.next_seq("a", "ax") == 1 and store.next_seq("b", "ax") == 1
+
+
+def test_state_file_is_wal_and_holds_no_raw_readings(tmp_path):
+    path = tmp_path / "s.sqlite"
+    store = StateStore(path)
+    store.record([Charge("w1", "ax", 1.0, 1, _message)], start=0, budget_epsilon=10)
+    mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+# -- the spool ------------------------------------------------------------------------------
+
+def test_spool_cap_drops_oldest_and_counts(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite", max_messages=10)
+    for i in range(25):
+        store.enqueue("t", f"{i}".encode())
+    rows = store.pending(0, 100)
+    assert [p for _, _, p, _ in rows] == [f"{i}".encode() for i in range(15, 25)]
+    assert store.counter("spool_dropped") == 15
+    assert store.spooled == 10
+    store.close()
+    assert StateStore(tmp_path / "s.sqlite", max_messages=10).counter("spool_dropped") == 15
+
+
+def test_outbox_sends_in_order_and_deletes_only_acked(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    for i in range(30):
+        store.enqueue("t", f"{i}".encode())
+    transport = FakeTransport(connected=True, auto_ack=False)
+    outbox = Outbox(store, transport, window=8)
+    outbox.pump()
+    assert [p for _, p, _, _ in transport.published] == [f"{i}".encode() for i in range(8)]
+    outbox.pump()
+    assert len(transport.published) == 8  # the window is full until acks arrive
+    transport.ack_all()
+    outbox.pump()
+    assert store.spooled == 22 and len(transport.published) == 16
+    # Disconnected: nothing new goes out; reconnecting resumes in order.
+    transport.set_connected(False)
+    outbox.pump()
+    assert len(transport.published) == 16
+    transport.set_connected(True)
+    transport.ack_all()
+    for _ in range(5):
+        outbox.pump()
+        transport.ack_all()
+    outbox.pump()
+    assert store.spooled == 0 and outbox.idle
+    assert [p for _, p, _, _ in transport.published] == [f"{i}".encode() for i in range(30)]
+
+
+# -- channels ----------------------------------------------------------------------------
+
+def test_select_drops_nan_and_subsamples_by_time():
+    config = _config(channels=[{"name": "ax", "source": "imu", "field": "accel_x",
+                                "kind": "linear", "epsilon": 1.0, "domain": [-2, 2],
+                                "report_interval": 1.0}])
+    channel = build_channel(config.channels[0], agent_id="w1", fleet="demo")
+    times = np.arange(0, 3, 0.1)  # 30 readings at 10 Hz
+    values = np.sin(times)
+    values[[0, 1, 11]] = np.nan
+    selection = channel.select(Readings(times, {"accel_x": values}))
+    assert channel.counters["nan_dropped"] == 3
+    assert np.allclose(selection.times, [0.2, 1.2, 2.2])  # first valid at or after each due
+    # The schedule carries across batches.
+    later = channel.select(Readings(np.arange(3, 4, 0.1), {"accel_x": np.zeros(10)}))
+    assert np.allclose(later.times, [3.2])
+
+
+def test_message_contains_codes_and_mechanism_but_no_values():
+    config = _config()
+    channel = build_channel(config.channels[0], agent_id="w1", fleet="demo")
+    raw = np.array([0.123456789, -5.0, 1.987654321])
+    topic, payload = channel.build_message(
+        Selection(np.zeros(3), (raw,)), seq=7, allowed=3, t=100.0, dt=1.0,
+        rng=np.random.default_rng(0))
+    message = json.loads(payload)
+    assert topic == "ldp/v1/demo/w1/ax"
+    assert message["seq"] == 7 and message["kind"] == "linear" and len(message["codes"]) == 3
+    assert message["mechanism"] == channel.mechanism.describe()
+    assert all(0 <= c < 2**16 for c in message["codes"])
+    assert channel.counters["clipped"] == 1
+    for value in raw:
+        assert repr(float(value))[:8] not in payload.decode()
+
+
+@pytest.mark.parametrize("mechanism,epsilon,k", [
+    ("ogpm-unbiased", 0.3, 1), ("ogpm-unbiased", 20.0, 1),  # error ~ 1/eps**2: sample
+    ("pm", 3.0, 1),
+    ("ogpm", 0.3, 3), ("ogpm", 20.0, 1),  # bounded output saturates at small eps
+    ("duchi", 1.0, 1), ("duchi", 20.0, 3),  # variance floor at large eps
+])
+def test_vector_auto_plan_follows_the_error_scaling(mechanism, epsilon, k):
+    config = VectorChannelConfig(name="v", source="imu", kind="vector", fields=["a", "b", "c"],
+                                 epsilon=epsilon, domain=(-1, 1), strategy="auto",
+                                 mechanism=mechanism)
+    chosen, per_axis = vector_plan(config)
+    assert chosen == k
+    assert per_axis == pytest.approx(epsilon / k)
+
+
+def test_vector_sample_reports_k_axes_per_reading():
+    config = _config(channels=[{"name": "acc", "source": "imu",
+                                "fields": ["accel_x", "accel_y", "accel_z"], "kind": "vector",
+                                "epsilon": 3.0, "domain": [-2, 2], "strategy": "sample",
+                                "k": 2}])
+    channel = build_channel(config.channels[0], agent_id="w1", fleet="demo")
+    n = 3000
+    values = tuple(np.zeros(n) for _ in range(3))
+    _, payload = channel.build_message(Selection(np.zeros(n), values), seq=0, allowed=n, t=0,
+                                       dt=1, rng=np.random.default_rng(1))
+    message = json.loads(payload)
+    sizes = [len(codes) for codes in message["codes"]]
+    assert sum(sizes) == 2 * n  # k axes per reading
+    assert all(abs(s - 2 * n / 3) < 5 * math.sqrt(n) for s in sizes)  # uniform choice
+    assert message["mechanism"]["epsilon"] == 1.5
+    assert message["strategy"] == {"k": 2, "d": 3, "epsilon": 3.0}
+    assert message["fields"] == ["accel_x", "accel_y", "accel_z"]
