@@ -159,6 +159,7 @@ class AgentService:
         self.drain_timeout = drain_timeout
         self.status_interval = status_interval
         self._stop = threading.Event()
+        self.watchdog = sdnotify.Watchdog()  # disabled unless systemd set WATCHDOG_USEC
         self.exit_code = 0
 
     def request_stop(self, *_: Any) -> None:
@@ -182,7 +183,6 @@ class AgentService:
             core.start()
         self.transport.start()
         sdnotify.ready("warmed up; reporting")
-        watchdog = sdnotify.Watchdog()
         now = self.clock()
         next_tick, next_status = now + batch, now + self.status_interval
         log.info("agent %s running: %d channel(s), batches of %gs", self.config.agent_id,
@@ -195,7 +195,7 @@ class AgentService:
                         core.tick(now)
                     next_tick = max(next_tick + batch, now)
                 self.outbox.pump()
-                watchdog.maybe_ping(time.monotonic())
+                self.watchdog.tick()
                 if now >= next_status and self.transport.connected:
                     self._publish_status()
                     next_status = now + self.status_interval
@@ -221,6 +221,7 @@ class AgentService:
         deadline = time.monotonic() + self.drain_timeout
         while not self.outbox.idle and time.monotonic() < deadline:
             self.outbox.pump()
+            self.watchdog.tick()
             time.sleep(0.02)
         if not self.outbox.idle:
             log.warning("%d message(s) stay in the spool; they are sent at the next start",

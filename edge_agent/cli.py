@@ -13,14 +13,19 @@ import click
 from .config import AgentConfig, ConfigError, load_config
 
 
-def _load(path: str) -> AgentConfig:
+# sysexits EX_CONFIG: the unit's RestartPreventExitStatus=78 stops systemd from
+# restarting an agent whose configuration cannot work.
+EXIT_CONFIG = 78
+
+
+def _load(path: str, exit_code: int = 2) -> AgentConfig:
     try:
         return load_config(path)
     except ConfigError as exc:
         click.echo(f"{path}: invalid configuration:", err=True)
         for line in str(exc).splitlines():
             click.echo(f"  {line}", err=True)
-        sys.exit(2)
+        sys.exit(exit_code)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,7 +72,7 @@ def run(config_path: str) -> None:
     """Run the agent until SIGTERM or until every finite source has ended."""
     from .agent import AgentService
 
-    config = _load(config_path)
+    config = _load(config_path, EXIT_CONFIG)
     service = AgentService(config)
     service.install_signal_handlers()
     sys.exit(service.run())
@@ -87,7 +92,7 @@ def budget(config_path: str, as_json: bool) -> None:
         click.echo(f"no ledger yet at {path}: nothing has been spent", err=True)
         rows = []
     else:
-        store = StateStore(path, max_messages=config.spool.max_messages)
+        store = StateStore(path, read_only=True)
         rows = store.budget_report(config.agent_id)
         store.close()
     total = config.privacy.budget_epsilon

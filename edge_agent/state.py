@@ -95,13 +95,19 @@ class ChargeResult:
 
 
 class StateStore:
-    def __init__(self, path: str | Path, *, max_messages: int = 200_000):
+    def __init__(self, path: str | Path, *, max_messages: int = 200_000,
+                 read_only: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_messages = max_messages
         # One connection per store; the agent loop is its only user, but keep a
         # lock so a stray thread cannot interleave transactions.
         self._lock = threading.RLock()
+        if read_only:  # inspection (edge-agent budget) must not create or change state
+            self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                       isolation_level=None, check_same_thread=False)
+            self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")

@@ -1,0 +1,156 @@
+"""AgentCore and AgentService logic with scripted sources, an injected clock and a fake transport."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from edge_agent.agent import AgentCore, AgentService
+from edge_agent.config import parse_config
+from edge_agent.readings import Readings
+from edge_agent.sources.base import Source
+from edge_agent.state import StateStore
+from edge_agent.transport import FakeTransport
+
+DAY = 86400.0
+
+
+class ScriptedSource(Source):
+    """Hands out a fixed number of readings per poll; finite after ``polls`` polls."""
+
+    def __init__(self, name="imu", *, per_poll=3, polls=None, value=0.5, nan_every=0):
+        super().__init__(name)
+        self.per_poll, self.polls, self.value, self.nan_every = per_poll, polls, value, nan_every
+        self.count = 0
+
+    def poll(self, now):
+        if self.polls is not None and self.count >= self.polls:
+            self.finished = True
+            return Readings.empty()
+        self.count += 1
+        values = np.full(self.per_poll, self.value)
+        if self.nan_every:
+            values[::self.nan_every] = np.nan
+        times = now - 1 + (np.arange(self.per_poll) + 1) / self.per_poll
+        if self.polls is not None and self.count >= self.polls:
+            self.finished = True
+        return Readings(times, {"accel_x": values})
+
+
+def make_config(tmp_path, budget=5.0, period="1d", **channel):
+    ch = {"name": "ax", "source": "imu", "field": "accel_x", "kind": "linear", "epsilon": 1.0,
+          "domain": [-2, 2]}
+    ch.update(channel)
+    return parse_config({
+        "agent_id": "w1", "fleet": "demo", "batch_seconds": 1.0,
+        "privacy": {"budget_epsilon": budget, "budget_period": period,
+                    "state_dir": str(tmp_path)},
+        "sources": [{"name": "imu", "type": "synthetic"}],
+        "channels": [ch],
+    })
+
+
+def messages(store):
+    return [json.loads(p) for _, _, p, _ in store.pending(0, 10_000)]
+
+
+def test_budget_exhaustion_logged_once_and_rollover(tmp_path, caplog):
+    config = make_config(tmp_path, budget=5.0)
+    store = StateStore(tmp_path / "state.sqlite")
+    core = AgentCore(config, store, sources={"imu": ScriptedSource(per_poll=3)},
+                     rng=np.random.default_rng(0))
+    t0 = 10 * DAY + 100.0
+    caplog.set_level(logging.WARNING)
+    core.tick(t0)
+    core.tick(t0 + 1)  # 3 wanted, 2 fit: the budget of 5 is gone
+    core.tick(t0 + 2)
+    core.tick(t0 + 3)
+    sent = messages(store)
+    assert [len(m["codes"]) for m in sent] == [3, 2]
+    assert [m["seq"] for m in sent] == [0, 1]
+    assert store.spent("w1", 10 * DAY) == 5 * 10**9
+    exhausted = [r for r in caplog.records if "budget exhausted" in r.getMessage()]
+    assert len(exhausted) == 1 and "ax" in exhausted[0].getMessage()
+    status = core.status()
+    assert status["channels"]["ax"]["exhausted"] is True
+    assert status["channels"]["ax"]["budget_refused"] == 1 + 3 + 3
+    assert status["budget"]["spent"] == 5.0
+    # The next UTC day: reporting resumes, the sequence continues.
+    core.tick(11 * DAY + 1)
+    sent = messages(store)
+    assert [m["seq"] for m in sent] == [0, 1, 2] and len(sent[-1]["codes"]) == 3
+    assert core.status()["channels"]["ax"]["exhausted"] is False
+
+
+def test_restart_does_not_reset_budget_or_seq(tmp_path):
+    config = make_config(tmp_path, budget=4.0)
+    store = StateStore(tmp_path / "state.sqlite")
+    AgentCore(config, store, sources={"imu": ScriptedSource(per_poll=3)}).tick(DAY + 5)
+    store.close()
+    store = StateStore(tmp_path / "state.sqlite")
+    core = AgentCore(config, store, sources={"imu": ScriptedSource(per_poll=3)})
+    core.tick(DAY + 6)
+    sent = messages(store)
+    assert [(m["seq"], len(m["codes"])) for m in sent] == [(0, 3), (1, 1)]
+
+
+def test_nan_readings_are_dropped_counted_and_not_charged(tmp_path):
+    config = make_config(tmp_path, budget=100.0)
+    store = StateStore(tmp_path / "state.sqlite")
+    core = AgentCore(config, store, sources={"imu": ScriptedSource(per_poll=10, nan_every=2)})
+    core.tick(DAY)
+    assert core.status()["channels"]["ax"]["nan_dropped"] == 5
+    assert store.spent("w1", DAY) == 5 * 10**9
+    assert len(messages(store)[0]["codes"]) == 5
+
+
+def test_out_of_range_readings_are_clipped_and_counted(tmp_path):
+    config = make_config(tmp_path, budget=100.0)
+    store = StateStore(tmp_path / "state.sqlite")
+    core = AgentCore(config, store, sources={"imu": ScriptedSource(per_poll=4, value=7.0)})
+    core.tick(DAY)
+    assert core.status()["channels"]["ax"]["clipped"] == 4
+
+
+def test_failing_source_is_isolated_and_reported(tmp_path):
+    class Broken(ScriptedSource):
+        def poll(self, now):
+            raise ZeroDivisionError
+
+    config = make_config(tmp_path)
+    core = AgentCore(config, StateStore(tmp_path / "state.sqlite"),
+                     sources={"imu": Broken()})
+    core.tick(DAY)
+    assert core.finished
+    assert core.failed_sources == {"imu": "ZeroDivisionError while reading"}
+
+
+def test_service_sends_everything_then_exits_when_sources_end(tmp_path):
+    config = make_config(tmp_path, budget=1000.0)
+    transport = FakeTransport()
+    service = AgentService(config, transport=transport, rng=np.random.default_rng(1),
+                           drain_timeout=5)
+    service.cores[0].sources = {"imu": ScriptedSource(per_poll=5, polls=3)}
+    config_batch = 0.05
+    object.__setattr__(config, "batch_seconds", config_batch)
+    assert service.run() == 0
+    data = [json.loads(p) for t, p, _, _ in transport.published if t.endswith("/ax")]
+    assert sum(len(m["codes"]) for m in data) == 15
+    assert [m["seq"] for m in data] == list(range(len(data)))
+    statuses = [json.loads(p) for t, p, _, r in transport.published if t.endswith("/status")]
+    assert statuses[0]["state"] == "online" and statuses[-1]["state"] == "offline"
+    assert all(r for t, _, _, r in transport.published if t.endswith("/status"))
+
+
+def test_service_exit_code_is_1_when_a_source_failed(tmp_path):
+    class Failing(ScriptedSource):
+        def start(self):
+            self.fail("cannot open /dev/i2c-1")
+
+    config = make_config(tmp_path)
+    service = AgentService(config, transport=FakeTransport(), drain_timeout=1)
+    service.cores[0].sources = {"imu": Failing()}
+    assert service.run() == 1
