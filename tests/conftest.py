@@ -50,10 +50,9 @@ class Mosquitto:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "Mosquitto":
-        self.process = subprocess.Popen(
-            [self.binary, "-c", str(self.conf)],
-            stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
-        )
+        with self.log.open("ab") as log:  # the child keeps its own descriptor
+            self.process = subprocess.Popen([self.binary, "-c", str(self.conf)], stdout=log,
+                                            stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -65,9 +64,13 @@ class Mosquitto:
                 time.sleep(0.05)
         raise RuntimeError("mosquitto did not start listening")
 
-    def stop(self) -> None:
+    def stop(self, *, graceful: bool = False) -> None:
+        """Kill the broker (graceful: SIGTERM, so a persistent one saves its state)."""
         if self.process and self.process.poll() is None:
-            self.process.kill()
+            if graceful:
+                self.process.terminate()
+            else:
+                self.process.kill()
             self.process.wait(10)
         self.process = None
 

@@ -1,0 +1,259 @@
+"""Replay a CSV file (phone and wearable exports such as MotionSense).
+
+``columns`` maps field names to CSV header names.  Header names are
+stripped of spaces and a UTF-8 byte-order mark; an unnamed column (empty
+header name, e.g. the leading index column pandas writes) is simply a column
+nobody maps.  The file is read row by row with the stdlib ``csv`` module, only
+as far as the current poll needs, so a file of any size costs the same
+memory.
+
+Paces:
+
+* ``fixed``: row i (counting across loops) is due at ``start + i / rate_hz``,
+  where ``start`` is the first poll's time, and carries that timestamp;
+* ``recorded``: a row is due when ``ts - first_ts <= now - start`` (``ts``
+  from ``timestamp_column``, seconds) and carries ``start + ts - first_ts``;
+  a looped pass continues one ``1 / rate_hz`` after the previous pass ended;
+* ``fast``: up to ``MAX_FAST_ROWS`` rows per poll, timestamped
+  ``start + i / rate_hz``.
+
+A cell that is not a number becomes NaN; a row with the wrong number of
+cells (or an unreadable timestamp in ``recorded`` pace) is skipped and
+counted in ``rejected_rows``.  Messages name the file and columns, never the
+cells.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..config import CsvSourceConfig
+from ..readings import Readings
+from .base import Source
+from .derive import apply_derive, with_derived
+
+MAX_FAST_ROWS = 5000
+# Bound on one batch in the real-time paces (an agent that stalled catches up
+# over several polls instead of building one huge batch).
+MAX_ROWS_PER_POLL = 200_000
+
+
+def parse_float(cell: str) -> float:
+    """A cell as a float; anything that is not a number is NaN."""
+    try:
+        return float(cell)
+    except ValueError:
+        return math.nan
+
+
+class CsvSource(Source):
+    def __init__(self, config: CsvSourceConfig):
+        super().__init__(config.name)
+        self.config = config
+        self.path = Path(config.path)
+        self.pace = config.pace
+        self.rate_hz = float(config.rate_hz)
+        self.loop = config.loop
+        self.derive = tuple(config.derive)
+        self.names = tuple(config.columns)
+        self.fields = with_derived(self.names, self.derive)
+        self._file: io.TextIOBase | None = None
+        self._reader = None
+        self._indices: list[int] = []
+        self._ts_index: int | None = None
+        self._width = 0
+        self._pending: tuple[list[float], float] | None = None  # next row, read ahead
+        self._eof = False
+        self._t0: float | None = None
+        self._emitted = 0  # rows handed out (fixed/fast timestamps count these)
+        self._pass_rows = 0  # valid rows read in the current pass (loop guard)
+        # recorded pace: first timestamp of the pass, and where the pass starts
+        # relative to the first poll
+        self._first_ts: float | None = None
+        self._pass_offset = 0.0
+        self._last_offset = -math.inf
+
+    def __repr__(self) -> str:
+        return f"CsvSource({self.name!r}, path={str(self.path)!r}, pace={self.pace!r})"
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        try:
+            self._open()
+        except FileNotFoundError:
+            self.fail(f"csv source {self.name!r}: no such file: {self.path}")
+            return
+        except OSError as exc:
+            self.stop()
+            self.fail(f"csv source {self.name!r}: cannot read {self.path}: {exc.strerror}")
+            return
+        except _HeaderError as exc:
+            self.stop()
+            self.fail(f"csv source {self.name!r}: {self.path}: {exc}")
+            return
+        self._advance()
+
+    def stop(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file = None
+        self._reader = None
+
+    def _open(self) -> None:
+        # utf-8-sig drops the byte-order mark phone apps like to write;
+        # undecodable bytes end up in a cell, which then parses as NaN.
+        self._file = open(self.path, newline="", encoding="utf-8-sig", errors="replace")
+        self._reader = csv.reader(self._file)
+        try:
+            header = next(self._reader, None)
+        except csv.Error:
+            raise _HeaderError("the header row cannot be parsed as CSV") from None
+        if not header:
+            raise _HeaderError("the file is empty (no header row)")
+        header = [name.strip() for name in header]
+        position = {}
+        for i, name in enumerate(header):
+            position.setdefault(name, i)
+        missing = [column for column in self.config.columns.values() if column not in position]
+        if missing:
+            # Only the count of columns: in a file without a header, the
+            # "header" is a data row.
+            raise _HeaderError(
+                "column(s) " + ", ".join(repr(c) for c in missing) + " not in the header "
+                f"(it has {len(header)} columns)")
+        self._indices = [position[self.config.columns[name]] for name in self.names]
+        self._width = len(header)
+        if self.pace == "recorded":
+            column = self.config.timestamp_column
+            if column not in position:
+                raise _HeaderError(f"timestamp_column {column!r} not in the header")
+            self._ts_index = position[column]
+
+    def _rewind(self) -> None:
+        """Back to the first data row for another pass (loop = true)."""
+        self._file.seek(0)
+        self._reader = csv.reader(self._file)
+        next(self._reader, None)  # the header
+
+    # -- reading rows ----------------------------------------------------------------
+    def _read_row(self) -> tuple[list[float], float] | None:
+        """The next valid row as (values, recorded timestamp or NaN); None at the end."""
+        while True:
+            try:
+                row = next(self._reader, None)
+            except csv.Error:  # e.g. an over-long field: skip that line
+                self.rejected_rows += 1
+                continue
+            if row is None:
+                return None
+            if not row:
+                continue  # a blank line is not a row
+            if len(row) != self._width:
+                self.rejected_rows += 1
+                continue
+            timestamp = math.nan
+            if self._ts_index is not None:
+                timestamp = parse_float(row[self._ts_index])
+                if not math.isfinite(timestamp):
+                    self.rejected_rows += 1  # cannot be placed in time
+                    continue
+            return [parse_float(row[i]) for i in self._indices], timestamp
+
+    def _advance(self) -> None:
+        """Read the next row into ``_pending``, looping back at the end if configured."""
+        try:
+            self._advance_or_raise()
+        except OSError as exc:  # the disk, not the data: give up on the file
+            self.stop()
+            self.fail(f"csv source {self.name!r}: reading {self.path} failed: {exc.strerror}")
+            self._pending, self._eof = None, True
+
+    def _advance_or_raise(self) -> None:
+        row = self._read_row()
+        if row is None and self.loop:
+            if self._pass_rows == 0:  # looping over nothing would spin forever
+                self.stop()
+                self.fail(f"csv source {self.name!r}: {self.path}: no readable data rows "
+                          "to loop over")
+                self._pending, self._eof = None, True
+                return
+            self._pass_rows = 0
+            self._start_next_pass()
+            self._rewind()
+            row = self._read_row()
+        if row is None:
+            self._pending, self._eof = None, True
+            return
+        self._pass_rows += 1
+        self._pending = row
+
+    def _start_next_pass(self) -> None:
+        if self._first_ts is not None:
+            self._pass_offset = self._last_offset + 1.0 / self.rate_hz
+            self._first_ts = None
+
+    # -- polling -----------------------------------------------------------------------
+    def poll(self, now: float) -> Readings:
+        if self.finished or self._reader is None:
+            return Readings.empty(self.fields)
+        if self._t0 is None:
+            self._t0 = now
+        elapsed = now - self._t0
+        if self.pace == "recorded":
+            rows, times = self._take_recorded(elapsed)
+        else:
+            rows, times = self._take_counted(elapsed)
+        if self._eof:
+            self.finished = True  # the rows returned now are the last ones
+            self.stop()
+        return self._batch(rows, times)
+
+    def _take_counted(self, elapsed: float) -> tuple[list[list[float]], np.ndarray]:
+        """fixed / fast pace: rows numbered i, timestamped start + i / rate_hz."""
+        if self.pace == "fast":
+            wanted = MAX_FAST_ROWS
+        else:
+            due = math.floor(elapsed * self.rate_hz + 1e-6) + 1  # rows with i / rate <= elapsed
+            wanted = min(due - self._emitted, MAX_ROWS_PER_POLL)
+        rows: list[list[float]] = []
+        while len(rows) < wanted and self._pending is not None:
+            rows.append(self._pending[0])
+            self._advance()
+        first = self._emitted
+        self._emitted += len(rows)
+        times = self._t0 + np.arange(first, self._emitted) / self.rate_hz
+        return rows, times
+
+    def _take_recorded(self, elapsed: float) -> tuple[list[list[float]], np.ndarray]:
+        """recorded pace: rows whose recorded offset has been reached."""
+        rows: list[list[float]] = []
+        offsets: list[float] = []
+        while self._pending is not None and len(rows) < MAX_ROWS_PER_POLL:
+            values, timestamp = self._pending
+            if self._first_ts is None:
+                self._first_ts = timestamp
+            offset = self._pass_offset + (timestamp - self._first_ts)
+            # The tolerance absorbs the rounding of now - start at epoch magnitudes.
+            if offset > elapsed + 1e-6:
+                break
+            rows.append(values)
+            offsets.append(offset)
+            self._last_offset = max(self._last_offset, offset)
+            self._advance()
+        return rows, self._t0 + np.asarray(offsets, dtype=np.float64)
+
+    def _batch(self, rows: list[list[float]], times: np.ndarray) -> Readings:
+        if not rows:
+            return Readings.empty(self.fields)
+        values = np.asarray(rows, dtype=np.float64)
+        readings = Readings(times, {name: values[:, j] for j, name in enumerate(self.names)})
+        return apply_derive(readings, self.derive)
+
+
+class _HeaderError(ValueError):
+    """The header does not fit the configuration (message names columns only)."""

@@ -1,0 +1,148 @@
+"""Readings from a local MQTT broker: the gateway pattern.
+
+Wearables publish raw readings to a broker on the gateway itself (raw data
+never leaves the local network); this source subscribes to ``topic`` and the
+agent perturbs what arrives before anything is sent upstream.  A payload is
+a JSON object of fields or a JSON list of such objects (see
+``jsonl.parse_record`` for how values and timestamps are read).  A payload
+that is not valid JSON, or an item that is not an object, is dropped and
+counted in ``rejected_rows``.
+
+paho's network thread receives messages and appends parsed records to a
+buffer; ``poll`` swaps the buffer out under a lock, so it never blocks on the
+network.  paho reconnects by itself (``reconnect_delay_set``) and the
+subscription is renewed in ``on_connect``.  The source never finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+
+import paho.mqtt.client as mqtt
+
+from ..config import MqttSourceConfig
+from ..readings import Readings
+from .base import Source
+from .derive import apply_derive, with_derived
+from .jsonl import Record, parse_record, records_to_readings
+
+# Records kept while the agent does not poll; past this the oldest are dropped
+# (and counted in ``dropped_rows``), bounding memory.
+MAX_BUFFERED_ROWS = 200_000
+RECONNECT_MIN_S, RECONNECT_MAX_S = 1, 30
+KEEPALIVE_S = 30
+
+
+class MqttSource(Source):
+    def __init__(self, config: MqttSourceConfig, *, agent_id: str = "edge-agent"):
+        super().__init__(config.name)
+        self.config = config
+        self.topic = config.topic
+        self.timestamp_field = config.timestamp_field
+        self.derive = tuple(config.derive)
+        # Whatever the payloads carry; only the derived names are known up front.
+        self.fields = with_derived((), self.derive)
+        # Distinct from the agent's own upstream client id, which may use the
+        # same broker.
+        self.client_id = f"{agent_id}-src-{config.name}"
+        self.connected = False
+        self.subscribed = False  # the broker acknowledged the subscription
+        #: records dropped because the agent did not poll in time
+        self.dropped_rows = 0
+        self._buffer: deque[Record] = deque()
+        self._lock = threading.Lock()
+        self._client: mqtt.Client | None = None
+
+    def __repr__(self) -> str:
+        return (f"MqttSource({self.name!r}, broker={self.config.host}:{self.config.port}, "
+                f"topic={self.topic!r})")
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        if self._client is not None:
+            return
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id)
+        if self.config.username is not None:
+            password = self.config.password
+            client.username_pw_set(self.config.username,
+                                   password.get_secret_value() if password else None)
+        client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_subscribe = self._on_subscribe
+        client.on_message = self._on_message
+        try:
+            # Asynchronous: the network thread keeps retrying if the broker is
+            # not up yet, so a gateway can start before its broker.
+            client.connect_async(self.config.host, self.config.port, keepalive=KEEPALIVE_S)
+        except (OSError, ValueError) as exc:
+            self.fail(f"mqtt source {self.name!r}: cannot connect to "
+                      f"{self.config.host}:{self.config.port}: {exc}")
+            return
+        client.loop_start()
+        self._client = client
+
+    def stop(self) -> None:
+        client, self._client = self._client, None
+        if client is None:
+            return
+        client.disconnect()
+        client.loop_stop()
+        self.connected = self.subscribed = False
+
+    # -- paho callbacks (network thread) -------------------------------------------
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            return  # paho retries; a refused login shows up as never connecting
+        self.connected = True
+        try:
+            client.subscribe(self.topic, qos=1)
+        except ValueError:  # raising here would end paho's network thread
+            self.fail(f"mqtt source {self.name!r}: invalid topic filter {self.topic!r}")
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+        if any(code.is_failure for code in reason_codes):
+            # Persistent (an ACL or a malformed topic filter): say so rather
+            # than wait forever for readings that cannot come.
+            self.fail(f"mqtt source {self.name!r}: the broker refused the subscription "
+                      f"to {self.topic!r}")
+            return
+        self.subscribed = True
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        self.connected = self.subscribed = False
+
+    def _on_message(self, client, userdata, message) -> None:
+        arrival = time.time()
+        records, rejected = parse_payload(message.payload, self.timestamp_field, arrival)
+        with self._lock:
+            self.rejected_rows += rejected
+            overflow = len(self._buffer) + len(records) - MAX_BUFFERED_ROWS
+            if overflow > 0:
+                self.dropped_rows += overflow
+                for _ in range(min(overflow, len(self._buffer))):
+                    self._buffer.popleft()
+                records = records[max(0, len(records) - MAX_BUFFERED_ROWS):]
+            self._buffer.extend(records)
+
+    # -- polling -----------------------------------------------------------------------
+    def poll(self, now: float) -> Readings:
+        with self._lock:
+            records, self._buffer = self._buffer, deque()
+        return apply_derive(records_to_readings(records), self.derive)
+
+
+def parse_payload(payload: bytes, timestamp_field: str | None,
+                  arrival: float) -> tuple[list[Record], int]:
+    """(records, number rejected) from one message's payload."""
+    try:
+        decoded = json.loads(payload)
+    except (ValueError, RecursionError):  # invalid JSON / UTF-8, absurd nesting
+        return [], 1
+    items = decoded if isinstance(decoded, list) else [decoded]
+    records = [parse_record(item, timestamp_field, arrival) for item in items]
+    good = [r for r in records if r is not None]
+    return good, len(records) - len(good)

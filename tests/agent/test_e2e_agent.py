@@ -1,0 +1,277 @@
+"""The agent end to end: a real process, a real Mosquitto, a real paho subscriber."""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+import jsonschema
+import numpy as np
+import pytest
+
+from edge_agent.mechanisms import from_description
+
+from .e2e import REPO, AgentProcess, Subscriber, write_config
+
+SCHEMA = json.loads((REPO / "docs" / "protocol.schema.json").read_text())
+
+
+def check_messages(reports: list[dict]) -> dict[str, list[dict]]:
+    """Schema, grid and seq continuity; returns the unique messages per channel in seq order."""
+    by_channel: dict[str, dict[int, dict]] = defaultdict(dict)
+    for message in reports:
+        jsonschema.validate(message, SCHEMA)
+        seen = by_channel[message["channel"]].setdefault(message["seq"], message)
+        assert seen == message, "a redelivered seq must carry the same message"
+        mechanism = from_description(message["mechanism"])
+        components = getattr(mechanism, "components", None)
+        codes = message["codes"]
+        lists = codes if isinstance(codes[0] if codes else 0, list) else [codes]
+        for i, code_list in enumerate(lists):
+            grid = components[i] if components else mechanism
+            assert all(0 <= c < grid.n_cells for c in code_list)
+    ordered = {}
+    for channel, seqs in by_channel.items():
+        assert sorted(seqs) == list(range(len(seqs))), f"{channel}: seq gap"
+        ordered[channel] = [seqs[i] for i in sorted(seqs)]
+    return ordered
+
+
+def decode(messages: list[dict], component: int | None = None) -> np.ndarray:
+    values = []
+    for message in messages:
+        mechanism = from_description(message["mechanism"])
+        codes = message["codes"]
+        if component is None:
+            values.append(mechanism.from_codes(np.array(codes, dtype=np.int64)))
+        else:
+            values.append(mechanism.components[component].from_codes(
+                np.array(codes[component], dtype=np.int64)))
+    return np.concatenate(values) if values else np.empty(0)
+
+
+def ledger(state_dir) -> tuple[float, int]:
+    db = sqlite3.connect(f"file:{state_dir}/state.sqlite?mode=ro", uri=True)
+    spent, reports = db.execute("SELECT COALESCE(SUM(spent_nano), 0), "
+                                "COALESCE(SUM(reports), 0) FROM ledger").fetchone()
+    db.close()
+    return spent / 1e9, reports
+
+
+# -- a recording replayed from CSV: the estimates match the data --------------------------------
+
+def write_recording(path, n, rng):
+    """A MotionSense-style export with an unnamed index column and known contents."""
+    roll = rng.vonmises(1.0, 2.0, n)
+    ax = np.clip(rng.gamma(2.0, 0.25, n) - 0.3, -2, 2)
+    ay = np.clip(rng.normal(0.2, 0.4, n), -2, 2)
+    with open(path, "w") as f:
+        f.write(",attitude.roll,attitude.pitch,userAcceleration.x,userAcceleration.y\n")
+        for i in range(n):
+            f.write(f"{i},{roll[i]:.6f},0.1,{ax[i]:.6f},{ay[i]:.6f}\n")
+    return roll, ax, ay
+
+
+def test_csv_replay_end_to_end_estimates_match_the_data(tmp_path, mosquitto):
+    n = 3000
+    roll, ax, ay = write_recording(tmp_path / "rec.csv", n, np.random.default_rng(3))
+    config = write_config(
+        tmp_path / "agent.toml", broker=mosquitto, state_dir=tmp_path / "state",
+        sources=[{"name": "phone", "type": "csv", "path": str(tmp_path / "rec.csv"),
+                  "pace": "fast", "derive": ["horizontal"],
+                  "columns": {"roll": "attitude.roll", "accel_x": "userAcceleration.x",
+                              "accel_y": "userAcceleration.y"}}],
+        channels=[
+            {"name": "ax_u", "source": "phone", "field": "accel_x", "kind": "linear",
+             "mechanism": "ogpm-unbiased", "epsilon": 2.0, "domain": [-2.0, 2.0]},
+            {"name": "ax", "source": "phone", "field": "accel_x", "kind": "linear",
+             "mechanism": "ogpm", "epsilon": 2.0, "domain": [-2.0, 2.0]},
+            {"name": "roll", "source": "phone", "field": "roll", "kind": "circular",
+             "epsilon": 2.0, "origin": -math.pi},
+            {"name": "h", "source": "phone", "fields": ["accel_h_mag", "accel_h_dir"],
+             "kind": "polar", "epsilon": 6.0, "radius_max": 2.0},
+        ])
+    subscriber = Subscriber(mosquitto, "ldp/v1/demo/#")
+    agent = AgentProcess(config, tmp_path / "agent.log").start()
+    # The file ends: the agent sends everything and exits 0 by itself.
+    assert agent.wait(120) == 0, agent.output()
+    assert subscriber.wait_for(lambda: sum(
+        len(m["codes"]) for m in subscriber.reports("ax")) >= n, 10)
+    channels = check_messages(subscriber.reports())
+    assert set(channels) == {"ax_u", "ax", "roll", "h"}
+    for name in ("ax_u", "ax", "roll"):
+        assert sum(len(m["codes"]) for m in channels[name]) == n
+
+    # Unbiased OGPM: the plain mean of the reports estimates the mean reading.
+    y = decode(channels["ax_u"])
+    mech = from_description(channels["ax_u"][0]["mechanism"])
+    se = math.sqrt(np.mean(mech.variance(ax)) / n)
+    assert abs(y.mean() - ax.mean()) < 5 * se
+    # Classical OGPM: reports average to the mean of E[M(x)], the known bias.
+    y = decode(channels["ax"])
+    mech = from_description(channels["ax"][0]["mechanism"])
+    assert abs(y.mean() - np.mean(mech.mean_output(ax))) < 5 * math.sqrt(
+        np.mean(mech.variance(ax)) / n)
+    # Circular: E[exp(i M(x))] = rho exp(i x).
+    y = decode(channels["roll"])
+    rho = from_description(channels["roll"][0]["mechanism"]).mean_resultant_length()
+    assert abs(np.cos(y).mean() - rho * np.cos(roll).mean()) < 5 / math.sqrt(n)
+    assert abs(np.sin(y).mean() - rho * np.sin(roll).mean()) < 5 / math.sqrt(n)
+    # Polar radius: classical OGPM on [0, radius_max].
+    radius = np.hypot(ax, ay)
+    polar = from_description(channels["h"][0]["mechanism"])
+    y = decode(channels["h"], component=0)
+    assert y.size == n
+    assert abs(y.mean() - np.mean(polar.radius_mechanism.mean_output(radius))) < 5 * math.sqrt(
+        np.mean(polar.radius_mechanism.variance(radius)) / n)
+    # The ledger charged exactly what was sent.
+    spent, reports = ledger(tmp_path / "state")
+    assert reports == 4 * n and spent == pytest.approx(n * (2 + 2 + 2 + 6))
+    statuses = subscriber.statuses()
+    assert statuses[0]["state"] == "online" and statuses[-1]["state"] == "offline"
+    subscriber.close()
+
+
+# -- a synthetic wearable for ~10 s: topics, schema, seq, status, budget ---------------------------
+
+SYNTHETIC_CHANNELS = [
+    {"name": "accel_x", "source": "imu", "field": "accel_x", "kind": "linear",
+     "epsilon": 1.0, "domain": [-2.0, 2.0]},
+    {"name": "yaw", "source": "imu", "field": "yaw", "kind": "circular", "epsilon": 1.0},
+    {"name": "accel_polar", "source": "imu", "fields": ["accel_h_mag", "accel_h_dir"],
+     "kind": "polar", "epsilon": 3.0, "radius_max": 2.0},
+    {"name": "accel", "source": "imu", "fields": ["accel_x", "accel_y", "accel_z"],
+     "kind": "vector", "epsilon": 2.0, "domain": [-2.0, 2.0], "strategy": "sample", "k": 1},
+]
+
+
+def test_synthetic_wearable_streams_for_ten_seconds(tmp_path, mosquitto):
+    config = write_config(tmp_path / "agent.toml", broker=mosquitto,
+                          state_dir=tmp_path / "state",
+                          sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50}],
+                          channels=SYNTHETIC_CHANNELS)
+    subscriber = Subscriber(mosquitto, "ldp/v1/demo/#")
+    agent = AgentProcess(config, tmp_path / "agent.log").start()
+    assert subscriber.wait_for(lambda: len(subscriber.reports("accel_x")) >= 5, 60), \
+        agent.output()
+    time.sleep(10)
+    assert agent.terminate() == 0, agent.output()
+    time.sleep(0.5)
+    topics = {t for t, _, _ in subscriber.messages}
+    assert topics == {f"ldp/v1/demo/w1/{c['name']}" for c in SYNTHETIC_CHANNELS} | {
+        "ldp/v1/demo/w1/status"}
+    channels = check_messages(subscriber.reports())
+    counts = {name: sum(len(m["codes"]) if m["kind"] != "vector"
+                        else len(m["codes"][0]) + len(m["codes"][1]) + len(m["codes"][2])
+                        for m in messages) for name, messages in channels.items()}
+    assert counts["accel_x"] >= 450  # 50 Hz for ~10 s
+    assert counts["accel_x"] == counts["yaw"] == counts["accel"]
+    # Polar reports carry one radius and one angle code per reading.
+    assert all(len(m["codes"][0]) == len(m["codes"][1]) for m in channels["accel_polar"])
+    # The persisted ledger holds exactly the epsilon of what was published.
+    spent, _ = ledger(tmp_path / "state")
+    assert spent == pytest.approx(counts["accel_x"] * (1 + 1 + 3 + 2))
+    budget = subprocess.run([sys.executable, "-m", "edge_agent", "budget", "--config",
+                             str(config), "--json"], capture_output=True, text=True, cwd=REPO)
+    assert budget.returncode == 0, budget.stderr
+    current = [p for p in json.loads(budget.stdout)["periods"] if p["current"]][0]
+    assert current["spent"] == pytest.approx(spent)
+    assert current["channels"]["yaw"]["reports"] == counts["yaw"]
+    # Synthetic accelerations look like a wearable: gravity on z, within the domain.
+    z = decode([{"mechanism": m["mechanism"], "codes": m["codes"][2]}
+                for m in channels["accel"]])
+    assert 0.3 < z.mean() < 1.5
+    statuses = subscriber.statuses()
+    assert statuses[0]["state"] == "online" and statuses[-1]["state"] == "offline"
+    assert not any(str(v) in agent.output() for v in ("accel_x=", "value="))
+    subscriber.close()
+
+
+# -- failures: broker restarts and agent kills lose nothing --------------------------------------
+
+def test_broker_outage_loses_nothing(tmp_path):
+    from tests.conftest import Mosquitto
+
+    work = tmp_path / "broker"
+    work.mkdir()
+    broker = Mosquitto(work, extra_conf=f"persistence true\npersistence_location {work}/\n"
+                                        "autosave_interval 1\n").start()
+    try:
+        config = write_config(tmp_path / "agent.toml", broker=broker,
+                              state_dir=tmp_path / "state",
+                              sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50}],
+                              channels=SYNTHETIC_CHANNELS[:2])
+        # A persistent session: the broker queues for the subscriber across its restart.
+        subscriber = Subscriber(broker, "ldp/v1/demo/+/+", client_id="outage-test")
+        agent = AgentProcess(config, tmp_path / "agent.log").start()
+        assert subscriber.wait_for(lambda: len(subscriber.reports("accel_x")) >= 5, 60)
+        time.sleep(1.5)  # autosave the session
+        broker.stop(graceful=True)
+        time.sleep(5)  # the agent spools meanwhile
+        broker.start()
+        time.sleep(6)
+        assert agent.terminate() == 0, agent.output()
+        spent, reports = ledger(tmp_path / "state")
+        assert subscriber.wait_for(
+            lambda: sum(len(m["codes"]) for m in subscriber.reports()) >= reports, 20)
+        channels = check_messages(subscriber.reports())
+        sent = sum(len(m["codes"]) for messages in channels.values() for m in messages)
+        assert sent == reports  # every charged report arrived, no seq gap
+        assert channels["accel_x"][-1]["seq"] >= 40  # it kept streaming through the outage
+        subscriber.close()
+    finally:
+        broker.stop()
+
+
+def test_agent_killed_and_restarted_continues_seq_and_budget(tmp_path, mosquitto):
+    config = write_config(tmp_path / "agent.toml", broker=mosquitto,
+                          state_dir=tmp_path / "state",
+                          sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50}],
+                          channels=SYNTHETIC_CHANNELS[:2])
+    subscriber = Subscriber(mosquitto, "ldp/v1/demo/+/+")
+    agent = AgentProcess(config, tmp_path / "agent.log").start()
+    assert subscriber.wait_for(lambda: len(subscriber.reports("accel_x")) >= 10, 60)
+    agent.kill()
+    spent_before, reports_before = ledger(tmp_path / "state")
+    seq_before = max(m["seq"] for m in subscriber.reports("accel_x"))
+    agent = AgentProcess(config, tmp_path / "agent.log").start()
+    assert subscriber.wait_for(
+        lambda: max(m["seq"] for m in subscriber.reports("accel_x")) >= seq_before + 10, 60)
+    assert agent.terminate() == 0, agent.output()
+    spent_after, reports_after = ledger(tmp_path / "state")
+    assert spent_after > spent_before and reports_after > reports_before  # budget not reset
+    assert subscriber.wait_for(
+        lambda: sum(len(m["codes"]) for m in subscriber.reports()) >= reports_after, 20)
+    channels = check_messages(subscriber.reports())  # duplicates allowed, gaps not
+    assert sum(len(m["codes"]) for ms in channels.values() for m in ms) == reports_after
+    subscriber.close()
+
+
+# -- configuration on the command line ---------------------------------------------------------
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "edge_agent", *args], capture_output=True,
+                          text=True, cwd=REPO)
+
+
+def test_check_config_prints_effective_config_and_rejects_bad_ones(tmp_path):
+    good = run_cli("check-config", str(REPO / "configs" / "agent.toml"))
+    assert good.returncode == 0, good.stderr
+    effective = json.loads(good.stdout)
+    assert effective["mechanisms"]["accel_polar"]["mechanism"]["epsilon_radius"] > 0
+    assert effective["batch_seconds"] == 1.0
+    bad = tmp_path / "bad.toml"
+    sample = (REPO / "configs" / "agent.toml").read_text()
+    assert sample.count("epsilon = 3.0 ") == 1  # the polar channel, channels[2]
+    bad.write_text(sample.replace("epsilon = 3.0 ", "epsilon = -1 "))
+    result = run_cli("check-config", str(bad))
+    assert result.returncode == 2
+    assert "channels[2].epsilon: must be in (0, 20], got -1" in result.stderr
+    assert run_cli("run", "--config", str(bad)).returncode == 78  # EX_CONFIG: no restart loop
+    missing = run_cli("check-config", str(tmp_path / "nope.toml"))
+    assert missing.returncode == 2 and "no such file" in missing.stderr
