@@ -25,9 +25,19 @@ system-deps:
 test: $(STAMP) system-deps
 	$(PY) -m pytest
 
-bench: $(STAMP)
+# The agent's footprint is measured in a venv with only the runtime dependencies,
+# as on a device: numba imports scipy whenever it is installed (+13 MB).
+RUNTIME_VENV := .venv-runtime
+$(RUNTIME_VENV)/.installed-stamp: pyproject.toml
+	$(PYTHON) -m venv $(RUNTIME_VENV)
+	$(RUNTIME_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(RUNTIME_VENV)/bin/python -m pip install --quiet -e .
+	touch $@
+
+bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 	$(PY) -m benchmarks.bench_mechanisms --markdown docs/bench_mechanisms.md
 	$(PY) -m benchmarks.plot_errors --out docs
+	$(PY) -m benchmarks.bench_agent --python $(RUNTIME_VENV)/bin/python --markdown docs/bench_agent.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) $(RUNTIME_VENV) .pytest_cache .hypothesis build *.egg-info
