@@ -1,0 +1,101 @@
+"""Configuration: the commented sample loads, and every mistake names its key and range."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from edge_agent.config import ConfigError, load_config, parse_config, parse_period
+
+from .e2e import REPO
+
+BASE = {
+    "agent_id": "w1", "fleet": "demo",
+    "privacy": {"budget_epsilon": 500, "state_dir": "/tmp/state"},
+    "sources": [{"name": "imu", "type": "synthetic"}],
+    "channels": [
+        {"name": "ax", "source": "imu", "field": "accel_x", "kind": "linear", "epsilon": 1,
+         "domain": [-2, 2]},
+        {"name": "roll", "source": "imu", "field": "roll", "kind": "circular", "epsilon": 1},
+        {"name": "p", "source": "imu", "fields": ["accel_h_mag", "accel_h_dir"],
+         "kind": "polar", "epsilon": 3, "radius_max": 2},
+    ],
+}
+
+
+def test_sample_config_loads_with_every_kind():
+    config = load_config(REPO / "configs" / "agent.toml")
+    assert config.agent_id == "wearable-01" and config.fleet == "demo"
+    assert {c.kind for c in config.channels} == {"linear", "circular", "polar", "vector"}
+    assert config.privacy.period_seconds == 86400
+    assert config.broker.port == 1883 and config.batch_seconds == 1.0
+
+
+def error_for(mutate) -> str:
+    data = copy.deepcopy(BASE)
+    mutate(data)
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d["channels"][2].update(epsilon=-1), "channels[2].epsilon: must be in (0, 20], got -1"),
+    (lambda d: d["channels"][0].update(epsilon=0), "channels[0].epsilon: must be in (0, 20], got 0"),
+    (lambda d: d["privacy"].update(budget_epsilon=0), "privacy.budget_epsilon: must be > 0, got 0"),
+    (lambda d: d["broker"] if "broker" in d else d.update(broker={"port": 70000}),
+     "broker.port: must be <= 65535, got 70000"),
+    (lambda d: d.update(batch_seconds=0.001), "batch_seconds: must be >= 0.05, got 0.001"),
+    (lambda d: d["channels"][0].update(domain=[2, 1]),
+     "channels[0].domain: must be [low, high] with finite low < high, got [2.0, 1.0]"),
+    (lambda d: d["channels"][1].update(kind="spiral"),
+     "channels[1]: must be one of 'linear', 'circular', 'polar', 'vector'"),
+    (lambda d: d["channels"][0].update(mechanism="gauss"), "channels[0].mechanism: must be one of"),
+    (lambda d: d["channels"][1].update(unit="grad"), "channels[1].unit: must be one of 'rad' or 'deg', got 'grad'"),
+    (lambda d: d["channels"][0].update(name="status"),
+     "channels[0].name: 'status' is reserved for the agent's status topic"),
+    (lambda d: d.update(agent_id="_collector"), "agent_id: must be 1-64 letters"),
+    (lambda d: d.update(fleet="a/b"), "fleet: must be 1-64 letters"),
+    (lambda d: d["channels"][0].update(field="heart_rate"),
+     "channels[0]: source 'imu' has no field 'heart_rate'"),
+    (lambda d: d["channels"][0].update(source="gps"), "channels[0].source: no source named 'gps'"),
+    (lambda d: d["channels"].append(dict(d["channels"][0])), "channels[3].name: 'ax' is used twice"),
+    (lambda d: d["privacy"].update(budget_period="1 day"),
+     "privacy.budget_period: must look like 30m, 12h, 1d or 1w, got '1 day'"),
+    (lambda d: d["privacy"].update(budget_period="10s"), "must be at least 1 minute"),
+    (lambda d: d.update(colour="red"), "colour: is not a known key"),
+    (lambda d: d["sources"][0].update(rate_hz=-5), "sources[0].rate_hz: must be > 0, got -5"),
+    (lambda d: d["sources"][0].update(type="gps"), "sources[0]: must be one of"),
+    (lambda d: d.pop("privacy"), "privacy: is required"),
+    (lambda d: d["channels"].append({"name": "v", "source": "imu", "kind": "vector",
+                                     "fields": ["accel_x", "accel_y"], "epsilon": 1,
+                                     "domain": [-1, 1], "strategy": "sample", "k": 3}),
+     "k must be in [1, 2], got 3"),
+    (lambda d: d.update(broker={"password": "a", "password_file": "/x"}),
+     "set password or password_file, not both"),
+])
+def test_errors_name_the_key_and_the_range(mutate, message):
+    assert message in error_for(mutate)
+
+
+def test_all_problems_are_reported_at_once():
+    def two(d):
+        d["channels"][0]["epsilon"] = -1
+        d["channels"][2]["radius_max"] = 0
+    text = error_for(two)
+    assert "channels[0].epsilon" in text and "channels[2].radius_max: must be > 0" in text
+
+
+def test_toml_syntax_and_missing_file(tmp_path):
+    bad = tmp_path / "a.toml"
+    bad.write_text("agent_id = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_periods():
+    assert parse_period("1d") == 86400 and parse_period("12h") == 43200
+    assert parse_period("1w") == 604800 and parse_period("30m") == 1800
