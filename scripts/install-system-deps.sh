@@ -6,6 +6,8 @@ set -u
 packages=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || packages+=(mosquitto)
 command -v systemd-analyze >/dev/null 2>&1 || packages+=(systemd)
+# The dashboard is tested in a real headless Chromium (driven by playwright).
+command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || packages+=(chromium)
 for extra in "$@"; do packages+=("$extra"); done
 [ ${#packages[@]} -eq 0 ] && exit 0
 
