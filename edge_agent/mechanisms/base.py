@@ -228,6 +228,14 @@ class Mechanism(ABC):
         """The maximal log probability ratio of the released codes (<= epsilon, tested exactly)."""
         return float(self.exact_privacy_loss())
 
+    def affine_mean(self) -> tuple[float, float, float, float] | None:
+        """(a, b, x_lo, x_hi) with E[M(x)] = a x + b exactly for x in [x_lo, x_hi].
+
+        None where the mean is nowhere affine (the Laplace variants).  A
+        collector inverts it to remove the bias of an average of reports.
+        """
+        return None
+
     def worst_case_error(self, p: int = 2) -> float:
         """max over inputs x of expected_error(x, p).
 

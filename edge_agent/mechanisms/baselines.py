@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -181,13 +182,10 @@ class Duchi(Mechanism):
         e = math.exp(self.epsilon)
         return 0.5 + (e - 1.0) / (2.0 * (e + 1.0)) * t
 
-    def from_codes(self, codes: Any) -> np.ndarray:
-        codes = np.asarray(codes)
-        if codes.dtype.kind not in "iu":
-            raise TypeError(f"codes must be integers, got dtype {codes.dtype}")
-        if codes.size and (codes.min() < 0 or codes.max() > 1):
-            raise ValueError("codes must be in [0, 1]")
-        return np.where(codes == 1, self.output_high, self.output_low)
+    @cached_property
+    def _grid_values(self) -> tuple[float, float]:
+        """Code 0 is the lower atom, code 1 the upper (not cell centres)."""
+        return self.output_low, self._atom_step
 
     def to_codes(self, values: Any) -> np.ndarray:
         y = np.asarray(values, dtype=np.float64)
@@ -208,6 +206,9 @@ class Duchi(Mechanism):
 
     def mean_output(self, x: Any) -> np.ndarray:
         return np.clip(np.asarray(x, dtype=np.float64), self.low, self.high)
+
+    def affine_mean(self) -> tuple[float, float, float, float]:
+        return 1.0, 0.0, self.low, self.high  # unbiased
 
     def variance(self, x: Any) -> np.ndarray:
         """C**2 - x'**2 on [-1, 1] (OPTT Lemma 2), scaled by (w/2)**2."""

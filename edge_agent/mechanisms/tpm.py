@@ -112,6 +112,23 @@ class ThreePieceMechanism(Mechanism):
         ) / 3.0
         return second - (self.mean_output(x) - m) ** 2
 
+    def affine_mean(self) -> tuple[float, float, float, float] | None:
+        """Where the central piece is not clamped, E[M(x)] = m + (p_high - p_low) L (c(x) - m).
+
+        c(x) is the piece's centre (affine) and m the middle of the output
+        domain; the clamp binds only for OGPM near the ends (Theorem 3.7).
+        """
+        m = self._reference()
+        slope = (self.p_high - self.p_low) * self.length * self._centre_slope
+        intercept = m + (self.p_high - self.p_low) * self.length * (
+            self._centre_at_low - self._centre_slope * self.low - m)
+        # Centre range that keeps the whole piece inside the output domain.
+        c_lo = self.output_low + self.length / 2.0
+        c_hi = self.output_high - self.length / 2.0
+        x_lo = self.low + (c_lo - self._centre_at_low) / self._centre_slope
+        x_hi = self.low + (c_hi - self._centre_at_low) / self._centre_slope
+        return slope, intercept, max(self.low, x_lo), min(self.high, x_hi)
+
     def expected_error(self, x: Any, p: int = 2) -> np.ndarray:
         p = _validate.error_power(p)
         x = np.clip(np.asarray(x, dtype=np.float64), self.low, self.high)
@@ -213,6 +230,10 @@ class CircularThreePiece(ThreePieceMechanism):
 
     def worst_case_error(self, p: int = 2) -> float:
         return float(self.expected_error(0.0, p))
+
+    def affine_mean(self) -> None:
+        """Means of angles are directions, not affine maps: see mean_resultant_length."""
+        return None
 
     def mean_resultant_length(self) -> float:
         """rho = E[cos(2*pi*(M(x) - x)/period)], the shrink of the mean resultant length."""

@@ -395,3 +395,26 @@ def test_pm_c_coincides_with_ogpm_at_the_ends(epsilon):
     assert float(ogpm.expected_error(0.5)) == pytest.approx(float(pmc.expected_error(0.5)))
     inside = np.concatenate([np.linspace(0.02, 0.45, 12), np.linspace(0.55, 0.98, 12)])
     assert np.all(ogpm.expected_error(inside) < pmc.expected_error(inside))
+
+
+@pytest.mark.parametrize("kind", ["ogpm", "ogpm-u", "pm", "pm-c", "sw", "sw-c", "ptt", "duchi"])
+@pytest.mark.parametrize("epsilon", [0.5, 2.0, 6.0])
+def test_affine_mean_region_is_exact_and_maximal(kind, epsilon):
+    m = make(kind, epsilon, low=-1.0, high=3.0)
+    a, b, lo, hi = m.affine_mean()
+    inside = np.linspace(lo, hi, 101)
+    assert np.allclose(m.mean_output(inside), a * inside + b, atol=1e-12)
+    if kind == "ogpm":  # the clamp binds exactly outside [low + C, high - C]
+        assert (lo, hi) == pytest.approx((-1.0 + m.half_width, 3.0 - m.half_width))
+        outside = np.array([-1.0, 3.0])
+        assert np.all(np.abs(m.mean_output(outside) - (a * outside + b)) > 1e-6)
+    else:
+        assert (lo, hi) == pytest.approx((-1.0, 3.0))
+    if m.unbiased:
+        assert (a, b) == pytest.approx((1.0, 0.0), abs=1e-12)
+
+
+def test_laplace_and_circular_means_are_not_affine():
+    assert make("t-laplace", 1.0).affine_mean() is None
+    assert make("b-laplace", 1.0).affine_mean() is None
+    assert make("circular", 1.0).affine_mean() is None

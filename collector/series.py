@@ -1,0 +1,447 @@
+"""A channel's aggregation series: statistics plus what the mechanism says about them.
+
+A *series* is one channel under one set of mechanism parameters.  When an
+agent changes a channel's epsilon or domain its reports start a new series;
+series are never mixed.  Each series keeps cumulative statistics and the
+most recent tumbling windows, all mergeable (``merge``) and picklable, and
+turns them into estimates with the mechanism's closed forms:
+
+* linear: the raw mean of reports; the estimate of the true mean (plain mean
+  for unbiased mechanisms, the known affine bias inverted, or the mean of the
+  EMS reconstruction where data sits near an edge or the mean is not
+  affine); its standard error from the mechanism's variance averaged over
+  the reconstructed distribution; the raw and reconstructed histograms;
+* circular: mean direction, resultant length raw and corrected by rho(eps),
+  circular standard deviation, histograms (wrapping);
+* polar: both components and the mean vector; vector: one linear block per axis.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from edge_agent.mechanisms import from_description
+
+from . import ems
+from .stats import BinCounts, CodeMoments, Count, PolarCross, TrigMoments
+
+Z95 = 1.959963984540054
+QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+# Use the affine bias inversion only when the reconstruction puts less than this
+# share of the data where E[M(x)] stops being affine (near OGPM's domain ends).
+AFFINE_EDGE_MASS = 0.02
+
+
+def describe_key(description: dict) -> str:
+    return json.dumps(description, sort_keys=True, separators=(",", ":"))
+
+
+@lru_cache(maxsize=256)
+def _mechanism(key: str):
+    return from_description(json.loads(key))
+
+
+@lru_cache(maxsize=256)
+def _transition(key: str, in_edges: tuple, out_edges: tuple, circular: bool) -> np.ndarray:
+    mechanism = _mechanism(key)
+    return ems.transition_matrix(mechanism, np.array(in_edges), np.array(out_edges),
+                                 circular=circular)
+
+
+def _finite(value):
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+class _Block:
+    """Statistics of one scalar mechanism's codes (a channel, a polar component, an axis)."""
+
+    def __init__(self, key: str, bins: int):
+        self.key = key
+        self.bins = bins
+        self.count = Count()
+        self._cache = None
+        self._setup()
+
+    @property
+    def mechanism(self):
+        return _mechanism(self.key)
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    def update(self, codes: np.ndarray) -> None:
+        self._cache = None
+        for statistic in self._statistics():
+            statistic.update(codes)
+
+    def merge(self, other: "_Block") -> "_Block":
+        if other.key != self.key or other.bins != self.bins:
+            raise ValueError("cannot merge blocks of different mechanisms")
+        self._cache = None
+        for mine, theirs in zip(self._statistics(), other._statistics()):
+            mine.merge(theirs)
+        return self
+
+    def _statistics(self):
+        raise NotImplementedError
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_cache"] = None  # derived, recomputed on demand
+        return state
+
+    def __eq__(self, other):
+        return (type(other) is type(self) and other.key == self.key
+                and all(a == b for a, b in zip(self._statistics(), other._statistics())))
+
+    def get(self) -> dict:
+        if self._cache is None:
+            self._cache = self._compute()
+        return self._cache
+
+
+class LinearBlock(_Block):
+    def _setup(self) -> None:
+        m = self.mechanism
+        origin, step = m._grid_values
+        self.in_edges = np.linspace(m.low, m.high, self.bins + 1)
+        width = (m.high - m.low) / self.bins
+        if m.name == "duchi":  # two atoms: the output "bins" are the two codes
+            self.out_edges = np.array([m.output_low, 0.5 * (m.output_low + m.output_high),
+                                       m.output_high])
+        elif (m.output_low, m.output_high) == (m.low, m.high):
+            self.out_edges = self.in_edges
+        else:
+            n_out = max(1, math.ceil((m.output_high - m.output_low) / width - 1e-9))
+            self.out_edges = m.output_low + width * np.arange(n_out + 1)
+        self.moments = CodeMoments(origin, step)
+        self.raw = BinCounts(origin, step, m.low, width, self.bins, outside="drop")
+        out_width = float(self.out_edges[1] - self.out_edges[0])
+        self.out = BinCounts(origin, step, float(self.out_edges[0]), out_width,
+                             self.out_edges.size - 1, outside="clip")
+
+    def _statistics(self):
+        return (self.count, self.moments, self.raw, self.out)
+
+    def reconstruction(self) -> np.ndarray:
+        matrix = _transition(self.key, tuple(self.in_edges), tuple(self.out_edges), False)
+        return ems.ems(self.out.get(), matrix)
+
+    def _compute(self) -> dict:
+        m, n = self.mechanism, self.count.get()
+        centres = 0.5 * (self.in_edges[:-1] + self.in_edges[1:])
+        raw_counts = self.raw.get()
+        histogram = {"edges": self.in_edges.tolist(),
+                     "raw": (raw_counts / n).tolist() if n else [0.0] * self.bins,
+                     "estimate": None}
+        if n == 0:
+            return {"count": 0, "mean": {"raw": None, "estimate": None, "stderr": None,
+                                         "bias_bound": None, "ci95": None, "method": None},
+                    "histogram": histogram, "quantiles": None}
+        p = self.reconstruction()
+        histogram["estimate"] = p.tolist()
+        moments = self.moments.get()
+        # Variance of one report: the mechanism's, averaged over the reconstructed
+        # true values, or the reports' sample variance if larger (it also holds
+        # the spread of the true values, so it never understates).
+        report_var = max(float(p @ m.variance(centres)), moments["variance"])
+        mean = self._estimate_mean(moments["mean"], p, centres, report_var, n)
+        return {"count": n, "mean": mean, "histogram": histogram,
+                "quantiles": ems.quantiles(self.in_edges, p, QUANTILES)}
+
+    def _estimate_mean(self, raw: float, p: np.ndarray, centres: np.ndarray, report_var: float,
+                       n: int) -> dict:
+        m = self.mechanism
+        affine = m.affine_mean()
+        if m.unbiased:
+            estimate, slope, method = raw, 1.0, "unbiased"
+        elif affine is not None and p[(centres < affine[2]) | (centres > affine[3])].sum() \
+                <= AFFINE_EDGE_MASS:
+            a, b, _, _ = affine
+            estimate, slope, method = (raw - b) / a, a, "affine"
+        else:
+            estimate, slope = self._ems_mean(p, centres, raw)
+            method = "ems"
+        stderr = math.sqrt(report_var / n) / abs(slope)
+        bias = self._identifiability_bound(p, centres)
+        if method == "ems":
+            stderr = max(stderr, self._bootstrap_stderr(raw, report_var, n))
+            # Where E[M(x)] is far from affine, the Newton step's size shows how far
+            # the smoothed reconstruction's shape was off; count it as possible bias.
+            bias += abs(float(p @ centres) - estimate)
+        # The true mean lies in the domain: clipping the estimate only helps.
+        estimate = float(np.clip(estimate, m.low, m.high))
+        half = Z95 * stderr + bias
+        return {"raw": _finite(raw), "estimate": _finite(estimate), "stderr": _finite(stderr),
+                "bias_bound": _finite(bias),
+                "ci95": [_finite(max(m.low, estimate - half)), _finite(min(m.high, estimate + half))],
+                "method": method}
+
+    def _ems_mean(self, p: np.ndarray, centres: np.ndarray, raw: float) -> tuple[float, float]:
+        """The reconstruction's mean, corrected by one Newton step on the raw mean.
+
+        The raw mean is exactly unbiased for the average of E[M(x)], so the step
+        removes most of what smoothing does to the mean; where E[M(x)] is
+        affine it is the affine inversion itself.  Returns (estimate, slope).
+        """
+        m = self.mechanism
+        h = 1e-4 * (m.high - m.low)
+        derivative = (m.mean_output(centres + h) - m.mean_output(centres - h)) / (2 * h)
+        slope = max(float(p @ derivative), 1e-3)
+        implied = float(p @ m.mean_output(centres))
+        return float(p @ centres) + (raw - implied) / slope, slope
+
+    def _bootstrap_stderr(self, raw: float, report_var: float, n: int,
+                          replicates: int = 20) -> float:
+        """Spread of the EMS-based mean over multinomial resamples of the report bins.
+
+        Where E[M(x)] is not affine the reconstruction's own noise enters the
+        estimate and the delta method misses it; resampling measures it.  The
+        seed comes from the counts, so a given state always gives the same answer.
+        """
+        counts = self.out.get()
+        total = int(counts.sum())
+        rng = np.random.default_rng(np.frombuffer(counts.tobytes(), dtype=np.uint32))
+        matrix = _transition(self.key, tuple(self.in_edges), tuple(self.out_edges), False)
+        centres = 0.5 * (self.in_edges[:-1] + self.in_edges[1:])
+        estimates = []
+        for _ in range(replicates):
+            resampled = rng.multinomial(total, counts / total)
+            p = ems.ems(resampled, matrix, tolerance=1e-6)
+            raw_star = raw + rng.normal(0.0, math.sqrt(report_var / n))
+            estimates.append(self._ems_mean(p, centres, raw_star)[0])
+        return float(np.std(estimates, ddof=1))
+
+    def _identifiability_bound(self, p: np.ndarray, centres: np.ndarray) -> float:
+        """How far the mean can be off because some inputs are indistinguishable.
+
+        Classical OGPM reports the same distribution for every x within C of an
+        end (its central piece stops at the edge, Theorem 3.7): no estimator can
+        place data inside those regions, so the interval widens by each region's
+        reconstructed mass times half its width.
+        """
+        affine = self.mechanism.affine_mean()
+        if affine is None:
+            return 0.0
+        m, (_, _, lo, hi) = self.mechanism, affine
+        below, above = centres < lo, centres > hi
+        return float(p[below].sum() * (lo - m.low) / 2 + p[above].sum() * (m.high - hi) / 2)
+
+
+class CircularBlock(_Block):
+    def _setup(self) -> None:
+        m = self.mechanism
+        origin, step = m._grid_values
+        self.edges = np.linspace(m.origin, m.origin + m.period, self.bins + 1)
+        self.trig = TrigMoments(origin, step, m.period)
+        self.hist = BinCounts(origin, step, m.origin, m.period / self.bins, self.bins,
+                              outside="wrap")
+
+    def _statistics(self):
+        return (self.count, self.trig, self.hist)
+
+    def _compute(self) -> dict:
+        m, n = self.mechanism, self.count.get()
+        counts = self.hist.get()
+        histogram = {"edges": self.edges.tolist(),
+                     "raw": (counts / n).tolist() if n else [0.0] * self.bins,
+                     "estimate": None}
+        if n == 0:
+            return {"count": 0, "circular_mean": None,
+                    "resultant_length": {"raw": None, "estimate": None},
+                    "circular_std": None, "histogram": histogram}
+        matrix = _transition(self.key, tuple(self.edges), tuple(self.edges), True)
+        histogram["estimate"] = ems.ems(counts, matrix, circular=True).tolist()
+        trig = self.trig.get()
+        rho = m.mean_resultant_length()
+        corrected = min(1.0, trig["resultant"] / rho) if rho > 0 else None
+        unit = m.period / (2.0 * math.pi)
+        direction = m.origin + (trig["direction"] * unit - m.origin) % m.period
+        std = (math.sqrt(-2.0 * math.log(corrected)) * unit
+               if corrected is not None and corrected > 0 else None)
+        return {"count": n, "circular_mean": _finite(direction),
+                "resultant_length": {"raw": _finite(trig["resultant"]),
+                                     "estimate": _finite(corrected)},
+                "circular_std": _finite(std), "histogram": histogram}
+
+
+def _component_key(description: dict, component) -> str:
+    return describe_key(component.describe() if hasattr(component, "describe") else description)
+
+
+class Series:
+    """One channel under one mechanism: cumulative and windowed statistics."""
+
+    def __init__(self, *, channel: str, kind: str, mechanism: dict, bins: int = 50,
+                 window_seconds: float = 60.0, keep_windows: int = 60,
+                 fields: list[str] | None = None, strategy: dict | None = None):
+        self.channel, self.kind = channel, kind
+        self.mechanism = mechanism
+        self.key = describe_key(mechanism)
+        self.bins, self.window_seconds, self.keep_windows = bins, window_seconds, keep_windows
+        self.fields, self.strategy = fields, strategy
+        self.messages = 0
+        self.agents: set[str] = set()
+        self.total = self._new_blocks()
+        self.windows: dict[int, dict] = {}
+
+    @property
+    def identity(self) -> tuple:
+        return (self.channel, self.kind, self.key, json.dumps(self.fields),
+                json.dumps(self.strategy, sort_keys=True))
+
+    def _new_blocks(self) -> dict[str, _Block]:
+        if self.kind == "linear":
+            return {"value": LinearBlock(self.key, self.bins)}
+        if self.kind == "circular":
+            return {"value": CircularBlock(self.key, self.bins)}
+        if self.kind == "polar":
+            polar = _mechanism(self.key)
+            r, a = polar.components
+            return {"radius": LinearBlock(describe_key(r.describe()), self.bins),
+                    "angle": CircularBlock(describe_key(a.describe()), self.bins),
+                    "cross": _CrossBlock(polar)}
+        if self.kind == "vector":
+            return {field: LinearBlock(self.key, self.bins) for field in self.fields}
+        raise ValueError(f"unknown kind {self.kind!r}")
+
+    # -- updates --------------------------------------------------------------------------
+    def update(self, *, agent: str, t: float, codes) -> int:
+        """Add one message's codes (already validated); returns the number of values."""
+        blocks = [self.total, self._window(t)]
+        if self.kind in ("linear", "circular"):
+            arrays = {"value": codes}
+        elif self.kind == "polar":
+            arrays = {"radius": codes[0], "angle": codes[1], "cross": codes}
+        else:
+            arrays = dict(zip(self.fields, codes))
+        for target in blocks:
+            for name, array in arrays.items():
+                target[name].update(array)
+        self.messages += 1
+        self.agents.add(agent)
+        return self.values_in(codes)
+
+    def values_in(self, codes) -> int:
+        if self.kind in ("linear", "circular"):
+            return int(np.size(codes))
+        if self.kind == "polar":
+            return int(np.size(codes[0]))
+        return int(sum(np.size(c) for c in codes))
+
+    def _window(self, t: float) -> dict:
+        start = int(math.floor(t / self.window_seconds))
+        window = self.windows.get(start)
+        if window is None:
+            window = self.windows[start] = self._new_blocks()
+            while len(self.windows) > self.keep_windows:
+                del self.windows[min(self.windows)]
+        return window
+
+    def merge(self, other: "Series") -> "Series":
+        if other.identity != self.identity:
+            raise ValueError("cannot merge different series")
+        for name, block in self.total.items():
+            block.merge(other.total[name])
+        for start, blocks in other.windows.items():
+            mine = self.windows.get(start)
+            if mine is None:
+                self.windows[start] = mine = self._new_blocks()
+            for name, block in mine.items():
+                block.merge(blocks[name])
+        while len(self.windows) > self.keep_windows:
+            del self.windows[min(self.windows)]
+        self.messages += other.messages
+        self.agents |= other.agents
+        return self
+
+    def __eq__(self, other):
+        return (isinstance(other, Series) and other.identity == self.identity
+                and other.messages == self.messages and other.agents == self.agents
+                and other.total == self.total and other.windows == self.windows)
+
+    # -- the API view -----------------------------------------------------------------------
+    def count(self) -> int:
+        if self.kind == "vector":
+            return sum(block.count.get() for block in self.total.values())
+        first = self.total["radius" if self.kind == "polar" else "value"]
+        return first.count.get()
+
+    def get(self, *, windows: bool = False) -> dict:
+        out = {"kind": self.kind, "mechanism": self.mechanism, "count": self.count(),
+               "messages": self.messages, "agents": len(self.agents)}
+        out.update(self._view(self.total))
+        if self.kind == "vector":
+            out["strategy"] = self.strategy
+        if windows:
+            out["windows"] = [
+                {"start": start * self.window_seconds,
+                 "end": (start + 1) * self.window_seconds,
+                 "count": sum(b.count.get() for n, b in blocks.items() if n != "cross")
+                 if self.kind == "vector" else blocks[
+                     "radius" if self.kind == "polar" else "value"].count.get(),
+                 **self._view(blocks)}
+                for start, blocks in sorted(self.windows.items())]
+        return out
+
+    def _view(self, blocks: dict) -> dict:
+        if self.kind in ("linear", "circular"):
+            view = dict(blocks["value"].get())
+            view.pop("count", None)
+            return view
+        if self.kind == "polar":
+            radius = dict(blocks["radius"].get())
+            angle = dict(blocks["angle"].get())
+            radius.pop("count", None)
+            angle.pop("count", None)
+            return {"radius": radius, "angle": angle,
+                    "mean_vector": blocks["cross"].mean_vector(blocks["angle"])}
+        return {"axes": {field: blocks[field].get() for field in self.fields}}
+
+
+class _CrossBlock:
+    """Polar mean vector: E[r' e^{i t'}] = m_r(r) rho e^{i t} since the components are independent."""
+
+    def __init__(self, polar):
+        r, a = polar.components
+        r_origin, r_step = r._grid_values
+        a_origin, a_step = a._grid_values
+        self.cross = PolarCross(r_origin, r_step, a_origin, a_step, a.period)
+        self.count = Count()
+        self.key = describe_key(polar.describe())
+
+    def update(self, codes) -> None:
+        self.cross.update(codes)
+        self.count.update(codes[0])
+
+    def merge(self, other: "_CrossBlock") -> "_CrossBlock":
+        self.cross.merge(other.cross)
+        self.count.merge(other.count)
+        return self
+
+    def __eq__(self, other):
+        return isinstance(other, _CrossBlock) and other.cross == self.cross
+
+    def mean_vector(self, angle_block: CircularBlock) -> dict:
+        polar = _mechanism(self.key)
+        r_mech, a_mech = polar.components
+        cross = self.cross.get()
+        trig = angle_block.trig
+        rho = a_mech.mean_resultant_length()
+        affine = r_mech.affine_mean()
+        if cross["n"] == 0 or rho <= 0 or affine is None or affine[0] <= 0:
+            return {"x": None, "y": None, "magnitude": None, "direction": None}
+        a, b = affine[0], affine[1]
+        # E[r e^{it}] = (mean(r' e^{it'}) / rho - b mean(e^{it'}) / rho) / a
+        mean_cos, mean_sin = trig.cos / trig.n, trig.sin / trig.n
+        x = (cross["x"] / rho - b * mean_cos / rho) / a
+        y = (cross["y"] / rho - b * mean_sin / rho) / a
+        unit = a_mech.period / (2.0 * math.pi)
+        direction = a_mech.origin + (math.atan2(y, x) * unit - a_mech.origin) % a_mech.period
+        return {"x": _finite(x), "y": _finite(y), "magnitude": _finite(math.hypot(x, y)),
+                "direction": _finite(direction)}

@@ -1,0 +1,794 @@
+// edge-ldp collector dashboard: live fleet aggregates from /api/events
+// (server-sent events), falling back to polling /api/channels.
+//
+// The DOM of a channel card is built once and then only its text changes, and
+// each trend keeps at most HISTORY_POINTS points: the page may stay open for
+// days without growing.  Canvases are drawn by hand (no libraries, no CDN).
+(() => {
+  "use strict";
+
+  const HISTORY_POINTS = 300;   // points per trend chart, kept client-side
+  const POLL_MS = 2000;         // polling period when the event stream fails
+  const STREAM_RETRY_MS = 30000; // while polling, try the event stream again this often
+  const DASH = "–";
+  const TAU = 2 * Math.PI;
+
+  // ---- formatting -------------------------------------------------------
+
+  const isNum = (x) => typeof x === "number" && Number.isFinite(x);
+  const countFormat = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
+
+  // 4 significant digits, trailing zeros dropped; exponent form only for very
+  // large or small magnitudes.  null, NaN and missing values show as a dash.
+  function fmt(x, digits = 4) {
+    if (!isNum(x)) return DASH;
+    if (x === 0) return "0";
+    const a = Math.abs(x);
+    if (a >= 1e6 || a < 1e-3) return x.toExponential(digits - 1).replace(/\.?0+e/, "e");
+    return String(Number(x.toPrecision(digits)));
+  }
+
+  const fmtCount = (n) => (isNum(n) ? countFormat.format(n) : DASH);
+
+  function fmtTime(t) {
+    if (!isNum(t)) return DASH;
+    return new Date(t * 1000).toLocaleTimeString([], { hour12: false });
+  }
+
+  // Radian domains also in degrees; others (e.g. hour of day) stay as they are.
+  const isRadians = (period) => isNum(period) && Math.abs(period - TAU) < 1e-6;
+  const degrees = (x) => (isNum(x) ? fmt((x * 180) / Math.PI, 3) + "°" : DASH);
+
+  // ---- DOM helpers --------------------------------------------------------
+
+  function el(tag, attrs = {}, children = []) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+    for (const child of [].concat(children)) {
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  // Writes only when the text differs: no needless layout work once a second.
+  function setText(node, text) {
+    if (node && node.textContent !== text) node.textContent = text;
+  }
+
+  // A statistic's value element; `fields` maps its key to it for updates.
+  function value(fields, key, cls = "") {
+    const node = el("span", { "data-stat": key, class: cls }, DASH);
+    fields[key] = node;
+    return node;
+  }
+
+  function term(label, ...parts) {
+    return el("div", {}, [el("dt", {}, label), el("dd", {}, parts)]);
+  }
+
+  const qs = (selector) => document.querySelector(selector);
+
+  // ---- theme (chart colours come from style.css) --------------------------
+
+  let theme = null;
+  function readTheme() {
+    const css = getComputedStyle(document.documentElement);
+    const v = (name) => css.getPropertyValue(name).trim();
+    theme = { fg: v("--fg"), muted: v("--muted"), grid: v("--grid"), accent: v("--accent"),
+      raw: v("--raw"), font: "11px system-ui, sans-serif" };
+  }
+
+  // Matches the bitmap to the CSS size (sharp on high-DPI screens) and clears it.
+  function prepare(canvas) {
+    const dpr = window.devicePixelRatio || 1;
+    const w = canvas.clientWidth;
+    const h = canvas.clientHeight;
+    const pw = Math.max(1, Math.round(w * dpr));
+    const ph = Math.max(1, Math.round(h * dpr));
+    if (canvas.width !== pw || canvas.height !== ph) {
+      canvas.width = pw;
+      canvas.height = ph;
+    }
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, w, h);
+    ctx.font = theme.font;
+    ctx.lineJoin = "round";
+    return { ctx, w, h };
+  }
+
+  function noData(ctx, w, h) {
+    ctx.fillStyle = theme.muted;
+    ctx.textAlign = "center";
+    ctx.textBaseline = "middle";
+    ctx.fillText("no data yet", w / 2, h / 2);
+  }
+
+  function finiteRange(values) {
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const x of values) {
+      if (isNum(x)) {
+        if (x < lo) lo = x;
+        if (x > hi) hi = x;
+      }
+    }
+    return lo <= hi ? [lo, hi] : null;
+  }
+
+  // ---- charts ---------------------------------------------------------------
+
+  // Estimate over time with its 95% interval as a band.
+  class TrendChart {
+    constructor() {
+      this.canvas = el("canvas", { class: "trend", "data-chart": "trend" });
+      this.points = [];
+    }
+
+    add(t, mean) {
+      const m = mean || {};
+      const ci = Array.isArray(m.ci95) ? m.ci95 : [];
+      const point = { t, est: m.estimate, lo: ci[0], hi: ci[1] };
+      const last = this.points[this.points.length - 1];
+      if (last && last.t === t) this.points[this.points.length - 1] = point;
+      else this.points.push(point);
+      if (this.points.length > HISTORY_POINTS) {
+        this.points.splice(0, this.points.length - HISTORY_POINTS);
+      }
+    }
+
+    draw() {
+      const { ctx, w, h } = prepare(this.canvas);
+      const pts = this.points;
+      const yr = finiteRange(pts.flatMap((p) => [p.est, p.lo, p.hi]));
+      if (!yr) return noData(ctx, w, h);
+      let [y0, y1] = yr;
+      const pad = (y1 - y0) * 0.1 || Math.abs(y0) * 0.1 || 1;
+      y0 -= pad;
+      y1 += pad;
+      const left = 4;
+      const right = w - 4;
+      const top = 12;
+      const bottom = h - 12;
+      const t0 = pts[0].t;
+      const span = pts[pts.length - 1].t - t0;
+      const x = (t) => (span > 0 ? left + ((t - t0) / span) * (right - left) : right);
+      const y = (v) => bottom - ((v - y0) / (y1 - y0)) * (bottom - top);
+
+      // Interval band, one polygon per run of points that have both ends.
+      ctx.fillStyle = theme.accent;
+      ctx.globalAlpha = 0.18;
+      for (const run of runs(pts, (p) => isNum(p.lo) && isNum(p.hi))) {
+        ctx.beginPath();
+        run.forEach((p, i) => (i ? ctx.lineTo(x(p.t), y(p.hi)) : ctx.moveTo(x(p.t), y(p.hi))));
+        for (let i = run.length - 1; i >= 0; i--) ctx.lineTo(x(run[i].t), y(run[i].lo));
+        ctx.closePath();
+        if (run.length === 1) ctx.fillRect(x(run[0].t) - 2, y(run[0].hi), 4, y(run[0].lo) - y(run[0].hi));
+        else ctx.fill();
+      }
+      ctx.globalAlpha = 1;
+
+      ctx.strokeStyle = theme.accent;
+      ctx.fillStyle = theme.accent;
+      ctx.lineWidth = 1.5;
+      for (const run of runs(pts, (p) => isNum(p.est))) {
+        if (run.length === 1) {
+          ctx.beginPath();
+          ctx.arc(x(run[0].t), y(run[0].est), 2.5, 0, TAU);
+          ctx.fill();
+          continue;
+        }
+        ctx.beginPath();
+        run.forEach((p, i) => (i ? ctx.lineTo(x(p.t), y(p.est)) : ctx.moveTo(x(p.t), y(p.est))));
+        ctx.stroke();
+      }
+
+      ctx.fillStyle = theme.muted;
+      ctx.textAlign = "left";
+      ctx.textBaseline = "top";
+      ctx.fillText(fmt(y1, 3), left, 0);
+      ctx.textBaseline = "bottom";
+      ctx.fillText(fmt(y0, 3), left, h);
+      ctx.textAlign = "right";
+      ctx.fillText(span > 0 ? `last ${fmt(span, 3)} s` : "", right, h);
+    }
+  }
+
+  // Consecutive stretches of points satisfying `ok` (gaps break the line).
+  function runs(points, ok) {
+    const out = [];
+    let current = [];
+    for (const p of points) {
+      if (ok(p)) current.push(p);
+      else if (current.length) {
+        out.push(current);
+        current = [];
+      }
+    }
+    if (current.length) out.push(current);
+    return out;
+  }
+
+  // Raw report shares as bars, the reconstructed distribution as a line.
+  class HistogramChart {
+    constructor() {
+      this.canvas = el("canvas", { class: "histogram", "data-chart": "histogram" });
+      this.histogram = null;
+      this.mean = null;
+    }
+
+    set(histogram, mean) {
+      this.histogram = histogram;
+      this.mean = mean;
+    }
+
+    draw() {
+      const { ctx, w, h } = prepare(this.canvas);
+      const hist = this.histogram || {};
+      const raw = Array.isArray(hist.raw) ? hist.raw : [];
+      const est = Array.isArray(hist.estimate) ? hist.estimate : [];
+      const bins = Math.max(raw.length, est.length);
+      const yr = finiteRange(raw.concat(est));
+      if (!bins || !yr || yr[1] <= 0) return noData(ctx, w, h);
+      const edges = Array.isArray(hist.edges) && hist.edges.length === bins + 1 ? hist.edges : null;
+      const x0 = edges ? edges[0] : 0;
+      const x1 = edges ? edges[bins] : bins;
+      const edge = (i) => (edges ? edges[i] : i);
+      const top = 4;
+      const bottom = h - 14;
+      const x = (v) => ((v - x0) / (x1 - x0 || 1)) * w;
+      const y = (p) => bottom - (p / (yr[1] * 1.08)) * (bottom - top);
+
+      ctx.fillStyle = theme.raw;
+      ctx.globalAlpha = 0.45;
+      for (let i = 0; i < bins; i++) {
+        if (!isNum(raw[i]) || raw[i] <= 0) continue;
+        const a = x(edge(i));
+        const b = x(edge(i + 1));
+        ctx.fillRect(a + 0.5, y(raw[i]), Math.max(b - a - 1, 0.5), bottom - y(raw[i]));
+      }
+      ctx.globalAlpha = 1;
+
+      ctx.strokeStyle = theme.grid;
+      ctx.lineWidth = 1;
+      ctx.beginPath();
+      ctx.moveTo(0, bottom + 0.5);
+      ctx.lineTo(w, bottom + 0.5);
+      ctx.stroke();
+
+      ctx.strokeStyle = theme.accent;
+      ctx.lineWidth = 1.5;
+      ctx.beginPath();
+      let drawing = false;
+      for (let i = 0; i < bins; i++) {
+        if (!isNum(est[i])) {
+          drawing = false;
+          continue;
+        }
+        const cx = x((edge(i) + edge(i + 1)) / 2);
+        if (drawing) ctx.lineTo(cx, y(est[i]));
+        else ctx.moveTo(cx, y(est[i]));
+        drawing = true;
+      }
+      ctx.stroke();
+
+      // The mean estimate as a dashed marker.
+      const m = this.mean && this.mean.estimate;
+      if (isNum(m) && m >= Math.min(x0, x1) && m <= Math.max(x0, x1)) {
+        ctx.setLineDash([3, 3]);
+        ctx.strokeStyle = theme.fg;
+        ctx.lineWidth = 1;
+        ctx.beginPath();
+        ctx.moveTo(x(m), top);
+        ctx.lineTo(x(m), bottom);
+        ctx.stroke();
+        ctx.setLineDash([]);
+      }
+
+      ctx.fillStyle = theme.muted;
+      ctx.textBaseline = "bottom";
+      ctx.textAlign = "left";
+      ctx.fillText(fmt(x0, 3), 0, h);
+      ctx.textAlign = "right";
+      ctx.fillText(fmt(x1, 3), w, h);
+    }
+  }
+
+  // Polar bar chart of a circular histogram.  Radius ∝ √share so that wedge
+  // area is proportional to the share; angle 0 to the right, counter-clockwise.
+  class RoseChart {
+    constructor() {
+      this.canvas = el("canvas", { class: "rose", "data-chart": "rose" });
+      this.block = null;
+    }
+
+    set(block) {
+      this.block = block;
+    }
+
+    draw() {
+      const { ctx, w, h } = prepare(this.canvas);
+      const block = this.block || {};
+      const hist = block.histogram || {};
+      const raw = Array.isArray(hist.raw) ? hist.raw : [];
+      const est = Array.isArray(hist.estimate) ? hist.estimate : [];
+      const edges = Array.isArray(hist.edges) ? hist.edges : [];
+      const bins = edges.length - 1;
+      const yr = finiteRange(raw.concat(est));
+      if (bins < 1 || !yr || yr[1] <= 0) return noData(ctx, w, h);
+      const period = edges[bins] - edges[0];
+      const angle = (v) => (TAU * v) / period;  // domain value -> radians on the circle
+      const cx = w / 2;
+      const cy = h / 2;
+      const R = Math.max(Math.min(w, h) / 2 - 16, 4);
+      const r = (p) => R * Math.sqrt(Math.max(p, 0) / yr[1]);
+
+      // Grid: two rings and four spokes, labelled.
+      ctx.strokeStyle = theme.grid;
+      ctx.lineWidth = 1;
+      for (const f of [0.5, 1]) {
+        ctx.beginPath();
+        ctx.arc(cx, cy, R * f, 0, TAU);
+        ctx.stroke();
+      }
+      ctx.fillStyle = theme.muted;
+      ctx.textAlign = "center";
+      ctx.textBaseline = "middle";
+      for (let q = 0; q < 4; q++) {
+        const a = (q * TAU) / 4;
+        ctx.beginPath();
+        ctx.moveTo(cx, cy);
+        ctx.lineTo(cx + R * Math.cos(a), cy - R * Math.sin(a));
+        ctx.stroke();
+        ctx.fillText(this.label(q, period, edges[0]), cx + (R + 9) * Math.cos(a), cy - (R + 9) * Math.sin(a));
+      }
+
+      ctx.fillStyle = theme.raw;
+      ctx.globalAlpha = 0.45;
+      for (let i = 0; i < bins; i++) {
+        if (!isNum(raw[i]) || raw[i] <= 0) continue;
+        ctx.beginPath();
+        ctx.moveTo(cx, cy);
+        // Screen y points down, so a math angle a is drawn at -a.
+        ctx.arc(cx, cy, r(raw[i]), -angle(edges[i]), -angle(edges[i + 1]), true);
+        ctx.closePath();
+        ctx.fill();
+      }
+      ctx.globalAlpha = 1;
+
+      ctx.strokeStyle = theme.accent;
+      ctx.lineWidth = 1.5;
+      ctx.beginPath();
+      let n = 0;
+      for (let i = 0; i < bins; i++) {
+        if (!isNum(est[i])) continue;
+        const a = angle((edges[i] + edges[i + 1]) / 2);
+        const px = cx + r(est[i]) * Math.cos(a);
+        const py = cy - r(est[i]) * Math.sin(a);
+        if (n++) ctx.lineTo(px, py);
+        else ctx.moveTo(px, py);
+      }
+      if (n === bins) ctx.closePath();  // the histogram wraps around
+      ctx.stroke();
+
+      // Mean direction, length = estimated resultant length (1 = all aligned).
+      const mean = block.circular_mean;
+      const length = block.resultant_length && block.resultant_length.estimate;
+      if (isNum(mean) && isNum(length)) {
+        const a = angle(mean);
+        const L = R * Math.min(Math.max(length, 0), 1);
+        const tx = cx + L * Math.cos(a);
+        const ty = cy - L * Math.sin(a);
+        ctx.strokeStyle = theme.fg;
+        ctx.fillStyle = theme.fg;
+        ctx.lineWidth = 2;
+        ctx.beginPath();
+        ctx.moveTo(cx, cy);
+        ctx.lineTo(tx, ty);
+        ctx.stroke();
+        ctx.beginPath();
+        ctx.moveTo(tx, ty);
+        ctx.lineTo(tx - 7 * Math.cos(a - 0.4), ty + 7 * Math.sin(a - 0.4));
+        ctx.lineTo(tx - 7 * Math.cos(a + 0.4), ty + 7 * Math.sin(a + 0.4));
+        ctx.closePath();
+        ctx.fill();
+      }
+    }
+
+    // Label of spoke q (0..3, counter-clockwise from the right) in domain units.
+    label(q, period, origin) {
+      if (isRadians(period)) return ["0°", "90°", "180°", "−90°"][q];
+      let v = (q * period) / 4;
+      while (v >= origin + period) v -= period;
+      while (v < origin) v += period;
+      return fmt(v, 3);
+    }
+  }
+
+  // ---- blocks: the statistics of one value (linear) or angle (circular) -----
+
+  class LinearBlock {
+    constructor(name, title, { withCount = false } = {}) {
+      this.fields = {};
+      this.trend = new TrendChart();
+      this.histogram = new HistogramChart();
+      const f = this.fields;
+      const stats = el("dl", { class: "stats" }, [
+        term("mean", value(f, "mean-estimate", "main"), " ± ", value(f, "stderr")),
+        term("95% CI", "[", value(f, "ci-low"), ", ", value(f, "ci-high"), "]"),
+        term("method", value(f, "method")),
+        term("raw mean", value(f, "mean-raw")),
+        term("median", value(f, "median")),
+        term("5–95%", value(f, "q05"), " … ", value(f, "q95")),
+      ]);
+      if (withCount) stats.append(term("count", value(f, "axis-count")));
+      this.root = el("div", { class: "block", "data-block": name }, [
+        title ? el("h3", {}, title) : "",
+        stats,
+        el("div", { class: "chart-label" }, "mean estimate and 95% interval over time"),
+        this.trend.canvas,
+        el("div", { class: "chart-label" }, "distribution: raw reports (bars), estimate (line)"),
+        this.histogram.canvas,
+      ]);
+    }
+
+    update(block, t) {
+      const b = block || {};
+      const mean = b.mean || {};
+      const ci = Array.isArray(mean.ci95) ? mean.ci95 : [];
+      const q = b.quantiles || {};
+      const f = this.fields;
+      setText(f["mean-estimate"], fmt(mean.estimate));
+      setText(f.stderr, fmt(mean.stderr));
+      setText(f["ci-low"], fmt(ci[0]));
+      setText(f["ci-high"], fmt(ci[1]));
+      setText(f.method, mean.method || DASH);
+      setText(f["mean-raw"], fmt(mean.raw));
+      setText(f.median, fmt(q["0.5"]));
+      setText(f.q05, fmt(q["0.05"]));
+      setText(f.q95, fmt(q["0.95"]));
+      if (f["axis-count"]) setText(f["axis-count"], fmtCount(b.count));
+      this.trend.add(t, mean);
+      this.histogram.set(b.histogram, mean);
+    }
+
+    charts() {
+      return [this.trend, this.histogram];
+    }
+  }
+
+  class CircularBlock {
+    constructor(name, title, period) {
+      this.fields = {};
+      this.rose = new RoseChart();
+      this.period = period;
+      const f = this.fields;
+      this.root = el("div", { class: "block", "data-block": name }, [
+        title ? el("h3", {}, title) : "",
+        el("dl", { class: "stats" }, [
+          term("circular mean", value(f, "circular-mean", "main"), " ",
+            el("span", { class: "unit" }, isRadians(period) ? "rad" : ""), " ",
+            value(f, "circular-mean-deg", "sub")),
+          term("resultant length", value(f, "resultant-estimate", "main"), " ",
+            el("span", { class: "sub" }, ["(raw ", value(f, "resultant-raw"), ")"])),
+          term("circular std", value(f, "circular-std")),
+        ]),
+        el("div", { class: "chart-label" }, "rose: raw reports (wedges), estimate (line), mean direction (arrow)"),
+        this.rose.canvas,
+      ]);
+    }
+
+    update(block) {
+      const b = block || {};
+      const length = b.resultant_length || {};
+      const f = this.fields;
+      setText(f["circular-mean"], fmt(b.circular_mean));
+      setText(f["circular-mean-deg"], isRadians(this.period) ? `(${degrees(b.circular_mean)})` : "");
+      setText(f["resultant-estimate"], fmt(length.estimate));
+      setText(f["resultant-raw"], fmt(length.raw));
+      setText(f["circular-std"], fmt(b.circular_std));
+      this.rose.set(b);
+    }
+
+    charts() {
+      return [this.rose];
+    }
+  }
+
+  // The period of a circular block: from its histogram (the truth of what is
+  // drawn), else the mechanism's, else a full turn in radians.
+  function periodOf(block, mechanism) {
+    const edges = block && block.histogram && block.histogram.edges;
+    if (Array.isArray(edges) && edges.length > 1 && isNum(edges[edges.length - 1] - edges[0])) {
+      return edges[edges.length - 1] - edges[0];
+    }
+    return mechanism && isNum(mechanism.period) ? mechanism.period : TAU;
+  }
+
+  // ---- channel cards ----------------------------------------------------------
+
+  // Cards are rebuilt only when this changes (kind, or a vector's axes).
+  function signature(ch) {
+    const axes = ch.kind === "vector" && ch.axes ? Object.keys(ch.axes).join(",") : "";
+    return `${ch.kind}:${axes}`;
+  }
+
+  class Card {
+    constructor(name, ch) {
+      this.signature = signature(ch);
+      this.fields = {};
+      this.blocks = [];  // [block, pick(channel) -> its statistics]
+      const f = this.fields;
+      const meta = el("dl", { class: "meta" }, [
+        term("mechanism", value(f, "mechanism")),
+        term("ε", value(f, "epsilon")),
+        term("count", value(f, "count")),
+        term("messages", value(f, "messages")),
+        term("agents", value(f, "agents")),
+      ]);
+      this.root = el("section", { class: "card", "data-channel": name, "data-kind": String(ch.kind) }, [
+        el("header", { class: "card-head" }, [el("h2", {}, name), value(f, "kind", "badge")]),
+        meta,
+      ]);
+      this.addBlocks(ch, meta);
+      f["other-series"] = el("p", { class: "other", "data-stat": "other-series" });
+      this.root.append(f["other-series"]);
+    }
+
+    addBlocks(ch, meta) {
+      const f = this.fields;
+      const add = (block, pick) => {
+        this.blocks.push([block, pick]);
+        this.root.append(block.root);
+      };
+      const mech = ch.mechanism;
+      switch (ch.kind) {
+        case "linear":
+          add(new LinearBlock("value", ""), (c) => c);
+          break;
+        case "circular":
+          add(new CircularBlock("value", "", periodOf(ch, mech)), (c) => c);
+          break;
+        case "polar": {
+          add(new LinearBlock("radius", "radius"), (c) => c.radius);
+          add(new CircularBlock("angle", "angle", periodOf(ch.angle, mech)), (c) => c.angle);
+          const vec = el("div", { class: "block", "data-block": "mean-vector" }, [
+            el("h3", {}, "mean vector"),
+            el("dl", { class: "stats" }, [
+              term("x", value(f, "mean-vector-x")),
+              term("y", value(f, "mean-vector-y")),
+              term("magnitude", value(f, "mean-vector-magnitude")),
+              term("direction", value(f, "mean-vector-direction")),
+            ]),
+          ]);
+          this.root.append(vec);
+          break;
+        }
+        case "vector":
+          meta.append(term("strategy", value(f, "strategy")));
+          for (const axis of Object.keys(ch.axes || {})) {
+            add(new LinearBlock(axis, axis, { withCount: true }), (c) => (c.axes || {})[axis]);
+          }
+          break;
+        default:
+          this.root.append(el("p", { class: "other" }, `kind "${ch.kind}" is not shown by this dashboard`));
+      }
+    }
+
+    update(ch, t) {
+      const f = this.fields;
+      const mech = ch.mechanism || {};
+      setText(f.kind, String(ch.kind));
+      setText(f.mechanism, mech.name || DASH);
+      setText(f.epsilon, fmt(mech.epsilon));
+      setText(f.count, fmtCount(ch.count));
+      setText(f.messages, fmtCount(ch.messages));
+      setText(f.agents, fmtCount(ch.agents));
+      if (f.strategy) {
+        const s = ch.strategy || {};
+        setText(f.strategy, `${fmtCount(s.k)} of ${fmtCount(s.d)} axes, ε ${fmt(s.epsilon)} per reading`);
+      }
+      if (f["mean-vector-x"]) {
+        const v = ch.mean_vector || {};
+        setText(f["mean-vector-x"], fmt(v.x));
+        setText(f["mean-vector-y"], fmt(v.y));
+        setText(f["mean-vector-magnitude"], fmt(v.magnitude));
+        setText(f["mean-vector-direction"], fmt(v.direction));
+      }
+      setText(f["other-series"], otherSeries(ch.other_series));
+      for (const [block, pick] of this.blocks) block.update(pick(ch), t);
+    }
+
+    draw() {
+      for (const [block] of this.blocks) for (const chart of block.charts()) chart.draw();
+    }
+  }
+
+  function otherSeries(list) {
+    if (!Array.isArray(list) || !list.length) return "";
+    const parts = list.map((s) => `ε ${fmt(s.mechanism && s.mechanism.epsilon)}: ${fmtCount(s.count)} values`);
+    return `Earlier series with other mechanism parameters (kept apart): ${parts.join("; ")}`;
+  }
+
+  // ---- applying a document --------------------------------------------------------
+
+  const cards = new Map();
+  let updates = 0;
+
+  function apply(doc) {
+    if (!doc || typeof doc !== "object" || typeof doc.channels !== "object" || !doc.channels) return;
+    renderHeader(doc);
+    renderChannels(doc);
+    updates += 1;
+    document.body.dataset.updated = String(updates);
+  }
+
+  const rejectNodes = new Map();
+
+  function renderHeader(doc) {
+    const ingest = doc.ingest || {};
+    setText(qs('[data-stat="fleet"]'), doc.fleet || DASH);
+    setText(qs('[data-stat="agents-online"]'), fmtCount(doc.agents_online));
+    setText(qs('[data-stat="agents-total"]'), fmtCount(doc.agents ? Object.keys(doc.agents).length : null));
+    setText(qs('[data-stat="messages"]'), fmtCount(ingest.messages));
+    setText(qs('[data-stat="values"]'), fmtCount(ingest.values));
+    setText(qs('[data-stat="duplicates"]'), fmtCount(ingest.duplicates));
+    setText(qs('[data-stat="updated-at"]'), fmtTime(doc.t));
+
+    const rejects = ingest.rejects && typeof ingest.rejects === "object" ? ingest.rejects : {};
+    const box = qs('[data-stat="rejects"]');
+    let total = 0;
+    for (const [reason, n] of Object.entries(rejects)) {
+      if (isNum(n)) total += n;
+      let node = rejectNodes.get(reason);
+      if (!node) {
+        node = el("span", { "data-reject": reason });
+        rejectNodes.set(reason, node);
+        box.append(node);
+      }
+      setText(node, `${reason} ${fmtCount(n)}`);
+    }
+    for (const [reason, node] of rejectNodes) {
+      if (!(reason in rejects)) {
+        node.remove();
+        rejectNodes.delete(reason);
+      }
+    }
+    setText(qs('[data-stat="rejects-total"]'), fmtCount(total));
+  }
+
+  function renderChannels(doc) {
+    const container = qs("#channels");
+    const names = Object.keys(doc.channels);
+    const t = isNum(doc.t) ? doc.t : Date.now() / 1000;
+    let reorder = false;
+    for (const name of names) {
+      const ch = doc.channels[name] || {};
+      let card = cards.get(name);
+      if (!card || card.signature !== signature(ch)) {
+        if (card) card.root.remove();
+        card = new Card(name, ch);
+        cards.set(name, card);
+        reorder = true;
+      }
+      card.update(ch, t);
+    }
+    for (const [name, card] of cards) {
+      if (!(name in doc.channels)) {
+        card.root.remove();
+        cards.delete(name);
+      }
+    }
+    // Appending an attached node moves it: this puts cards in document order.
+    if (reorder) for (const name of names) container.append(cards.get(name).root);
+    qs("#empty").hidden = names.length > 0;
+    drawAll();
+  }
+
+  function drawAll() {
+    for (const card of cards.values()) card.draw();
+  }
+
+  // Resizes redraw at most once per frame.
+  let redrawPending = false;
+  function scheduleRedraw() {
+    if (redrawPending) return;
+    redrawPending = true;
+    requestAnimationFrame(() => {
+      redrawPending = false;
+      drawAll();
+    });
+  }
+
+  // ---- transport: event stream, else polling -------------------------------------
+
+  const link = { stream: null, pollGeneration: 0, pollTimer: 0, retryTimer: 0 };
+
+  function setConnection(state, text) {
+    const node = qs('[data-stat="connection"]');
+    if (node.dataset.state !== state) node.dataset.state = state;
+    setText(node, text);
+  }
+
+  function applyText(text) {
+    let doc;
+    try {
+      doc = JSON.parse(text);
+    } catch (err) {
+      console.warn("collector sent invalid JSON", err);
+      setConnection("error", "invalid data from the collector");
+      return;
+    }
+    apply(doc);
+  }
+
+  function startStream() {
+    clearTimeout(link.retryTimer);
+    if (typeof EventSource !== "function") {
+      startPolling();
+      return;
+    }
+    const stream = new EventSource("api/events");
+    link.stream = stream;
+    stream.addEventListener("channels", (ev) => {
+      stopPolling();
+      setConnection("live", "live");
+      applyText(ev.data);
+    });
+    stream.addEventListener("source-error", () => setConnection("error", "collector error"));
+    stream.onerror = () => {
+      // EventSource would retry on its own, but a proxy that breaks streams
+      // would leave the page frozen: poll, and try the stream again later.
+      stream.close();
+      if (link.stream === stream) link.stream = null;
+      startPolling();
+      link.retryTimer = setTimeout(startStream, STREAM_RETRY_MS);
+    };
+  }
+
+  function startPolling() {
+    stopPolling();
+    const generation = ++link.pollGeneration;
+    setConnection("polling", "polling");
+    poll(generation);
+  }
+
+  function stopPolling() {
+    link.pollGeneration += 1;  // an answer still on its way is ignored
+    clearTimeout(link.pollTimer);
+  }
+
+  async function poll(generation) {
+    try {
+      const response = await fetch("api/channels", { cache: "no-store" });
+      if (!response.ok) throw new Error(`HTTP ${response.status}`);
+      const text = await response.text();
+      if (generation !== link.pollGeneration) return;
+      applyText(text);
+      setConnection("polling", `polling every ${POLL_MS / 1000} s`);
+    } catch (err) {
+      if (generation !== link.pollGeneration) return;
+      setConnection("offline", "collector unreachable, retrying");
+    }
+    if (generation === link.pollGeneration) {
+      link.pollTimer = setTimeout(() => poll(generation), POLL_MS);
+    }
+  }
+
+  // ---- start ------------------------------------------------------------------------
+
+  function init() {
+    readTheme();
+    window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => {
+      readTheme();
+      scheduleRedraw();
+    });
+    window.addEventListener("resize", scheduleRedraw);
+    // Column widths also change without a window resize (a scrollbar appears).
+    if (typeof ResizeObserver === "function") new ResizeObserver(scheduleRedraw).observe(qs("#channels"));
+    startStream();
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
+  else init();
+})();
