@@ -1,0 +1,5 @@
+"""``python -m collector`` is ``edge-collector``."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,108 @@
+"""The collector's aggregates as documents: the HTTP API (docs/API.md) and Prometheus text."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from .ingest import Ingestor
+
+# An agent counts as online if its retained status says so, or, for agents
+# without a status, if it sent a report this recently.
+ONLINE_SECONDS = 120.0
+
+
+class Views:
+    """Read-only views over an ``Ingestor``, taken under the collector's lock."""
+
+    def __init__(self, get_ingestor: Callable[[], Ingestor], lock: threading.RLock | None = None,
+                 clock: Callable[[], float] = time.time):
+        self._get = get_ingestor
+        self._lock = lock or threading.RLock()
+        self._clock = clock
+
+    def channels_json(self) -> dict:
+        with self._lock:
+            ingestor = self._get()
+            now = self._clock()
+            return {
+                "fleet": ingestor.fleet, "t": now,
+                "agents_online": sum(self._online(s, now) for s in ingestor.agents.values()),
+                "agents": {name: {"online": self._online(s, now), "messages": s.messages,
+                                  "values": s.values, "last_seen": s.last_seen,
+                                  "rejects": s.rejects, "duplicates": s.duplicates}
+                           for name, s in sorted(ingestor.agents.items())},
+                "ingest": {"messages": ingestor.counters["messages"],
+                           "values": ingestor.counters["values"],
+                           "duplicates": ingestor.counters["duplicates"],
+                           "rejects": dict(ingestor.rejects)},
+                "channels": {name: self._channel(ingestor, name, windows=False)
+                             for name in sorted(ingestor.series)},
+            }
+
+    def channel_json(self, name: str) -> dict | None:
+        with self._lock:
+            ingestor = self._get()
+            if name not in ingestor.series:
+                return None
+            return self._channel(ingestor, name, windows=True)
+
+    def dead_letters(self) -> list[dict]:
+        with self._lock:
+            return list(self._get().dead_letters)
+
+    @staticmethod
+    def _online(stats, now: float) -> bool:
+        if stats.online is not None:
+            return stats.online
+        return stats.last_seen is not None and now - stats.last_seen < ONLINE_SECONDS
+
+    @staticmethod
+    def _channel(ingestor: Ingestor, name: str, *, windows: bool) -> dict:
+        by_identity = ingestor.series[name]
+        latest = ingestor.latest[name]
+        view = by_identity[latest].get(windows=windows)
+        view["other_series"] = [{"mechanism": s.mechanism, "count": s.count()}
+                                for identity, s in by_identity.items() if identity != latest]
+        return view
+
+    def metrics_text(self) -> str:
+        document = self.channels_json()
+        ingest = document["ingest"]
+        lines = [
+            "# HELP ldp_ingest_messages_total Report messages accepted.",
+            "# TYPE ldp_ingest_messages_total counter",
+            f"ldp_ingest_messages_total {ingest['messages']}",
+            "# HELP ldp_ingest_values_total Perturbed values accepted.",
+            "# TYPE ldp_ingest_values_total counter",
+            f"ldp_ingest_values_total {ingest['values']}",
+            "# HELP ldp_ingest_duplicates_total Redelivered or replayed messages ignored.",
+            "# TYPE ldp_ingest_duplicates_total counter",
+            f"ldp_ingest_duplicates_total {ingest['duplicates']}",
+            "# HELP ldp_ingest_rejects_total Messages rejected, by reason.",
+            "# TYPE ldp_ingest_rejects_total counter",
+        ]
+        lines += [f'ldp_ingest_rejects_total{{reason="{r}"}} {n}'
+                  for r, n in sorted(ingest["rejects"].items())]
+        lines += ["# HELP ldp_agents_online Agents online.", "# TYPE ldp_agents_online gauge",
+                  f"ldp_agents_online {document['agents_online']}"]
+        gauges = {
+            "ldp_channel_count": ("Values accepted per channel.", lambda c: c["count"]),
+            "ldp_channel_mean_estimate": (
+                "Estimated true mean (linear channels).",
+                lambda c: (c.get("mean") or {}).get("estimate")),
+            "ldp_channel_mean_stderr": (
+                "Standard error of the mean estimate.",
+                lambda c: (c.get("mean") or {}).get("stderr")),
+            "ldp_channel_resultant_length": (
+                "Corrected mean resultant length (circular channels).",
+                lambda c: (c.get("resultant_length") or {}).get("estimate")),
+        }
+        for metric, (help_text, extract) in gauges.items():
+            lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
+            for name, channel in document["channels"].items():
+                value = extract(channel)
+                if value is not None:
+                    lines.append(f'{metric}{{channel="{name}"}} {value}')
+        return "\n".join(lines) + "\n"
