@@ -1,0 +1,228 @@
+"""The collector end to end: real Mosquitto, real agents, a real collector process."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import paho.mqtt.client as mqtt
+import pytest
+
+from edge_agent import protocol
+from edge_agent.mechanisms import ClassicalOGPM
+
+from ..agent.e2e import REPO, AgentProcess, toml_value, write_config
+from ..conftest import free_port
+
+
+class CollectorProcess:
+    def __init__(self, tmp_path, broker, *, checkpoint_seconds=2.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config = tmp_path / "collector.toml"
+        self.log = tmp_path / "collector.log"
+        self.config.write_text("\n".join([
+            'fleet = "demo"',
+            "[broker]", f"host = {toml_value(broker.host)}", f"port = {broker.port}",
+            "[http]", 'host = "127.0.0.1"', f"port = {self.port}", "push_seconds = 0.5",
+            "[storage]", f"path = {toml_value(str(tmp_path / 'collector.sqlite'))}",
+            f"checkpoint_seconds = {checkpoint_seconds}",
+            "[aggregates]", "window_seconds = 5",
+            "[snapshots]", "interval_seconds = 1",
+        ]) + "\n")
+        self.process = None
+
+    def start(self):
+        env = dict(os.environ)
+        env.setdefault("NUMBA_CACHE_DIR", str(REPO / ".venv" / "numba-cache"))
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "collector", "run", "--config", str(self.config)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                self.api()
+                return self
+            except OSError:
+                if self.process.poll() is not None:
+                    raise RuntimeError(self.log.read_text())
+                time.sleep(0.1)
+        raise RuntimeError("collector did not come up")
+
+    def api(self, path="/api/channels"):
+        with urllib.request.urlopen(self.url + path, timeout=5) as response:
+            return json.loads(response.read())
+
+    def kill(self):
+        self.process.kill()
+        self.process.wait(10)
+
+    def terminate(self):
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(30)
+
+
+def ledger_reports(state_dir) -> dict[str, int]:
+    db = sqlite3.connect(f"file:{state_dir}/state.sqlite?mode=ro", uri=True)
+    rows = db.execute("SELECT channel, SUM(reports) FROM ledger GROUP BY channel").fetchall()
+    db.close()
+    return dict(rows)
+
+
+def wait_until(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return predicate()
+
+
+def test_agents_and_collector_estimates_match_the_truth(tmp_path, mosquitto):
+    collector = CollectorProcess(tmp_path, mosquitto).start()
+    rng = np.random.default_rng(8)
+    truths, agents = [], []
+    for i in range(3):
+        n = 4000
+        x = np.clip(rng.normal(-1.2 + 0.3 * i, 0.3, n), -2, 2)  # near the lower edge
+        theta = rng.vonmises(1.0, 2.0, n)
+        truths.append((x, theta))
+        path = tmp_path / f"rec{i}.csv"
+        path.write_text("x,theta\n" + "".join(f"{a:.6f},{b:.6f}\n" for a, b in zip(x, theta)))
+        config = write_config(
+            tmp_path / f"agent{i}.toml", agent_id=f"w{i}", broker=mosquitto,
+            state_dir=tmp_path / f"state{i}",
+            sources=[{"name": "rec", "type": "csv", "path": str(path), "pace": "fast",
+                      "columns": {"x": "x", "theta": "theta"}}],
+            channels=[{"name": "x", "source": "rec", "field": "x", "kind": "linear",
+                       "epsilon": 2.0, "domain": [-2.0, 2.0]},
+                      {"name": "x_u", "source": "rec", "field": "x", "kind": "linear",
+                       "mechanism": "ogpm-unbiased", "epsilon": 2.0, "domain": [-2.0, 2.0]},
+                      {"name": "theta", "source": "rec", "field": "theta",
+                       "kind": "circular", "epsilon": 2.0, "origin": -math.pi}])
+        agents.append(AgentProcess(config, tmp_path / f"agent{i}.log").start())
+    for agent in agents:
+        assert agent.wait(120) == 0, agent.output()
+    x_all = np.concatenate([t[0] for t in truths])
+    theta_all = np.concatenate([t[1] for t in truths])
+    assert wait_until(lambda: collector.api()["channels"]["theta"]["count"] == x_all.size, 30)
+    document = collector.api()
+    assert document["agents_online"] == 0  # all three said "offline" when they finished
+    assert set(document["agents"]) == {"w0", "w1", "w2"}
+    for name in ("x", "x_u"):
+        channel = document["channels"][name]
+        assert channel["count"] == x_all.size and channel["agents"] == 3
+        mean = channel["mean"]
+        assert abs(mean["estimate"] - x_all.mean()) <= 5 * mean["stderr"] + mean["bias_bound"]
+        assert mean["ci95"][0] - 3 * mean["stderr"] <= x_all.mean() <= mean["ci95"][1] + 3 * mean[
+            "stderr"]
+    assert abs(document["channels"]["x"]["mean"]["estimate"] - x_all.mean()) < abs(
+        document["channels"]["x"]["mean"]["raw"] - x_all.mean())
+    theta = document["channels"]["theta"]
+    true_direction = np.angle(np.exp(1j * theta_all).mean())
+    assert abs(np.angle(np.exp(1j * (theta["circular_mean"] - true_direction)))) < 0.1
+    # One channel's detail has its tumbling windows; /metrics agrees with the API.
+    detail = collector.api("/api/channels/x")
+    assert sum(w["count"] for w in detail["windows"]) <= detail["count"]
+    with urllib.request.urlopen(collector.url + "/metrics") as response:
+        metrics = response.read().decode()
+    assert f'ldp_channel_count{{channel="x"}} {x_all.size}' in metrics
+    # Retained snapshots for any MQTT dashboard.
+    snapshot = {}
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    client.on_message = lambda c, u, m: snapshot.__setitem__(m.topic, json.loads(m.payload))
+    client.connect(mosquitto.host, mosquitto.port)
+    client.subscribe("ldp/v1/demo/_aggregates/#", qos=1)
+    client.loop_start()
+    # Snapshots are retained and refreshed every second: the newest has every value.
+    assert wait_until(lambda: snapshot.get("ldp/v1/demo/_aggregates/x", {}).get("count")
+                      == x_all.size, 10)
+    client.loop_stop()
+    assert collector.terminate() == 0
+
+
+def test_replays_and_hostile_messages_are_counted_not_aggregated(tmp_path, mosquitto):
+    collector = CollectorProcess(tmp_path, mosquitto).start()
+    publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    publisher.connect(mosquitto.host, mosquitto.port)
+    publisher.loop_start()
+    mech = ClassicalOGPM(epsilon=1.0, low=0, high=1)
+
+    def send(topic_agent, seq, codes, **changes):
+        agent = topic_agent
+        payload = protocol.report(agent=agent, channel="ax", kind="linear", seq=seq, t=1.0,
+                                  dt=1.0, mechanism=mech.describe(), codes=codes)
+        if changes:
+            message = json.loads(payload)
+            message.update(changes)
+            payload = json.dumps(message).encode()
+        topic = protocol.data_topic("demo", topic_agent, "ax")
+        publisher.publish(topic, payload, qos=1).wait_for_publish(5)
+
+    for seq in range(5):
+        send("w1", seq, [100, 200])
+    for seq in (2, 3, 4, 0):  # a replay of old messages
+        send("w1", seq, [100, 200])
+    send("w1", 5, [70000])  # out of the grid
+    send("w1", 6, [1, 2], agent="w2")  # spoofed: another agent's name on w1's topic
+    send("w1", 7, ["1"])  # wrong type
+    publisher.publish("ldp/v1/demo/w1/ax", b"{not json", qos=1).wait_for_publish(5)
+    publisher.publish("ldp/v1/demo/w1/ax", b"x" * (2 << 20), qos=1).wait_for_publish(5)
+    assert wait_until(lambda: sum(collector.api()["ingest"]["rejects"].values()) == 5, 15)
+    document = collector.api()
+    assert document["channels"]["ax"]["count"] == 10
+    assert document["ingest"]["duplicates"] == 4
+    assert document["ingest"]["rejects"] == {"bad_code": 2, "spoofed": 1, "json": 1,
+                                             "oversized": 1}
+    publisher.loop_stop()
+    assert collector.terminate() == 0
+
+
+def test_collector_killed_repeatedly_loses_and_double_counts_nothing(tmp_path, mosquitto):
+    collector = CollectorProcess(tmp_path, mosquitto, checkpoint_seconds=1.5).start()
+    agents = []
+    for i in range(2):
+        config = write_config(
+            tmp_path / f"agent{i}.toml", agent_id=f"k{i}", broker=mosquitto,
+            state_dir=tmp_path / f"state{i}",
+            sources=[{"name": "imu", "type": "synthetic", "rate_hz": 100}],
+            channels=[{"name": "ax", "source": "imu", "field": "accel_x", "kind": "linear",
+                       "epsilon": 1.0, "domain": [-2.0, 2.0]},
+                      {"name": "yaw", "source": "imu", "field": "yaw", "kind": "circular",
+                       "epsilon": 1.0}],
+            batch_seconds=0.1)
+        agents.append(AgentProcess(config, tmp_path / f"agent{i}.log").start())
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        time.sleep(rng.uniform(1.5, 3.0))
+        collector.kill()  # SIGKILL at an arbitrary instant
+        time.sleep(rng.uniform(0.2, 1.0))  # the broker queues for the persistent session
+        collector.start()
+    time.sleep(2)
+    for agent in agents:
+        assert agent.terminate() == 0, agent.output()
+    sent = {"ax": 0, "yaw": 0}
+    for i in range(2):
+        for channel, count in ledger_reports(tmp_path / f"state{i}").items():
+            sent[channel] += count
+    assert sent["ax"] > 1000
+    assert wait_until(lambda: collector.api()["channels"]["ax"]["count"] == sent["ax"]
+                      and collector.api()["channels"]["yaw"]["count"] == sent["yaw"], 30), (
+        collector.api()["ingest"], sent)
+    document = collector.api()
+    assert document["channels"]["ax"]["count"] == sent["ax"]
+    assert document["channels"]["yaw"]["count"] == sent["yaw"]
+    assert not document["ingest"]["rejects"]
+    assert collector.terminate() == 0
