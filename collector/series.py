@@ -75,9 +75,16 @@ class _Block:
         raise NotImplementedError
 
     def update(self, codes: np.ndarray) -> None:
+        self.apply(self.summarize(codes))
+
+    def summarize(self, codes: np.ndarray) -> tuple:
+        """One message's contribution, computed once for the total and the window."""
+        return tuple(statistic.summarize(codes) for statistic in self._statistics())
+
+    def apply(self, summary: tuple) -> None:
         self._cache = None
-        for statistic in self._statistics():
-            statistic.update(codes)
+        for statistic, part in zip(self._statistics(), summary):
+            statistic.add(part)
 
     def merge(self, other: "_Block") -> "_Block":
         if other.key != self.key or other.bins != self.bins:
@@ -127,6 +134,13 @@ class LinearBlock(_Block):
 
     def _statistics(self):
         return (self.count, self.moments, self.raw, self.out)
+
+    def summarize(self, codes: np.ndarray) -> tuple:
+        if self.out_edges is self.in_edges:
+            # Same bins, and every report lies inside the domain: bin once.
+            bins = self.out.summarize(codes)
+            return (self.count.summarize(codes), self.moments.summarize(codes), bins, bins)
+        return super().summarize(codes)
 
     def reconstruction(self) -> np.ndarray:
         matrix = _transition(self.key, tuple(self.in_edges), tuple(self.out_edges), False)
@@ -313,16 +327,17 @@ class Series:
     # -- updates --------------------------------------------------------------------------
     def update(self, *, agent: str, t: float, codes) -> int:
         """Add one message's codes (already validated); returns the number of values."""
-        blocks = [self.total, self._window(t)]
         if self.kind in ("linear", "circular"):
             arrays = {"value": codes}
         elif self.kind == "polar":
             arrays = {"radius": codes[0], "angle": codes[1], "cross": codes}
         else:
             arrays = dict(zip(self.fields, codes))
-        for target in blocks:
-            for name, array in arrays.items():
-                target[name].update(array)
+        summaries = {name: self.total[name].summarize(array) for name, array in arrays.items()}
+        window = self._window(t)
+        for target in (self.total, window):
+            for name, summary in summaries.items():
+                target[name].apply(summary)
         self.messages += 1
         self.agents.add(agent)
         return self.values_in(codes)
@@ -416,8 +431,14 @@ class _CrossBlock:
         self.key = describe_key(polar.describe())
 
     def update(self, codes) -> None:
-        self.cross.update(codes)
-        self.count.update(codes[0])
+        self.apply(self.summarize(codes))
+
+    def summarize(self, codes) -> tuple:
+        return self.cross.summarize(codes), self.count.summarize(codes[0])
+
+    def apply(self, summary) -> None:
+        self.cross.add(summary[0])
+        self.count.add(summary[1])
 
     def merge(self, other: "_CrossBlock") -> "_CrossBlock":
         self.cross.merge(other.cross)

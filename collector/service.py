@@ -1,15 +1,23 @@
-"""``edge-collector run``: MQTT ingest, durable state, live views.
+"""``edge-collector run``: a network process journals, this process aggregates and serves.
 
-Threads: paho's network thread calls ``_on_message`` (validate, aggregate,
-journal); a maintenance thread commits the journal every
-``ack_interval_seconds`` and only then acknowledges those messages to the
-broker (paho ``manual_ack``), writes checkpoints and retained snapshots; the
-web server answers from the same state under one lock.
+Process layout (see ``network.py`` and ``store.py``):
+
+* the network child subscribes (MQTT v5, persistent session, manual
+  acknowledgements), appends every message to the SQLite journal and
+  acknowledges it only once the journal is committed;
+* this process tails the journal in order, validates and aggregates each
+  message (``Ingestor``), checkpoints the aggregates with the journal position
+  they include, publishes retained snapshots, and serves the web views.
+
+A restart loads the checkpoint and replays the journal after it: exactly
+the committed state, while the broker re-sends whatever was not acknowledged.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import pickle
 import signal
 import threading
@@ -17,11 +25,10 @@ import time
 from typing import Callable
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 from edge_agent.protocol import TOPIC_ROOT, data_subscription, encode
 
+from . import network
 from .config import CollectorConfig
 from .ingest import Ingestor
 from .store import CollectorStore
@@ -29,29 +36,61 @@ from .views import Views
 
 log = logging.getLogger(__name__)
 
+READ_BATCH = 5000
+
 
 def aggregates_topic(fleet: str, channel: str) -> str:
     return f"{TOPIC_ROOT}/{fleet}/_aggregates/{channel}"
 
 
-def restore(config: CollectorConfig, store: CollectorStore) -> Ingestor:
-    """The checkpointed ingestor with the journal replayed on top (exactly the last commit)."""
-    state, journal = store.load()
+def new_ingestor(config: CollectorConfig) -> Ingestor:
+    return Ingestor(fleet=config.fleet, bins=config.aggregates.histogram_bins,
+                    window_seconds=config.aggregates.window_seconds,
+                    keep_windows=config.aggregates.keep_windows)
+
+
+def restore(config: CollectorConfig, store: CollectorStore) -> tuple[Ingestor, int]:
+    """The checkpointed ingestor with the journal replayed on top, and its journal position."""
+    state, upto, journal = store.load()
     if state is None:
-        ingestor = Ingestor(fleet=config.fleet, bins=config.aggregates.histogram_bins,
-                            window_seconds=config.aggregates.window_seconds,
-                            keep_windows=config.aggregates.keep_windows)
+        ingestor = new_ingestor(config)
     else:
         ingestor = pickle.loads(state)
         if ingestor.fleet != config.fleet:
             raise ValueError(f"{store.path} holds fleet {ingestor.fleet!r}, the config says "
                              f"{config.fleet!r}: use another storage.path")
-    for _, topic, payload, received in journal:
+    position = upto
+    for row_id, topic, payload, received in journal:
         ingestor.ingest(topic, payload, received)
+        position = row_id
     if state is not None or journal:
-        log.info("restored %d message(s) from the checkpoint and %d from the journal",
+        log.info("restored %d message(s): checkpoint plus %d journaled",
                  ingestor.counters["messages"], len(journal))
-    return ingestor
+    return ingestor, position
+
+
+def subscriptions(config: CollectorConfig) -> list[str]:
+    fleet, group = config.fleet, config.broker.shared_group
+    if group is None:
+        return [data_subscription(fleet)]
+    # Retained statuses are not delivered on shared subscriptions, so every
+    # shard also follows the status topics directly.
+    return [f"$share/{group}/{data_subscription(fleet)}", f"{TOPIC_ROOT}/{fleet}/+/status"]
+
+
+def network_settings(config: CollectorConfig) -> dict:
+    broker = config.broker
+    tls = None
+    if broker.tls is not None:
+        tls = {k: (str(v) if v is not None and k != "insecure" else v)
+               for k, v in broker.tls.model_dump().items()}
+    return {"path": str(config.storage.path), "host": broker.host, "port": broker.port,
+            "keepalive": broker.keepalive, "client_id": broker.client_id,
+            "username": broker.username, "password": broker.resolved_password(), "tls": tls,
+            "session_expiry": broker.session_expiry_seconds,
+            "ack_interval": config.storage.ack_interval_seconds,
+            "subscriptions": subscriptions(config),
+            "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())}
 
 
 class CollectorService:
@@ -61,12 +100,15 @@ class CollectorService:
         self.clock = clock
         self.lock = threading.RLock()
         self.store = CollectorStore(config.storage.path)
-        self.ingestor = restore(config, self.store)
-        self.views = Views(lambda: self.ingestor, self.lock, clock)
-        self._pending_acks: list[int] = []
+        self.ingestor, self.position = restore(config, self.store)
+        self.views = Views(lambda: self.ingestor, self.lock, clock,
+                           broker_status=self.store.network)
         self._stop = threading.Event()
-        self.connected = threading.Event()
-        self.client = self._make_client()
+        self._stop_requested = threading.Event()  # set by SIGTERM / SIGINT
+        self._context = multiprocessing.get_context("spawn")  # the child imports no numba
+        self._network_stop = self._context.Event()
+        self._network = None
+        self.publisher = self._publisher()
         self.web = None
         if web:
             from .web import WebServer
@@ -74,11 +116,15 @@ class CollectorService:
             self.web = WebServer(self.views, host=config.http.host, port=config.http.port,
                                  push_seconds=config.http.push_seconds)
 
-    # -- MQTT -----------------------------------------------------------------------------
-    def _make_client(self) -> mqtt.Client:
+    @property
+    def connected(self) -> bool:
+        return self.publisher.is_connected()
+
+    def _publisher(self) -> mqtt.Client:
+        """A small clean-session client for what we publish (snapshots)."""
         broker = self.config.broker
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=broker.client_id,
-                             protocol=mqtt.MQTTv5, manual_ack=True)
+        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
+                             client_id=f"{broker.client_id}-publisher", protocol=mqtt.MQTTv5)
         if broker.username is not None:
             client.username_pw_set(broker.username, broker.resolved_password())
         if broker.tls is not None:
@@ -90,112 +136,75 @@ class CollectorService:
                            cert_reqs=ssl.CERT_REQUIRED)
             client.tls_insecure_set(broker.tls.insecure)
         client.reconnect_delay_set(min_delay=1, max_delay=30)
-        client.max_inflight_messages_set(broker.max_inflight)
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
-        client.on_message = self._on_message
         return client
 
-    def _connect_properties(self) -> Properties:
-        properties = Properties(PacketTypes.CONNECT)
-        # A persistent session: the broker keeps our subscription and queues
-        # reports while we are away, for this long.
-        properties.SessionExpiryInterval = self.config.broker.session_expiry_seconds
-        # We acknowledge in groups after each journal commit; let the broker
-        # keep many messages in flight meanwhile.
-        properties.ReceiveMaximum = 65535
-        return properties
+    # -- the network child ----------------------------------------------------------------
+    def _start_network(self) -> None:
+        self._network = self._context.Process(
+            target=network.run, name="collector-network", daemon=True,
+            args=(network_settings(self.config), self._network_stop, os.getpid()))
+        self._network.start()
 
-    def _subscriptions(self) -> list[tuple[str, int]]:
-        fleet = self.config.fleet
-        group = self.config.broker.shared_group
-        if group is None:
-            return [(data_subscription(fleet), 1)]
-        # Retained statuses are not delivered on shared subscriptions, so every
-        # shard also follows the status topics directly.
-        return [(f"$share/{group}/{data_subscription(fleet)}", 1),
-                (f"{TOPIC_ROOT}/{fleet}/+/status", 1)]
+    def _supervise_network(self) -> None:
+        if self._network is not None and not self._network.is_alive() \
+                and not self._network_stop.is_set():
+            log.error("the network process exited (code %s); restarting it",
+                      self._network.exitcode)
+            self._start_network()
 
-    def _on_connect(self, client, userdata, flags, reason_code, properties):
-        if reason_code.is_failure:
-            log.error("broker refused the connection: %s", reason_code)
-            return
-        log.info("connected to %s:%s (session present: %s)", self.config.broker.host,
-                 self.config.broker.port, flags.session_present)
-        client.subscribe(self._subscriptions())
-        self.connected.set()
-
-    def _on_disconnect(self, client, userdata, flags, reason_code, properties):
-        self.connected.clear()
-        if not self._stop.is_set():
-            log.warning("disconnected from the broker: %s", reason_code)
+    # -- aggregation ------------------------------------------------------------------------
+    def catch_up(self) -> int:
+        """Apply journal rows committed since the last call; returns how many."""
+        rows = self.store.read_journal(self.position, READ_BATCH)
+        if not rows:
+            return 0
         with self.lock:
-            # Unacknowledged messages come again after reconnecting; they are
-            # journaled already, so dedup recognises them.
-            self._pending_acks.clear()
-
-    def _on_message(self, client, userdata, message):
-        topic, payload = message.topic, message.payload
-        now = self.clock()
-        with self.lock:
-            outcome = self.ingestor.ingest(topic, payload, now)
-            if outcome in ("ignored", "status") or message.qos == 0:
-                # Nothing to make durable: statuses are retained by the broker.
-                acked_now = True
-            else:
-                self.store.append(topic, payload, now)
-                acked_now = False
-                self._pending_acks.append(message.mid)
-        if acked_now and message.qos > 0:
-            client.ack(message.mid, message.qos)
-
-    # -- durability -----------------------------------------------------------------------
-    def commit_and_ack(self) -> None:
-        with self.lock:
-            self.store.commit()
-            acks, self._pending_acks = self._pending_acks, []
-        for mid in acks:
-            self.client.ack(mid, 1)
+            for row_id, topic, payload, received in rows:
+                self.ingestor.ingest(topic, payload, received)
+            self.position = rows[-1][0]
+        self.store.set_progress(self.position)
+        return len(rows)
 
     def checkpoint(self) -> None:
         with self.lock:
             state = pickle.dumps(self.ingestor, protocol=pickle.HIGHEST_PROTOCOL)
-            self.store.checkpoint(state)
-            acks, self._pending_acks = self._pending_acks, []
-        for mid in acks:
-            self.client.ack(mid, 1)
+            position = self.position
+        self.store.checkpoint(state, position)
 
     def publish_snapshots(self) -> None:
         document = self.views.channels_json()
         for name, channel in document["channels"].items():
             channel = dict(channel, channel=name, t=document["t"])
-            self.client.publish(aggregates_topic(self.config.fleet, name),
-                                encode(_json_safe(channel)), qos=1, retain=True)
+            self.publisher.publish(aggregates_topic(self.config.fleet, name),
+                                   encode(_json_safe(channel)), qos=1, retain=True)
 
-    def _maintenance(self) -> None:
+    def _aggregate(self) -> None:
         storage, snapshots = self.config.storage, self.config.snapshots
         next_checkpoint = time.monotonic() + storage.checkpoint_seconds
         next_snapshot = time.monotonic() + (snapshots.interval_seconds or float("inf"))
-        while not self._stop.wait(storage.ack_interval_seconds):
+        while not self._stop.is_set():
             try:
-                self.commit_and_ack()
+                if self.catch_up() < READ_BATCH:
+                    self._stop.wait(0.01)  # caught up: poll again shortly
                 now = time.monotonic()
                 if now >= next_checkpoint:
                     self.checkpoint()
+                    self._supervise_network()
                     next_checkpoint = now + storage.checkpoint_seconds
-                if now >= next_snapshot and self.connected.is_set():
+                if now >= next_snapshot and self.connected:
                     self.publish_snapshots()
                     next_snapshot = now + snapshots.interval_seconds
-            except Exception:  # keep ingesting; the next round retries
-                log.exception("maintenance step failed")
+            except Exception:  # keep aggregating; the next round retries
+                log.exception("aggregation step failed")
+                self._stop.wait(1.0)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
+        self._start_network()
         broker = self.config.broker
-        self.client.connect_async(broker.host, broker.port, broker.keepalive,
-                                  clean_start=False, properties=self._connect_properties())
-        self.client.loop_start()
-        self._thread = threading.Thread(target=self._maintenance, name="collector-maintenance",
+        self.publisher.connect_async(broker.host, broker.port, broker.keepalive)
+        self.publisher.loop_start()
+        self._thread = threading.Thread(target=self._aggregate, name="collector-aggregate",
                                         daemon=True)
         self._thread.start()
         if self.web is not None:
@@ -203,22 +212,28 @@ class CollectorService:
             log.info("dashboard and API on %s", self.web.url)
 
     def stop(self) -> None:
+        self._network_stop.set()  # the child commits, acknowledges and leaves
+        if self._network is not None:
+            self._network.join(15)
+            if self._network.is_alive():
+                self._network.kill()
         self._stop.set()
-        self._thread.join(10)
+        self._thread.join(15)
+        while self.catch_up():  # whatever the child committed last
+            pass
+        self.checkpoint()
         if self.web is not None:
             self.web.stop()
-        self.checkpoint()  # journal committed and trimmed; pending messages acked
-        time.sleep(0.1)  # let paho flush the acks
-        self.client.disconnect()
-        self.client.loop_stop()
+        self.publisher.disconnect()
+        self.publisher.loop_stop()
         self.store.close()
 
     def run_forever(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
-        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: self._stop_requested.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop_requested.set())
         self.start()
         try:
-            while not self._stop.wait(0.5):
+            while not self._stop_requested.wait(0.5):
                 pass
         finally:
             self.stop()
@@ -234,4 +249,3 @@ def _json_safe(value):
     if isinstance(value, list):
         return [_json_safe(v) for v in value]
     return value
-

@@ -33,7 +33,16 @@ def _equal(a, b) -> bool:
 
 
 class Statistic:
+    """``update(batch)`` is ``add(summarize(batch))``: a collector summarises a
+    message once and adds the summary to the cumulative and the window statistic."""
+
     def update(self, batch) -> None:
+        self.add(self.summarize(batch))
+
+    def summarize(self, batch):
+        raise NotImplementedError
+
+    def add(self, summary) -> None:
         raise NotImplementedError
 
     def merge(self, other: "Statistic") -> "Statistic":
@@ -64,8 +73,11 @@ class Count(Statistic):
     def __init__(self):
         self.n = 0
 
-    def update(self, batch) -> None:
-        self.n += int(np.size(batch))
+    def summarize(self, batch) -> int:
+        return int(np.size(batch))
+
+    def add(self, summary: int) -> None:
+        self.n += summary
 
     def merge(self, other):
         self._check(other)
@@ -88,11 +100,15 @@ class CodeMoments(Statistic):
     def params(self):
         return (self.origin, self.step)
 
-    def update(self, batch) -> None:
+    def summarize(self, batch) -> tuple[int, int, int]:
         codes = np.asarray(batch, dtype=np.int64)
-        self.n += codes.size
-        self.sum += _sum(codes)
-        self.sum_sq += _sum(codes * codes)
+        return codes.size, _sum(codes), _sum(codes * codes)
+
+    def add(self, summary) -> None:
+        n, total, total_sq = summary
+        self.n += n
+        self.sum += total
+        self.sum_sq += total_sq
 
     def merge(self, other):
         self._check(other)
@@ -127,11 +143,15 @@ class TrigMoments(Statistic):
         return (self.origin + self.step * np.asarray(codes, dtype=np.float64)) * (
             2.0 * math.pi / self.period)
 
-    def update(self, batch) -> None:
+    def summarize(self, batch) -> tuple[int, float, float]:
         theta = self.radians(batch)
-        self.n += theta.size
-        self.cos += float(np.cos(theta).sum())
-        self.sin += float(np.sin(theta).sum())
+        return theta.size, float(np.cos(theta).sum()), float(np.sin(theta).sum())
+
+    def add(self, summary) -> None:
+        n, cos, sin = summary
+        self.n += n
+        self.cos += cos
+        self.sin += sin
 
     def merge(self, other):
         self._check(other)
@@ -177,15 +197,21 @@ class BinCounts(Statistic):
             return np.clip(index, 0, self.bins - 1)
         return index
 
-    def update(self, batch) -> None:
+    def summarize(self, batch) -> tuple[np.ndarray, int]:
         if not np.size(batch):
-            return
+            return np.zeros(self.bins, dtype=np.int64), 0
         index = self.bin_of(batch)
+        outside = 0
         if self.outside == "drop":
             inside = (index >= 0) & (index < self.bins)
-            self.outside_count += int(index.size - np.count_nonzero(inside))
+            outside = int(index.size - np.count_nonzero(inside))
             index = index[inside]
-        self.counts += np.bincount(index, minlength=self.bins)
+        return np.bincount(index, minlength=self.bins), outside
+
+    def add(self, summary) -> None:
+        counts, outside = summary
+        self.counts += counts
+        self.outside_count += outside
 
     def merge(self, other):
         self._check(other)
@@ -211,13 +237,17 @@ class PolarCross(Statistic):
     def params(self):
         return (self.r_origin, self.r_step) + self.angle.params()
 
-    def update(self, batch) -> None:
+    def summarize(self, batch) -> tuple[int, float, float]:
         radius_codes, angle_codes = batch
         r = self.r_origin + self.r_step * np.asarray(radius_codes, dtype=np.float64)
         theta = self.angle.radians(angle_codes)
-        self.n += r.size
-        self.x += float((r * np.cos(theta)).sum())
-        self.y += float((r * np.sin(theta)).sum())
+        return r.size, float((r * np.cos(theta)).sum()), float((r * np.sin(theta)).sum())
+
+    def add(self, summary) -> None:
+        n, x, y = summary
+        self.n += n
+        self.x += x
+        self.y += y
 
     def merge(self, other):
         self._check(other)

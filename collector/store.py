@@ -1,17 +1,19 @@
-"""Durable collector state: a checkpoint of all aggregates and a journal of messages since.
+"""Durable collector state: a journal of received messages and a checkpoint of aggregates.
 
 Exactly-once aggregation over at-least-once delivery works like a database
-log.  Every message is appended to the journal; the journal is committed in
-small groups, and only then are the messages acknowledged to the broker.  A
-full checkpoint (the pickled ``Ingestor``: aggregates, sequence trackers,
-counters) is written every ``checkpoint_seconds`` together with the id of the
-last journal row it includes, and the journal up to there is deleted.
+log.  The network process appends every message to the journal, commits in
+small groups, and only then acknowledges those messages to the broker.  The
+aggregator reads the journal in order; every ``checkpoint_seconds`` it writes
+a checkpoint (the pickled ``Ingestor``: aggregates, sequence trackers,
+counters) with the id of the last journal row it includes, and the journal up
+to there is deleted.
 
-After a crash the collector loads the checkpoint and replays the journal in
-order: the state is exactly what it was at the last commit.  Messages that
-were processed but not committed were never acknowledged, so the broker
+After a crash the collector loads the checkpoint and replays the journal
+after it.  Messages not yet committed were never acknowledged, so the broker
 delivers them again; messages committed but not yet acknowledged come again
 too and are recognised as duplicates by their sequence numbers.
+
+Imports only the standard library: the network process uses it too.
 """
 
 from __future__ import annotations
@@ -34,6 +36,15 @@ CREATE TABLE IF NOT EXISTS journal (
     payload BLOB NOT NULL,
     received REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS network (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    subscribed INTEGER NOT NULL,    -- 1 while the network process holds its subscriptions
+    since REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS progress (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    position INTEGER NOT NULL       -- last journal id the aggregator has applied
+);
 """
 
 
@@ -50,8 +61,9 @@ class CollectorStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             # FULL: an acknowledged message must survive power loss, not just a crash.
             self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=10000")  # two processes write this file
             self._db.executescript(_SCHEMA)
-        self._open = False
+        self._buffer: list[tuple[str, bytes, float]] = []
         self.appended = 0
 
     def close(self) -> None:
@@ -59,45 +71,73 @@ class CollectorStore:
             self.commit()
             self._db.close()
 
-    def load(self) -> tuple[bytes | None, list[tuple[int, str, bytes, float]]]:
-        """(checkpoint state or None, journal rows after it, oldest first)."""
+    def load(self) -> tuple[bytes | None, int, list[tuple[int, str, bytes, float]]]:
+        """(checkpoint state or None, the journal id it includes, journal rows after it)."""
         with self._lock:
             row = self._db.execute("SELECT state, journal_upto FROM checkpoint WHERE id=1") \
                 .fetchone()
             state, upto = (row[0], row[1]) if row else (None, 0)
-            rows = self._db.execute("SELECT id, topic, payload, received FROM journal "
-                                    "WHERE id > ? ORDER BY id", (upto,)).fetchall()
-        return state, rows
+            rows = self.read_journal(upto, limit=-1)
+        return state, upto, rows
+
+    def read_journal(self, after: int, limit: int = 5000) -> list[tuple[int, str, bytes, float]]:
+        """Committed journal rows with id > ``after``, oldest first (-1: no limit)."""
+        with self._lock:
+            return self._db.execute("SELECT id, topic, payload, received FROM journal "
+                                    "WHERE id > ? ORDER BY id LIMIT ?", (after, limit)).fetchall()
+
+    def set_progress(self, position: int) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO progress VALUES (1, ?) ON CONFLICT (id) DO UPDATE "
+                             "SET position = excluded.position", (position,))
+
+    def set_network(self, subscribed: bool) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO network VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE "
+                             "SET subscribed = excluded.subscribed, since = excluded.since",
+                             (int(subscribed), time.time()))
+
+    def network(self) -> dict:
+        with self._lock:
+            row = self._db.execute("SELECT subscribed, since FROM network WHERE id = 1").fetchone()
+        return {"connected": bool(row and row[0]), "since": row[1] if row else None}
+
+    def backlog(self) -> int:
+        """Journal rows the aggregator has not applied yet."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT (SELECT COALESCE(MAX(id), 0) FROM journal) - "
+                "COALESCE((SELECT position FROM progress WHERE id = 1), 0)").fetchone()
+        return int(row[0])
 
     def append(self, topic: str, payload: bytes, received: float) -> None:
-        """Journal one message (committed by the next ``commit``)."""
+        """Journal one message; it is durable after the next ``commit``."""
         with self._lock:
-            if not self._open:
-                self._db.execute("BEGIN")
-                self._open = True
-            self._db.execute("INSERT INTO journal (topic, payload, received) VALUES (?, ?, ?)",
-                             (topic, payload, received))
+            self._buffer.append((topic, payload, received))
             self.appended += 1
 
     def commit(self) -> bool:
-        """Make appended messages durable; True if there was anything to commit."""
+        """Write buffered messages in one transaction; True if there were any."""
         with self._lock:
-            if not self._open:
+            if not self._buffer:
                 return False
+            rows, self._buffer = self._buffer, []
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT INTO journal (topic, payload, received) VALUES (?, ?, ?)", rows)
             self._db.execute("COMMIT")
-            self._open = False
             return True
 
-    def checkpoint(self, state: bytes) -> None:
-        """Store ``state`` (which includes every journaled message) and trim the journal."""
+    def checkpoint(self, state: bytes, upto: int) -> None:
+        """Store ``state`` (which includes journal rows up to ``upto``) and trim the journal."""
         with self._lock:
-            self.commit()
-            self._db.execute("BEGIN")
-            upto = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM journal").fetchone()[0]
+            self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("INSERT INTO checkpoint VALUES (1, ?, ?, ?) ON CONFLICT (id) DO "
                              "UPDATE SET state=excluded.state, journal_upto=excluded.journal_upto,"
                              " written=excluded.written", (state, upto, time.time()))
             self._db.execute("DELETE FROM journal WHERE id <= ?", (upto,))
+            self._db.execute("INSERT INTO progress VALUES (1, ?) ON CONFLICT (id) DO UPDATE "
+                             "SET position = MAX(position, excluded.position)", (upto,))
             self._db.execute("COMMIT")
 
     def journal_length(self) -> int:

@@ -17,17 +17,19 @@ class Views:
     """Read-only views over an ``Ingestor``, taken under the collector's lock."""
 
     def __init__(self, get_ingestor: Callable[[], Ingestor], lock: threading.RLock | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 broker_status: Callable[[], dict] | None = None):
         self._get = get_ingestor
         self._lock = lock or threading.RLock()
         self._clock = clock
+        self._broker_status = broker_status or (lambda: {"connected": None, "since": None})
 
     def channels_json(self) -> dict:
         with self._lock:
             ingestor = self._get()
             now = self._clock()
             return {
-                "fleet": ingestor.fleet, "t": now,
+                "fleet": ingestor.fleet, "t": now, "broker": self._broker_status(),
                 "agents_online": sum(self._online(s, now) for s in ingestor.agents.values()),
                 "agents": {name: {"online": self._online(s, now), "messages": s.messages,
                                   "values": s.values, "last_seen": s.last_seen,
@@ -85,6 +87,11 @@ class Views:
         ]
         lines += [f'ldp_ingest_rejects_total{{reason="{r}"}} {n}'
                   for r, n in sorted(ingest["rejects"].items())]
+        connected = document["broker"]["connected"]
+        if connected is not None:
+            lines += ["# HELP ldp_broker_connected 1 while the collector holds its subscription.",
+                      "# TYPE ldp_broker_connected gauge",
+                      f"ldp_broker_connected {int(connected)}"]
         lines += ["# HELP ldp_agents_online Agents online.", "# TYPE ldp_agents_online gauge",
                   f"ldp_agents_online {document['agents_online']}"]
         gauges = {

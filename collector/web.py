@@ -63,6 +63,8 @@ SSE_RETRY_MS = 2000       # tells EventSource how soon to reconnect
 MAX_STREAMS = 64          # each SSE stream holds a thread; refuse beyond this
 IDLE_TIMEOUT = 60.0       # seconds an idle keep-alive connection (or a stuck write) may last
 STOP_JOIN_SECONDS = 2.0   # how long stop() waits for request threads to end
+LINGER_SECONDS = 1.0      # reading a refused request's leftovers before closing ...
+LINGER_BYTES = 1 << 20    # ... up to this much
 
 ALLOWED_METHODS = "GET, HEAD"
 
@@ -157,13 +159,34 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self._linger = False         # drain unread input before closing (see _drain)
+        self._source_failing = False  # the event stream logs a failing source once
         self.server.web._register(self.connection)
 
     def finish(self) -> None:
         try:
             super().finish()
+            if self._linger:
+                self._drain()
         finally:
             self.server.web._unregister(self.connection)
+
+    def _drain(self) -> None:
+        """Read what the client still sends (an oversized request line, a body
+        we refused) before the socket closes: closing with unread input makes
+        the kernel send a reset, which can destroy our answer in transit."""
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(LINGER_SECONDS)
+            deadline = time.monotonic() + LINGER_SECONDS
+            received = 0
+            while received < LINGER_BYTES and time.monotonic() < deadline:
+                chunk = self.connection.recv(65536)
+                if not chunk:
+                    break
+                received += len(chunk)
+        except OSError:
+            pass
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
@@ -184,20 +207,23 @@ class _Handler(BaseHTTPRequestHandler):
         raise AttributeError(name)
 
     def _method_not_allowed(self) -> None:
-        self.close_connection = True  # a request body may follow, unread
+        self.close_connection = self._linger = True  # a request body may follow, unread
         self._send_error(HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command} not allowed",
                          {"Allow": ALLOWED_METHODS})
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         # Called by the base class for malformed requests: answer in JSON too.
-        self.close_connection = True
+        self.close_connection = self._linger = True
+        if self.request_version == "HTTP/0.9":  # unparsed request line: still send a status line
+            self.request_version = "HTTP/1.0"
         self._send_error(code, message or HTTPStatus(code).phrase)
 
     # -- routing --
 
     def _dispatch(self, *, head: bool) -> None:
         if self.headers.get("Content-Length", "0") != "0" or "Transfer-Encoding" in self.headers:
-            self.close_connection = True  # GET with a body: don't parse it as the next request
+            # GET with a body: don't parse it as the next request.
+            self.close_connection = self._linger = True
         try:
             path = self._request_path()
             if path == "/api/events":
@@ -296,11 +322,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _event(self) -> bytes:
         try:
             data = to_json(self.server.web.source.channels_json())
-            kind = "channels"
+            kind, self._source_failing = "channels", False
         except Exception:
             # Keep the stream: the next push may succeed, and the dashboard
-            # shows the error meanwhile.
-            log.exception("collector web: channels_json failed for /api/events")
+            # shows the error meanwhile.  Logged once per failing streak, not
+            # at every push of every open dashboard.
+            if not self._source_failing:
+                log.exception("collector web: channels_json failed for /api/events")
+            self._source_failing = True
             data, kind = to_json({"error": "internal error"}), "source-error"
         # to_json never emits a newline, so the payload is a single data line.
         return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"

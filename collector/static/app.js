@@ -67,6 +67,8 @@
   }
 
   const qs = (selector) => document.querySelector(selector);
+  // Header statistics: scoped, since cards have stats of the same names (count, messages).
+  const headerStat = (key) => document.querySelector(`#fleet [data-stat="${key}"]`);
 
   // ---- theme (chart colours come from style.css) --------------------------
 
@@ -320,7 +322,7 @@
       const angle = (v) => (TAU * v) / period;  // domain value -> radians on the circle
       const cx = w / 2;
       const cy = h / 2;
-      const R = Math.max(Math.min(w, h) / 2 - 16, 4);
+      const R = Math.max(Math.min(w / 2 - 32, h / 2 - 14), 4);  // room for the labels
       const r = (p) => R * Math.sqrt(Math.max(p, 0) / yr[1]);
 
       // Grid: two rings and four spokes, labelled.
@@ -332,7 +334,6 @@
         ctx.stroke();
       }
       ctx.fillStyle = theme.muted;
-      ctx.textAlign = "center";
       ctx.textBaseline = "middle";
       for (let q = 0; q < 4; q++) {
         const a = (q * TAU) / 4;
@@ -340,7 +341,8 @@
         ctx.moveTo(cx, cy);
         ctx.lineTo(cx + R * Math.cos(a), cy - R * Math.sin(a));
         ctx.stroke();
-        ctx.fillText(this.label(q, period, edges[0]), cx + (R + 9) * Math.cos(a), cy - (R + 9) * Math.sin(a));
+        ctx.textAlign = ["left", "center", "right", "center"][q];  // text grows away from the circle
+        ctx.fillText(this.label(q, period, edges[0]), cx + (R + 4) * Math.cos(a), cy - (R + 8) * Math.sin(a));
       }
 
       ctx.fillStyle = theme.raw;
@@ -420,6 +422,7 @@
         term("raw mean", value(f, "mean-raw")),
         term("median", value(f, "median")),
         term("5–95%", value(f, "q05"), " … ", value(f, "q95")),
+        term("bias bound", value(f, "bias-bound")),
       ]);
       if (withCount) stats.append(term("count", value(f, "axis-count")));
       this.root = el("div", { class: "block", "data-block": name }, [
@@ -447,6 +450,7 @@
       setText(f.median, fmt(q["0.5"]));
       setText(f.q05, fmt(q["0.05"]));
       setText(f.q95, fmt(q["0.95"]));
+      setText(f["bias-bound"], fmt(mean.bias_bound));
       if (f["axis-count"]) setText(f["axis-count"], fmtCount(b.count));
       this.trend.add(t, mean);
       this.histogram.set(b.histogram, mean);
@@ -473,7 +477,8 @@
             el("span", { class: "sub" }, ["(raw ", value(f, "resultant-raw"), ")"])),
           term("circular std", value(f, "circular-std")),
         ]),
-        el("div", { class: "chart-label" }, "rose: raw reports (wedges), estimate (line), mean direction (arrow)"),
+        el("div", { class: "chart-label" },
+          "rose: raw reports (wedges), estimate (line), mean direction (arrow)"),
         this.rose.canvas,
       ]);
     }
@@ -526,7 +531,8 @@
         term("messages", value(f, "messages")),
         term("agents", value(f, "agents")),
       ]);
-      this.root = el("section", { class: "card", "data-channel": name, "data-kind": String(ch.kind) }, [
+      const attrs = { class: "card", "data-channel": name, "data-kind": String(ch.kind) };
+      this.root = el("section", attrs, [
         el("header", { class: "card-head" }, [el("h2", {}, name), value(f, "kind", "badge")]),
         meta,
       ]);
@@ -571,7 +577,8 @@
           }
           break;
         default:
-          this.root.append(el("p", { class: "other" }, `kind "${ch.kind}" is not shown by this dashboard`));
+          this.root.append(el("p", { class: "other" },
+            `kind "${ch.kind}" is not shown by this dashboard`));
       }
     }
 
@@ -586,7 +593,8 @@
       setText(f.agents, fmtCount(ch.agents));
       if (f.strategy) {
         const s = ch.strategy || {};
-        setText(f.strategy, `${fmtCount(s.k)} of ${fmtCount(s.d)} axes, ε ${fmt(s.epsilon)} per reading`);
+        setText(f.strategy,
+          `${fmtCount(s.k)} of ${fmtCount(s.d)} axes, ε ${fmt(s.epsilon)} per reading`);
       }
       if (f["mean-vector-x"]) {
         const v = ch.mean_vector || {};
@@ -606,7 +614,8 @@
 
   function otherSeries(list) {
     if (!Array.isArray(list) || !list.length) return "";
-    const parts = list.map((s) => `ε ${fmt(s.mechanism && s.mechanism.epsilon)}: ${fmtCount(s.count)} values`);
+    const parts = list.map(
+      (s) => `ε ${fmt(s.mechanism && s.mechanism.epsilon)}: ${fmtCount(s.count)} values`);
     return `Earlier series with other mechanism parameters (kept apart): ${parts.join("; ")}`;
   }
 
@@ -627,16 +636,17 @@
 
   function renderHeader(doc) {
     const ingest = doc.ingest || {};
-    setText(qs('[data-stat="fleet"]'), doc.fleet || DASH);
-    setText(qs('[data-stat="agents-online"]'), fmtCount(doc.agents_online));
-    setText(qs('[data-stat="agents-total"]'), fmtCount(doc.agents ? Object.keys(doc.agents).length : null));
-    setText(qs('[data-stat="messages"]'), fmtCount(ingest.messages));
-    setText(qs('[data-stat="values"]'), fmtCount(ingest.values));
-    setText(qs('[data-stat="duplicates"]'), fmtCount(ingest.duplicates));
-    setText(qs('[data-stat="updated-at"]'), fmtTime(doc.t));
+    setText(headerStat("fleet"), doc.fleet || DASH);
+    setText(headerStat("agents-online"), fmtCount(doc.agents_online));
+    setText(headerStat("agents-total"), fmtCount(doc.agents ? Object.keys(doc.agents).length : null));
+    setText(headerStat("messages"), fmtCount(ingest.messages));
+    setText(headerStat("values"), fmtCount(ingest.values));
+    setText(headerStat("duplicates"), fmtCount(ingest.duplicates));
+    setText(headerStat("updated-at"), fmtTime(doc.t));
+    renderBroker(doc.broker);
 
     const rejects = ingest.rejects && typeof ingest.rejects === "object" ? ingest.rejects : {};
-    const box = qs('[data-stat="rejects"]');
+    const box = headerStat("rejects");
     let total = 0;
     for (const [reason, n] of Object.entries(rejects)) {
       if (isNum(n)) total += n;
@@ -654,7 +664,18 @@
         rejectNodes.delete(reason);
       }
     }
-    setText(qs('[data-stat="rejects-total"]'), fmtCount(total));
+    setText(headerStat("rejects-total"), fmtCount(total));
+  }
+
+  // Whether the collector holds its MQTT subscriptions (reports queue at the
+  // broker meanwhile, so the numbers may lag).
+  function renderBroker(broker) {
+    const node = headerStat("broker");
+    const connected = broker && typeof broker.connected === "boolean" ? broker.connected : null;
+    const state = connected === null ? "unknown" : connected ? "connected" : "disconnected";
+    if (node.dataset.state !== state) node.dataset.state = state;
+    const since = broker && isNum(broker.since) ? ` since ${fmtTime(broker.since)}` : "";
+    setText(node, connected === null ? DASH : state + (connected ? "" : since));
   }
 
   function renderChannels(doc) {
@@ -682,7 +703,9 @@
     // Appending an attached node moves it: this puts cards in document order.
     if (reorder) for (const name of names) container.append(cards.get(name).root);
     qs("#empty").hidden = names.length > 0;
-    drawAll();
+    // A background tab keeps its numbers and history current but skips the
+    // drawing; it redraws when shown again.
+    if (!document.hidden) drawAll();
   }
 
   function drawAll() {
@@ -705,7 +728,7 @@
   const link = { stream: null, pollGeneration: 0, pollTimer: 0, retryTimer: 0 };
 
   function setConnection(state, text) {
-    const node = qs('[data-stat="connection"]');
+    const node = headerStat("connection");
     if (node.dataset.state !== state) node.dataset.state = state;
     setText(node, text);
   }
@@ -784,6 +807,7 @@
       scheduleRedraw();
     });
     window.addEventListener("resize", scheduleRedraw);
+    document.addEventListener("visibilitychange", () => document.hidden || scheduleRedraw());
     // Column widths also change without a window resize (a scrollbar appears).
     if (typeof ResizeObserver === "function") new ResizeObserver(scheduleRedraw).observe(qs("#channels"));
     startStream();

@@ -76,7 +76,7 @@ def linear_block(rng: random.Random, *, mu: float, sigma: float, low: float, hig
     return {
         "mean": {"raw": 0.45 * estimate + rng.gauss(0, stderr), "estimate": estimate,
                  "stderr": stderr, "ci95": [estimate - Z95 * stderr, estimate + Z95 * stderr],
-                 "method": method},
+                 "method": method, "bias_bound": 0.02 * (high - low) / 4},
         "histogram": {"edges": edges, "raw": _flatten(true, 0.93),
                       "estimate": _jitter(rng, true, 0.05)},
         "quantiles": quantiles,
@@ -120,7 +120,7 @@ def empty_linear_channel(*, low: float = 0.0, high: float = 100.0) -> dict:
         "mechanism": {"name": "ogpm", "epsilon": 0.5, "low": low, "high": high, "grid_bits": 16},
         "count": 0, "messages": 0, "agents": 0,
         "mean": {"raw": None, "estimate": None, "stderr": None, "ci95": [None, None],
-                 "method": None},
+                 "method": None, "bias_bound": None},
         "histogram": {"edges": edges, "raw": [0.0] * LINEAR_BINS,
                       "estimate": [None] * LINEAR_BINS},
         "quantiles": {"0.05": None, "0.25": None, "0.5": None, "0.75": None, "0.95": None},
@@ -149,6 +149,7 @@ class FakeSource:
                         "accel_y": -0.3, "accel_z": 0.95}
         self._counts = {"accel_x": 15500, "roll": 15500, "accel_polar": 15500, "accel": 15501}
         self._extra: dict[str, dict] = {}
+        self.broker_connected = True  # tests flip it, then step()
         self._windows: dict[str, list[dict]] = {}
         self._doc = self._build()
         self._record_windows()
@@ -221,6 +222,7 @@ class FakeSource:
         return {
             "fleet": FLEET,
             "t": t,
+            "broker": {"connected": self.broker_connected, "since": T0 - 3600.0},
             "agents_online": n_agents,
             "agents": agents,
             "ingest": {"messages": messages, "values": 50 * messages,

@@ -50,8 +50,8 @@ class CollectorProcess:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                self.api()
-                return self
+                if self.api()["broker"]["connected"]:  # subscribed: safe to publish
+                    return self
             except OSError:
                 if self.process.poll() is not None:
                     raise RuntimeError(self.log.read_text())
@@ -180,7 +180,8 @@ def test_replays_and_hostile_messages_are_counted_not_aggregated(tmp_path, mosqu
     send("w1", 7, ["1"])  # wrong type
     publisher.publish("ldp/v1/demo/w1/ax", b"{not json", qos=1).wait_for_publish(5)
     publisher.publish("ldp/v1/demo/w1/ax", b"x" * (2 << 20), qos=1).wait_for_publish(5)
-    assert wait_until(lambda: sum(collector.api()["ingest"]["rejects"].values()) == 5, 15)
+    assert wait_until(lambda: sum(collector.api()["ingest"]["rejects"].values()) == 5, 15), \
+        collector.api()["ingest"]
     document = collector.api()
     assert document["channels"]["ax"]["count"] == 10
     assert document["ingest"]["duplicates"] == 4

@@ -1,0 +1,231 @@
+"""``edge-collector watch URL``: a collector's live aggregates in the terminal.
+
+Polls ``URL/api/channels`` (docs/API.md) with urllib and redraws a ``rich``
+table: one row per channel, plus one per axis (vector) or component (polar).
+``render()`` turns a document into the table and does nothing else, so it is
+testable without a server or a terminal.  Errors reaching the collector are
+shown under the last table received and retried; ``watch`` never raises them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+DASH = "–"
+TAU = 2 * math.pi
+COLUMNS = ("channel", "kind", "count", "agents", "estimate", "95% CI / detail", "ε")
+
+
+# -- formatting (the dashboard's rules: 4 significant digits, "–" for none) --
+
+def fmt(x: Any, digits: int = 4) -> str:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return DASH
+    if x == 0:
+        return "0"
+    text = f"{x:.{digits}g}"
+    if "e" in text and 1e-3 <= abs(x) < 1e6:
+        # Python's g switches to an exponent from 10**digits on; write 12350, not 1.235e+04.
+        text = f"{float(text):f}".rstrip("0").rstrip(".")
+    return text
+
+
+def fmt_count(n: Any) -> str:
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n):
+        return DASH
+    return f"{round(n):,}"
+
+
+def _dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _is_radians(period: Any) -> bool:
+    return isinstance(period, (int, float)) and abs(period - TAU) < 1e-6
+
+
+# -- the cells of one statistics block --
+
+def _linear_cells(block: dict) -> tuple[str, str]:
+    mean = _dict(block.get("mean"))
+    ci = mean.get("ci95") if isinstance(mean.get("ci95"), list) else [None, None]
+    low, high = (ci + [None, None])[:2]
+    estimate = f"{fmt(mean.get('estimate'))} ± {fmt(mean.get('stderr'))}"
+    detail = f"[{fmt(low)}, {fmt(high)}]"
+    if mean.get("method"):
+        detail += f" {mean['method']}"
+    return estimate, detail
+
+
+def _circular_cells(block: dict, period: Any) -> tuple[str, str]:
+    mean = block.get("circular_mean")
+    estimate = f"μ {fmt(mean)}"
+    if _is_radians(period) and isinstance(mean, (int, float)) and math.isfinite(mean):
+        estimate += f" ({fmt(math.degrees(mean), 3)}°)"
+    length = _dict(block.get("resultant_length"))
+    detail = (f"R {fmt(length.get('estimate'))} (raw {fmt(length.get('raw'))}) · "
+              f"σ {fmt(block.get('circular_std'))}")
+    return estimate, detail
+
+
+def _period(block: dict, mechanism: dict) -> Any:
+    """The circular domain's period: from the histogram edges, else the mechanism."""
+    edges = _dict(block.get("histogram")).get("edges")
+    if isinstance(edges, list) and len(edges) > 1 and all(
+            isinstance(e, (int, float)) for e in (edges[0], edges[-1])):
+        return edges[-1] - edges[0]
+    return mechanism.get("period", TAU)
+
+
+def _rows(name: str, channel: dict) -> list[tuple[str, ...]]:
+    """The table rows of one channel: its own, then one per axis or component."""
+    kind = channel.get("kind")
+    mechanism = _dict(channel.get("mechanism"))
+    head = [name, str(kind), fmt_count(channel.get("count")), fmt_count(channel.get("agents"))]
+    epsilon = fmt(mechanism.get("epsilon"))
+    if kind == "linear":
+        return [(*head, *_linear_cells(channel), epsilon)]
+    if kind == "circular":
+        return [(*head, *_circular_cells(channel, _period(channel, mechanism)), epsilon)]
+    if kind == "polar":
+        vector = _dict(channel.get("mean_vector"))
+        radius, angle = _dict(channel.get("radius")), _dict(channel.get("angle"))
+        return [
+            (*head, f"|v| {fmt(vector.get('magnitude'))} ∠ {fmt(vector.get('direction'))}",
+             f"x {fmt(vector.get('x'))}, y {fmt(vector.get('y'))}", epsilon),
+            ("  radius", "", "", "", *_linear_cells(radius), ""),
+            ("  angle", "", "", "", *_circular_cells(angle, _period(angle, mechanism)), ""),
+        ]
+    if kind == "vector":
+        strategy = _dict(channel.get("strategy"))
+        rows = [(*head, "", f"{fmt_count(strategy.get('k'))} of {fmt_count(strategy.get('d'))} "
+                 f"axes per reading", fmt(strategy.get("epsilon", mechanism.get("epsilon"))))]
+        for axis, block in _dict(channel.get("axes")).items():
+            block = _dict(block)
+            rows.append((f"  {axis}", "", fmt_count(block.get("count")), "",
+                         *_linear_cells(block), epsilon))
+        return rows
+    return [(*head, "", f"kind {kind!r} not shown", epsilon)]
+
+
+def header_line(document: dict) -> str:
+    """Fleet, agents online, messages and rejects in one line."""
+    ingest = _dict(document.get("ingest"))
+    rejects = _dict(ingest.get("rejects"))
+    total = sum(n for n in rejects.values() if isinstance(n, (int, float)))
+    by_reason = ", ".join(f"{reason} {fmt_count(n)}" for reason, n in rejects.items())
+    agents = document.get("agents")
+    online = fmt_count(document.get("agents_online"))
+    if isinstance(agents, dict):
+        online += f"/{len(agents)}"
+    broker = _dict(document.get("broker")).get("connected")
+    line = (f"fleet {document.get('fleet') or DASH} · {online} agents online · "
+            f"{fmt_count(ingest.get('messages'))} messages · {fmt_count(ingest.get('values'))} "
+            f"values · {fmt_count(ingest.get('duplicates'))} duplicates · "
+            f"rejects {fmt_count(total)}")
+    if by_reason:
+        line += f" ({by_reason})"
+    if isinstance(broker, bool):
+        line += " · broker " + ("connected" if broker else "DISCONNECTED")
+    return line
+
+
+def render(document: dict | None, *, error: str | None = None) -> Group:
+    """The display for a ``/api/channels`` document (``None``: nothing
+    received yet): a header line, the table, and ``error`` under it if given."""
+    doc = _dict(document)
+    table = Table(box=box.SIMPLE_HEAD, expand=False)
+    for column in COLUMNS:
+        numeric = column in ("count", "agents", "ε")
+        # fold: a narrow terminal wraps a number rather than cutting it to "1.2…".
+        table.add_column(column, justify="right" if numeric else "left", overflow="fold")
+    for name, channel in _dict(doc.get("channels")).items():
+        for row in _rows(str(name), _dict(channel)):
+            # Text, not markup: a channel named "[red]x" is shown as it is.
+            table.add_row(*(Text(cell) for cell in row),
+                          style="dim" if row[0].startswith("  ") else None)
+    header = Text(header_line(doc) if doc else "waiting for the collector…", style="bold")
+    if isinstance(doc.get("t"), (int, float)):
+        header.append(f"   as of {datetime.fromtimestamp(doc['t']):%H:%M:%S}", style="dim")
+    parts: list = [header, table]
+    if error:
+        parts.append(Text(f"⚠ {error}", style="bold red"))
+    return Group(*parts)
+
+
+# -- polling --
+
+def channels_url(url: str) -> str:
+    """``URL/api/channels``; a bare ``host:port`` is taken as http."""
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    return url.rstrip("/") + "/api/channels"
+
+
+def fetch(url: str, *, timeout: float) -> tuple[dict | None, str | None]:
+    """(document, None) or (None, a one-line reason): never raises for
+    anything a network, a proxy or a wrong URL can do."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            document = json.load(response)
+    except urllib.error.HTTPError as exc:
+        return None, f"{url}: HTTP {exc.code} {_error_message(exc)}".rstrip()
+    except urllib.error.URLError as exc:
+        return None, f"cannot reach {url}: {exc.reason}"
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        # timeouts, resets, bad JSON, a bad URL or port, a garbled answer
+        return None, f"{url}: {exc or type(exc).__name__}"
+    if not isinstance(document, dict) or not isinstance(document.get("channels"), dict):
+        return None, f"{url}: not a collector's /api/channels answer"
+    return document, None
+
+
+def _error_message(exc: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.loads(exc.read(4096))["error"])
+    except Exception:  # not our JSON: the status line says enough
+        return exc.reason or ""
+
+
+def watch(url: str, *, interval: float = 2.0, once: bool = False,
+          console: Console | None = None) -> int:
+    """Show the collector at ``url`` (e.g. ``http://127.0.0.1:8080``) live,
+    refreshed every ``interval`` seconds, until Ctrl-C (then returns 0).
+
+    ``once``: print one snapshot and return 0, or 1 if the collector could not
+    be read (the error is printed, not raised).
+    """
+    console = console or Console()
+    target = channels_url(url)
+    timeout = max(1.0, min(10.0, interval * 2))
+    if once:
+        document, error = fetch(target, timeout=timeout)
+        console.print(render(document, error=error))
+        return 0 if error is None else 1
+    last = None
+    with Live(render(None), console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                document, error = fetch(target, timeout=timeout)
+                last = document or last  # keep showing the last data through an outage
+                if error:
+                    error += f" (retrying every {fmt(interval)} s)"
+                live.update(render(last, error=error), refresh=True)
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            pass
+    return 0

@@ -1,0 +1,210 @@
+"""``edge-collector watch``: the pure render() and the polling loop against a
+real WebServer fed by FakeSource."""
+
+from __future__ import annotations
+
+import copy
+import io
+import socket
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+import collector.watch as watch_module
+from collector.watch import channels_url, fmt, fmt_count, render, watch
+from collector.web import WebServer
+
+from .fake_source import FakeSource
+
+
+def text_of(renderable, width: int = 200) -> str:
+    console = Console(record=True, width=width, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def source():
+    return FakeSource()
+
+
+@pytest.fixture
+def server(source):
+    web = WebServer(source, host="127.0.0.1", port=0, push_seconds=0.2).start()
+    yield web
+    web.stop()
+
+
+def row(text: str, name: str) -> str:
+    """The line of the table that starts with a channel (or axis) name."""
+    lines = [line for line in text.splitlines() if line.strip().startswith(name + " ")]
+    assert lines, f"no row for {name}:\n{text}"
+    return lines[0]
+
+
+# -- formatting -----------------------------------------------------------------
+
+@pytest.mark.parametrize("value, shown", [
+    (0.037328136, "0.03733"), (-0.2742, "-0.2742"), (1.0, "1"), (0, "0"),
+    (12345.6, "12350"), (1.5e-5, "1.5e-05"), (None, "–"), (float("nan"), "–"),
+    (float("inf"), "–"), ("x", "–"), (True, "–"),
+])
+def test_fmt(value, shown):
+    assert fmt(value) == shown
+
+
+def test_fmt_count():
+    assert fmt_count(15500) == "15,500"
+    assert fmt_count(None) == "–"
+
+
+def test_channels_url():
+    assert channels_url("http://h:8080") == "http://h:8080/api/channels"
+    assert channels_url("http://h:8080/") == "http://h:8080/api/channels"
+    assert channels_url("127.0.0.1:8080") == "http://127.0.0.1:8080/api/channels"
+    assert channels_url("https://proxy/ldp/") == "https://proxy/ldp/api/channels"
+
+
+# -- render -------------------------------------------------------------------------
+
+def test_render_shows_every_channel_and_its_numbers(source):
+    document = source.channels_json()
+    text = text_of(render(document))
+    channels = document["channels"]
+
+    assert "fleet demo" in text
+    assert "24/25 agents online" in text
+    assert f"{document['ingest']['messages']:,} messages" in text
+    assert "rejects 3 (schema 1, bad_code 2) · broker connected" in text
+
+    linear = row(text, "accel_x")
+    mean = channels["accel_x"]["mean"]
+    for cell in ("linear", "15,500", "24", f"{fmt(mean['estimate'])} ± {fmt(mean['stderr'])}",
+                 f"[{fmt(mean['ci95'][0])}, {fmt(mean['ci95'][1])}]", "affine"):
+        assert cell in linear, cell
+
+    circular = row(text, "roll")
+    roll = channels["roll"]
+    for cell in ("circular", f"μ {fmt(roll['circular_mean'])}",
+                 f"R {fmt(roll['resultant_length']['estimate'])}",
+                 f"raw {fmt(roll['resultant_length']['raw'])}", f"σ {fmt(roll['circular_std'])}"):
+        assert cell in circular, cell
+
+    polar = channels["accel_polar"]
+    assert f"|v| {fmt(polar['mean_vector']['magnitude'])}" in row(text, "accel_polar")
+    radius = polar["radius"]["mean"]
+    assert f"{fmt(radius['estimate'])} ± {fmt(radius['stderr'])}" in row(text, "radius")
+    assert f"μ {fmt(polar['angle']['circular_mean'])}" in row(text, "angle")
+
+    vector = channels["accel"]
+    assert "1 of 3 axes per reading" in row(text, "accel")
+    for axis, stats in vector["axes"].items():
+        line = [ln for ln in text.splitlines() if ln.startswith(f"    {axis} ")][0]
+        assert f"{stats['count']:,}" in line
+        assert f"{fmt(stats['mean']['estimate'])} ± {fmt(stats['mean']['stderr'])}" in line
+
+
+def test_render_is_pure(source):
+    document = source.channels_json()
+    snapshot = copy.deepcopy(document)
+    first = text_of(render(document))
+    assert text_of(render(document)) == first
+    assert document == snapshot
+
+
+def test_render_null_statistics_and_odd_input(source):
+    source.add_channel("humidity")
+    source.add_channel("[bold]odd[/bold]", {"kind": "spherical", "count": None})
+    text = text_of(render(source.channels_json()))
+    assert "– ± –" in row(text, "humidity")
+    assert "[–, –]" in row(text, "humidity")
+    assert "[bold]odd[/bold]" in text  # shown as it is, not as rich markup
+    assert "kind 'spherical' not shown" in text
+    assert "waiting for the collector" in text_of(render(None))
+    assert text_of(render({"channels": "garbage"}))  # no exception
+
+
+def test_render_flags_a_disconnected_broker(source):
+    source.broker_connected = False
+    source.step()
+    assert "broker DISCONNECTED" in text_of(render(source.channels_json()))
+    document = source.channels_json()
+    del document["broker"]  # an older collector: no broker field, no claim
+    assert "broker" not in text_of(render(document))
+
+
+def test_render_shows_the_error(source):
+    text = text_of(render(source.channels_json(), error="cannot reach x: refused"))
+    assert "⚠ cannot reach x: refused" in text
+    assert "accel_x" in text  # the last data stays visible
+
+
+# -- watch ---------------------------------------------------------------------------------
+
+def test_watch_once_against_a_server(server, source):
+    console = Console(record=True, width=200, file=io.StringIO())
+    assert watch(server.url, once=True, console=console) == 0
+    text = console.export_text()
+    for name in ("accel_x", "roll", "accel_polar", "accel"):
+        assert row(text, name)
+    assert f"{source.channels_json()['channels']['roll']['count']:,}" in row(text, "roll")
+
+
+def test_watch_once_unreachable_shows_the_error():
+    console = Console(record=True, width=200, file=io.StringIO())
+    url = f"http://127.0.0.1:{free_port()}"
+    assert watch(url, once=True, console=console) == 1
+    assert f"cannot reach {url}/api/channels" in console.export_text()
+
+
+@pytest.mark.parametrize("url", ["http://[bad", "ftp://127.0.0.1:1", "http://127.0.0.1:notaport"])
+def test_watch_once_bad_urls_do_not_raise(url):
+    console = Console(record=True, width=200, file=io.StringIO())
+    assert watch(url, once=True, console=console, interval=0.5) == 1
+    assert "⚠" in console.export_text()
+
+
+def test_watch_once_http_error_shows_the_servers_message():
+    class Broken:
+        def channels_json(self):
+            raise RuntimeError("engine down")
+
+    web = WebServer(Broken(), host="127.0.0.1", port=0).start()
+    try:
+        console = Console(record=True, width=200, file=io.StringIO())
+        assert watch(web.url, once=True, console=console) == 1
+        assert "HTTP 500 internal error" in console.export_text()
+    finally:
+        web.stop()
+
+
+def test_watch_live_retries_through_errors(server, source, monkeypatch):
+    """Live mode: an error is displayed, the next poll recovers; Ctrl-C ends it."""
+    answers = iter([(None, "cannot reach the collector: refused")])
+    real_fetch = watch_module.fetch
+
+    def fetch(url, *, timeout):
+        return next(answers, None) or real_fetch(url, timeout=timeout)
+
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(watch_module, "fetch", fetch)
+    monkeypatch.setattr(watch_module, "time", SimpleNamespace(sleep=sleep))
+    console = Console(record=True, width=200, file=io.StringIO(), force_terminal=True)
+    assert watch(server.url, interval=0.5, console=console) == 0
+    text = console.export_text()
+    assert "cannot reach the collector: refused (retrying every 0.5 s)" in text
+    assert "accel_polar" in text
+    assert sleeps == [0.5, 0.5, 0.5]
