@@ -38,6 +38,7 @@ bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 	$(PY) -m benchmarks.bench_mechanisms --markdown docs/bench_mechanisms.md
 	$(PY) -m benchmarks.plot_errors --out docs
 	$(PY) -m benchmarks.bench_agent --python $(RUNTIME_VENV)/bin/python --markdown docs/bench_agent.md
+	$(PY) -m benchmarks.bench_collector --messages 20000
 
 clean:
 	rm -rf $(VENV) $(RUNTIME_VENV) .pytest_cache .hypothesis build *.egg-info

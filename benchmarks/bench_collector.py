@@ -3,7 +3,8 @@
 Throughput: ``--messages`` reports of ``--batch`` codes each are queued on a
 private Mosquitto for an offline persistent session, then a subscriber
 connects and drains the queue; the time from connecting to the last message
-is measured.  Once for a bare paho subscriber that only counts messages
+is measured (for the collector, from its network process's subscription;
+the one-off process start-up is shown separately).  Once for a bare paho subscriber that only counts messages
 (QoS 1, automatic acks), once for the collector (validation, dedup, series
 updates, journal commits, manual acks after each commit), same broker, same
 messages.  Goals: the collector at >= 90% of the bare rate and >= 1 million
@@ -125,15 +126,21 @@ def collector_config(port: int, path: Path, http_port: int = 0):
     })
 
 
-def drain_collector(port: int, count: int, path: Path) -> float:
+def drain_collector(port: int, count: int, path: Path) -> tuple[float, float]:
+    """Seconds from start() and from the network process's subscription to the last message.
+
+    The first includes spawning the network process (a one-off at service
+    start); the second is the steady-state drain comparable to the bare client.
+    """
     service = CollectorService(collector_config(port, path), web=False)
     started = time.perf_counter()
     service.start()
     while service.ingestor.counters["messages"] < count:
-        time.sleep(0.005)
-    elapsed = time.perf_counter() - started
+        time.sleep(0.002)
+    finished_wall, elapsed = time.time(), time.perf_counter() - started
+    subscribed_at = service.store.network()["since"]
     service.stop()
-    return elapsed
+    return elapsed, finished_wall - subscribed_at
 
 
 def latency(port: int, path: Path, trials: int) -> list[float]:
@@ -188,7 +195,7 @@ def main():
             bare = drain_bare(port, args.messages)
             persistent_session(port, "collector")
             publish_all(port, messages)
-            ours = drain_collector(port, args.messages, tmp / "state.sqlite")
+            ours_total, ours = drain_collector(port, args.messages, tmp / "state.sqlite")
             lat = latency(port, tmp / "latency.sqlite", args.latency_trials)
         finally:
             broker.terminate()
@@ -202,6 +209,9 @@ def main():
           f"{values / bare:,.0f} | 100% |")
     print(f"| collector (validate, dedup, aggregate, journal, ack) | {ours:.2f} | "
           f"{args.messages / ours:,.0f} | {values / ours:,.0f} | {bare / ours:.0%} |")
+    print(f"| collector, including its {ours_total - ours:.1f} s start-up | {ours_total:.2f} | "
+          f"{args.messages / ours_total:,.0f} | {values / ours_total:,.0f} | "
+          f"{bare / ours_total:.0%} |")
     lat_ms = sorted(1000 * s for s in lat)
     print(f"\nLatency from publishing a report to the API counting it ({len(lat_ms)} trials): "
           f"median {statistics.median(lat_ms):.1f} ms, "

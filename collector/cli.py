@@ -63,7 +63,7 @@ def watch(url: str, interval: float, once: bool) -> None:
     """A live terminal table of a running collector's aggregates."""
     from .watch import watch as run_watch
 
-    run_watch(url.rstrip("/"), interval=interval, once=once)
+    sys.exit(run_watch(url, interval=interval, once=once))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,7 +14,6 @@ The whole ``Ingestor`` pickles: it is the collector's checkpoint.
 from __future__ import annotations
 
 import collections
-import json
 import math
 import re
 import time
@@ -27,7 +26,7 @@ import orjson
 from edge_agent.mechanisms import from_description
 from edge_agent.protocol import PROTOCOL_VERSION, TOPIC_ROOT
 
-from .series import Series, describe_key
+from .series import Series, describe_key, series_identity
 
 MAX_PAYLOAD_BYTES = 1 << 20  # far above a 500-value batch (~4 kB)
 MAX_CODES = 100_000
@@ -50,7 +49,10 @@ class Rejected(Exception):
 def _mechanism(description: Any):
     if not isinstance(description, dict) or len(description) > 16:
         raise Rejected("mechanism", "mechanism must be an object")
-    key = describe_key(description)
+    try:
+        key = describe_key(description)
+    except TypeError:  # orjson refuses e.g. nesting deeper than 254 levels
+        raise Rejected("mechanism", "mechanism is not a plain JSON object") from None
     mechanism = _MECHANISM_CACHE.get(key)
     if mechanism is None:
         try:
@@ -286,8 +288,8 @@ class Ingestor:
         return "accepted"
 
     def _series_for(self, report: Report) -> Series:
-        identity = (report.channel, report.kind, report.key, json.dumps(report.fields),
-                    json.dumps(report.strategy, sort_keys=True))
+        identity = series_identity(report.channel, report.kind, report.key, report.fields,
+                                   report.strategy)
         by_identity = self.series.setdefault(report.channel, {})
         series = by_identity.get(identity)
         if series is None:

@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+import orjson
 
 from edge_agent.mechanisms import from_description
 
@@ -38,7 +39,15 @@ AFFINE_EDGE_MASS = 0.02
 
 
 def describe_key(description: dict) -> str:
-    return json.dumps(description, sort_keys=True, separators=(",", ":"))
+    """A canonical string for a mechanism description (sorted keys, compact)."""
+    return orjson.dumps(description, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def series_identity(channel: str, kind: str, key: str, fields: list[str] | None,
+                    strategy: dict | None) -> tuple:
+    """What makes two reports belong to one aggregation series (hashable, cheap)."""
+    return (channel, kind, key, tuple(fields) if fields is not None else None,
+            tuple(sorted(strategy.items())) if strategy is not None else None)
 
 
 @lru_cache(maxsize=256)
@@ -306,8 +315,7 @@ class Series:
 
     @property
     def identity(self) -> tuple:
-        return (self.channel, self.kind, self.key, json.dumps(self.fields),
-                json.dumps(self.strategy, sort_keys=True))
+        return series_identity(self.channel, self.kind, self.key, self.fields, self.strategy)
 
     def _new_blocks(self) -> dict[str, _Block]:
         if self.kind == "linear":

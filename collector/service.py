@@ -37,6 +37,7 @@ from .views import Views
 log = logging.getLogger(__name__)
 
 READ_BATCH = 5000
+PROGRESS_SECONDS = 0.2  # how often the network child learns how far aggregation got
 
 
 def aggregates_topic(fleet: str, channel: str) -> str:
@@ -108,6 +109,7 @@ class CollectorService:
         self._context = multiprocessing.get_context("spawn")  # the child imports no numba
         self._network_stop = self._context.Event()
         self._network = None
+        self._progress_due = 0.0
         self.publisher = self._publisher()
         self.web = None
         if web:
@@ -162,7 +164,10 @@ class CollectorService:
             for row_id, topic, payload, received in rows:
                 self.ingestor.ingest(topic, payload, received)
             self.position = rows[-1][0]
-        self.store.set_progress(self.position)
+        now = time.monotonic()
+        if now >= self._progress_due:  # a write per batch would contend with the journal
+            self.store.set_progress(self.position)
+            self._progress_due = now + PROGRESS_SECONDS
         return len(rows)
 
     def checkpoint(self) -> None:

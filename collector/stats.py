@@ -58,10 +58,15 @@ class Statistic:
     def params(self) -> tuple:
         return ()
 
+    def __getstate__(self) -> dict:
+        """The state without caches (attributes named ``_...`` are derived)."""
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
     def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self) or other.__dict__.keys() != self.__dict__.keys():
+        mine = self.__getstate__()
+        if type(other) is not type(self) or other.__getstate__().keys() != mine.keys():
             return False
-        return all(_equal(a, other.__dict__[k]) for k, a in self.__dict__.items())
+        return all(_equal(a, other.__dict__[k]) for k, a in mine.items())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}{self.params()}"
@@ -189,6 +194,7 @@ class BinCounts(Statistic):
         return (self.origin, self.step, self.edge0, self.width, self.bins, self.outside)
 
     def bin_of(self, codes) -> np.ndarray:
+        """The bin of each code; with ``drop``, -1 or ``bins`` beyond the ends."""
         values = self.origin + self.step * np.asarray(codes, dtype=np.float64)
         index = np.floor((values - self.edge0) / self.width).astype(np.int64)
         if self.outside == "wrap":
@@ -197,9 +203,28 @@ class BinCounts(Statistic):
             return np.clip(index, 0, self.bins - 1)
         return index
 
+    def _lookup(self, max_code: int) -> np.ndarray:
+        """Codes -> bin, precomputed for codes 0 .. 2^k - 1 (``bins`` = outside).
+
+        Codes are validated grid indices, so one gather replaces the float
+        arithmetic per value; built lazily and not pickled.
+        """
+        table = self.__dict__.get("_table")
+        if table is None or max_code >= table.size:
+            size = 1 << max(int(max_code).bit_length(), 8)
+            index = self.bin_of(np.arange(size))
+            if self.outside == "drop":
+                index = np.where((index >= 0) & (index < self.bins), index, self.bins)
+            table = self._table = index.astype(np.int32)
+        return table
+
     def summarize(self, batch) -> tuple[np.ndarray, int]:
-        if not np.size(batch):
+        batch = np.asarray(batch)
+        if not batch.size:
             return np.zeros(self.bins, dtype=np.int64), 0
+        if batch.dtype.kind in "iu" and batch.min() >= 0:
+            counts = np.bincount(self._lookup(int(batch.max()))[batch], minlength=self.bins + 1)
+            return counts[:self.bins], int(counts[self.bins])
         index = self.bin_of(batch)
         outside = 0
         if self.outside == "drop":

@@ -259,6 +259,9 @@ class _Handler(BaseHTTPRequestHandler):
             if channel is None:
                 raise HttpError(HTTPStatus.NOT_FOUND, f"no channel named {name!r}")
             return 200, JSON_TYPE, to_json(channel), no_store
+        if path == "/api/rejects":
+            recent = getattr(source, "dead_letters", list)()
+            return 200, JSON_TYPE, to_json({"recent": recent}), no_store
         if path == "/metrics":
             return 200, METRICS_TYPE, source.metrics_text().encode(), no_store
         if path in ("/", "/index.html"):

@@ -187,6 +187,11 @@ def test_replays_and_hostile_messages_are_counted_not_aggregated(tmp_path, mosqu
     assert document["ingest"]["duplicates"] == 4
     assert document["ingest"]["rejects"] == {"bad_code": 2, "spoofed": 1, "json": 1,
                                              "oversized": 1}
+    recent = collector.api("/api/rejects")["recent"]
+    assert sorted(entry["reason"] for entry in recent) == ["bad_code", "bad_code", "json",
+                                                            "oversized", "spoofed"]
+    assert all(entry["topic"] == "ldp/v1/demo/w1/ax" and len(entry["payload"]) <= 256
+               for entry in recent)
     publisher.loop_stop()
     assert collector.terminate() == 0
 

@@ -188,3 +188,21 @@ def test_series_refuse_to_mix_mechanisms():
                mechanism=ClassicalOGPM(epsilon=2, low=0, high=1).describe())
     with pytest.raises(ValueError, match="different series"):
         a.merge(b)
+
+
+@pytest.mark.parametrize("outside", ["clip", "drop", "wrap"])
+def test_bin_lookup_table_equals_the_arithmetic(outside):
+    """Integer codes take a precomputed table; it must bin exactly like the formula."""
+    rng = np.random.default_rng(7)
+    stat = BinCounts(-6.0, 12.0 / N_CODES, -2.0, 0.08, 50, outside)
+    codes = rng.integers(0, N_CODES, 20_000)
+    counts, outside_count = stat.summarize(codes)
+    index = stat.bin_of(codes)
+    inside = (index >= 0) & (index < 50)
+    assert np.array_equal(counts, np.bincount(index[inside], minlength=50))
+    assert outside_count == (int((~inside).sum()) if outside == "drop" else 0)
+    # the table grows when a larger code arrives, and is not part of the state
+    stat.summarize(np.array([3]))
+    assert stat.summarize(np.array([N_CODES - 1]))[0].sum() + \
+        stat.summarize(np.array([N_CODES - 1]))[1] == 1
+    assert "_table" not in pickle.loads(pickle.dumps(stat)).__dict__
