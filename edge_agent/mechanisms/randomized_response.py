@@ -1,0 +1,101 @@
+"""Binary randomized response with an exact integer keep probability.
+
+Used by range discovery (Fukuchi et al., Algorithm 2, line 4): each answer
+is a sign z in {-1, +1}, kept with probability p and flipped otherwise.  The
+textbook p = e^eps / (1 + e^eps) is irrational, so, as for the piecewise
+mechanisms (``_layout.py``), the probability is a ratio of integers out of
+2^53: the flip weight F is the smallest integer with (2^53 - F) / F <= e^eps,
+decided in 80-digit arithmetic and checked exactly.  One CSPRNG word per
+answer (its top 53 bits) decides keep or flip, with no rejection.
+
+The privacy loss is ln(K / F) with K = 2^53 - F: at most eps, short of it
+by about 2^-53 relative.  The estimator uses the exact p, so it stays
+unbiased: E[z'] = (2p - 1) z.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_CEILING, Decimal, localcontext
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from . import _validate
+from ._layout import TOTAL_BITS, ratio_within
+from .base import ExactLoss
+from .randomness import as_random_source
+
+_TOTAL = 1 << TOTAL_BITS
+
+
+def _flip_weight(epsilon: float) -> int:
+    """Smallest F with (2^53 - F) / F <= e^epsilon, i.e. F >= 2^53 / (1 + e^epsilon)."""
+    with localcontext() as ctx:
+        ctx.prec = 80
+        bound = Decimal(_TOTAL) / (1 + Decimal(epsilon).exp())
+        flip = int((bound * (1 + Decimal(10) ** -70)).to_integral_value(rounding=ROUND_CEILING))
+    while not ratio_within(_TOTAL - flip, flip, epsilon):  # never runs; the guard is the proof
+        flip += 1
+    return flip
+
+
+class RandomizedResponse:
+    """Report a sign z in {-1, +1}: kept with probability K/2^53, else flipped."""
+
+    name = "randomized-response"
+
+    def __init__(self, *, epsilon: float):
+        self.epsilon = _validate.epsilon(epsilon)
+        self.flip_weight = _flip_weight(self.epsilon)
+        self.keep_weight = _TOTAL - self.flip_weight
+
+    # -- closed forms -----------------------------------------------------------------------
+    @property
+    def keep_probability(self) -> Fraction:
+        return Fraction(self.keep_weight, _TOTAL)
+
+    def exact_privacy_loss(self) -> ExactLoss:
+        """The worst ratio P[z' | z] / P[z' | -z] over both answers: K / F."""
+        return ExactLoss(Fraction(self.keep_weight, self.flip_weight))
+
+    def privacy_loss(self) -> float:
+        return float(self.exact_privacy_loss())
+
+    def pmf(self, answer: int, truth: int) -> Fraction:
+        """P[z' = answer | z = truth] for answer, truth in {-1, +1}."""
+        if answer not in (-1, 1) or truth not in (-1, 1):
+            raise ValueError("answer and truth must be -1 or +1")
+        return self.keep_probability if answer == truth else 1 - self.keep_probability
+
+    @property
+    def debias_factor(self) -> float:
+        """1 / (2p - 1): E[z'] / z inverted; (e^eps + 1)/(e^eps - 1) for the ideal p."""
+        return _TOTAL / (self.keep_weight - self.flip_weight)
+
+    def estimate_share_below(self, answer_sum: float, n: int) -> float:
+        """Phi' of Algorithm 2, line 6: the unbiased estimate of the share of z = +1."""
+        if n <= 0:
+            raise ValueError(f"n: must be >= 1, got {n}")
+        return self.debias_factor * answer_sum / (2 * n) + 0.5
+
+    def estimate_variance(self, n: int) -> float:
+        """Var[Phi'] when every true answer is the same sign (its largest value)."""
+        p = float(self.keep_probability)
+        return self.debias_factor ** 2 * 4 * p * (1 - p) / (4 * n)
+
+    # -- sampling ---------------------------------------------------------------------------
+    def respond(self, truth: Any, rng: Any = None) -> np.ndarray:
+        """Privatise signs (array of -1/+1); ``rng`` None means the OS CSPRNG."""
+        truth = np.asarray(truth)
+        if truth.size and not np.isin(truth, (-1, 1)).all():
+            raise ValueError("truth must contain only -1 and +1")
+        words = as_random_source(rng).words(truth.size).reshape(truth.shape)
+        keep = (words >> np.uint64(64 - TOTAL_BITS)) < np.uint64(self.keep_weight)
+        return np.where(keep, truth, -truth).astype(np.int8)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "epsilon": self.epsilon}
+
+    def __repr__(self) -> str:
+        return f"RandomizedResponse(epsilon={self.epsilon!r})"
