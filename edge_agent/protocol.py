@@ -4,6 +4,9 @@ Topics
   ldp/v1/<fleet>/<agent>/<channel>   perturbed reports, QoS 1, JSON (``report``)
   ldp/v1/<fleet>/<agent>/status      retained agent status; last will ``offline``
   ldp/v1/<fleet>/_<anything>/...     reserved for collectors (aggregates, range runs)
+  ldp/v1/<fleet>/_range/control/<run>          range-discovery announce/round/end (coordinator)
+  ldp/v1/<fleet>/_range/result/<channel>/<side> retained range result (coordinator)
+  ldp/v1/<fleet>/<agent>/_range/<run>          an agent's join and answers for one run
 
 Payloads never contain a raw reading: only grid codes of perturbed values,
 the parameters of the mechanism that produced them, and counts.
@@ -61,3 +64,44 @@ def status(*, agent: str, state: str, t: float | None = None, **details: Any) ->
         message["t"] = round(t, 3)
     message.update(details)
     return encode(message)
+
+
+# -- range discovery (docs/PROTOCOL.md, "Range discovery") ------------------------------
+RANGE = "_range"
+
+
+def range_control_topic(fleet: str, run: str) -> str:
+    return f"{TOPIC_ROOT}/{fleet}/{RANGE}/control/{run}"
+
+
+def range_control_subscription(fleet: str) -> str:
+    return f"{TOPIC_ROOT}/{fleet}/{RANGE}/control/+"
+
+
+def range_result_topic(fleet: str, channel: str, side: str) -> str:
+    return f"{TOPIC_ROOT}/{fleet}/{RANGE}/result/{channel}/{side}"
+
+
+def range_result_subscription(fleet: str) -> str:
+    return f"{TOPIC_ROOT}/{fleet}/{RANGE}/result/+/+"
+
+
+def range_reply_topic(fleet: str, agent: str, run: str) -> str:
+    return f"{TOPIC_ROOT}/{fleet}/{agent}/{RANGE}/{run}"
+
+
+def range_reply_subscription(fleet: str, run: str) -> str:
+    return f"{TOPIC_ROOT}/{fleet}/+/{RANGE}/{run}"
+
+
+def range_join(*, agent: str, run: str, accept: bool, reason: str | None = None) -> bytes:
+    message: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": "join", "agent": agent,
+                               "run": run, "accept": accept}
+    if reason is not None:
+        message["reason"] = reason
+    return encode(message)
+
+
+def range_answer(*, agent: str, run: str, round: int, z: int) -> bytes:
+    return encode({"v": PROTOCOL_VERSION, "type": "answer", "agent": agent, "run": run,
+                   "round": round, "z": z})

@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from .mechanisms.randomized_response import RandomizedResponse
 
@@ -61,6 +62,16 @@ def _count(name: str, value: object, low: int, high: int) -> int:
     return value
 
 
+def answer_epsilon(epsilon: float, rounds: int, strategy: str) -> float:
+    """eps/L rounded down so that L answers compose to at most eps exactly (split: eps)."""
+    if strategy == "split":
+        return epsilon
+    share = epsilon / rounds
+    while Fraction(share) * rounds > Fraction(epsilon):
+        share = math.nextafter(share, 0.0)
+    return share
+
+
 @dataclass(frozen=True)
 class SearchPlan:
     """The parameters of one run: how many rounds, at which epsilon, which threshold."""
@@ -74,7 +85,7 @@ class SearchPlan:
     @property
     def answer_epsilon(self) -> float:
         """The epsilon of one answer: eps/L (sequential) or eps (split)."""
-        return self.epsilon / self.rounds if self.strategy == "sequential" else self.epsilon
+        return answer_epsilon(self.epsilon, self.rounds, self.strategy)
 
     @property
     def answers_per_agent(self) -> int:

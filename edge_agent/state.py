@@ -47,6 +47,20 @@ CREATE TABLE IF NOT EXISTS spool (
     qos INTEGER NOT NULL,
     created REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS range_runs (  -- range-discovery runs an agent has joined
+    agent TEXT NOT NULL,
+    run TEXT NOT NULL,
+    terms TEXT NOT NULL,                -- what was agreed at join (JSON): channel, side, epsilon, ...
+    rounds INTEGER,                     -- L, fixed by the first round answered
+    joined REAL NOT NULL,
+    PRIMARY KEY (agent, run)
+);
+CREATE TABLE IF NOT EXISTS range_answers (
+    agent TEXT NOT NULL,
+    run TEXT NOT NULL,
+    round INTEGER NOT NULL,
+    PRIMARY KEY (agent, run, round)
+);
 CREATE TABLE IF NOT EXISTS counters (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -92,6 +106,20 @@ class ChargeResult:
     allowed: int
     seq: int | None  # sequence number of the message written, if any
     exhausted: bool  # the budget stopped some or all reports
+
+
+@dataclass
+class RangeAnswer:
+    """One agent's privatised answer to one round, to charge and spool atomically."""
+
+    agent: str
+    run: str
+    round: int
+    rounds: int  # L announced with the round; must match what this agent answered before
+    answers_allowed: int  # per run: L (sequential) or 1 (split)
+    ledger_channel: str
+    epsilon: float  # of this answer
+    message: tuple[str, bytes]
 
 
 class StateStore:
@@ -167,6 +195,96 @@ class StateStore:
                 self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
                 raise
         return results
+
+    # -- range discovery --------------------------------------------------------------
+    def join_range(self, joins: Iterable[tuple[str, str, str, tuple[str, bytes]]], *,
+                   now: float) -> list[bool]:
+        """Record (agent, run, terms JSON, join reply) and spool the reply, atomically.
+
+        Returns per join whether it is new (an agent joins a run at most once).
+        """
+        results = []
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for agent, run, terms, message in joins:
+                    cursor = self._db.execute(
+                        "INSERT OR IGNORE INTO range_runs VALUES (?, ?, ?, NULL, ?)",
+                        (agent, run, terms, now))
+                    if cursor.rowcount:
+                        self._spool(message, now)
+                    results.append(bool(cursor.rowcount))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
+                raise
+        return results
+
+    def range_terms(self, agent: str, run: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT terms FROM range_runs WHERE agent=? AND run=?",
+                                   (agent, run)).fetchone()
+        return row[0] if row else None
+
+    def answer_range(self, answers: Iterable[RangeAnswer], *, start: int,
+                     budget_epsilon: float, now: float) -> list[str]:
+        """Charge and spool range answers in one transaction; an outcome per answer.
+
+        ``answered``; or, with nothing charged or sent: ``not_joined``,
+        ``duplicate`` (this round was answered already: replays never make an
+        agent answer twice), ``rounds_changed`` (a round announcing another L
+        than the one answered before), ``run_complete`` (the run's answers
+        are used up) or ``exhausted`` (the period budget would be exceeded).
+        """
+        budget = to_nano_down(budget_epsilon)
+        outcomes = []
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                spent: dict[str, int] = {}
+                for answer in answers:
+                    outcome = self._answer_range(answer, start, budget, spent, now)
+                    outcomes.append(outcome)
+                self._enforce_cap()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
+                raise
+        return outcomes
+
+    def _answer_range(self, answer: RangeAnswer, start: int, budget: int,
+                      spent: dict[str, int], now: float) -> str:
+        key = (answer.agent, answer.run)
+        row = self._db.execute("SELECT rounds FROM range_runs WHERE agent=? AND run=?",
+                               key).fetchone()
+        if row is None:
+            return "not_joined"
+        if self._db.execute("SELECT 1 FROM range_answers WHERE agent=? AND run=? AND round=?",
+                            (*key, answer.round)).fetchone():
+            return "duplicate"
+        if row[0] is not None and row[0] != answer.rounds:
+            return "rounds_changed"
+        given = self._db.execute("SELECT COUNT(*) FROM range_answers WHERE agent=? AND run=?",
+                                 key).fetchone()[0]
+        if given >= answer.answers_allowed:
+            return "run_complete"
+        if answer.agent not in spent:
+            spent[answer.agent] = self.spent(answer.agent, start)
+        cost = to_nano_up(answer.epsilon)
+        if spent[answer.agent] + cost > budget:
+            return "exhausted"
+        spent[answer.agent] += cost
+        self._db.execute("UPDATE range_runs SET rounds=? WHERE agent=? AND run=?",
+                         (answer.rounds, *key))
+        self._db.execute("INSERT INTO range_answers VALUES (?, ?, ?)", (*key, answer.round))
+        self._db.execute(
+            "INSERT INTO ledger VALUES (?, ?, ?, ?, 1) ON CONFLICT (agent, period_start, channel) "
+            "DO UPDATE SET spent_nano = spent_nano + excluded.spent_nano, "
+            "reports = reports + 1", (answer.agent, start, answer.ledger_channel, cost))
+        self._spool(answer.message, now)
+        return "answered"
 
     def _next_seq(self, agent: str, channel: str) -> int:
         row = self._db.execute("SELECT next FROM seq WHERE agent=? AND channel=?",

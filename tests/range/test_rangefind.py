@@ -182,3 +182,17 @@ def test_split_beats_sequential_at_small_epsilon_and_laplace_fails():
     laplace = np.mean([abs((x := rng.uniform(-1, 0.7) + 0.3 * rng.random(n)).min()
                            - (x + rng.laplace(0, 2.0, n)).min()) for _ in range(20)])
     assert laplace > 1.0 > sequential
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 1.0, 0.7, 3.3, 4.0, 19.9])
+@pytest.mark.parametrize("rounds", [1, 3, 7, 10, 13, 64])
+def test_sequential_answers_compose_to_at_most_epsilon_exactly(epsilon, rounds):
+    plan = plan_search(participants=1000, epsilon=epsilon, rounds=rounds)
+    share = plan.answer_epsilon
+    assert Fraction(share) * rounds <= Fraction(epsilon)
+    assert share == pytest.approx(epsilon / rounds, rel=1e-15)
+    loss = RandomizedResponse(epsilon=share).exact_privacy_loss()
+    total = loss
+    for _ in range(rounds - 1):
+        total = total + loss
+    assert total.at_most(epsilon)
