@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 
 import click
 
@@ -53,6 +54,72 @@ def run(config_path: str) -> None:
 
     config = _load(config_path, EXIT_CONFIG)
     sys.exit(CollectorService(config).run_forever())
+
+
+@main.command("discover-range")
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--channel", required=True, help="a linear channel's name")
+@click.option("--side", required=True, type=click.Choice(["min", "max"]))
+@click.option("--domain", nargs=2, type=float, default=None, metavar="LOW HIGH",
+              help="search domain (default: the schedule's, else the channel's declared "
+                   "domain from the running collector's API)")
+@click.option("--expect", type=click.IntRange(min=1), default=None,
+              help="stop waiting for joins once this many agents joined")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+def discover_range(config_path: str, channel: str, side: str, domain, expect, as_json) -> None:
+    """Run one private min or max search now, print the result and publish it (retained)."""
+    from .range import RangeCoordinator, RunRequest, connect_client
+
+    config = _load(config_path)
+    if domain is None:
+        scheduled = {e.channel: e.domain for e in config.range_discovery.schedule}
+        domain = scheduled.get(channel) or _domain_from_api(config, channel)
+    low, high = domain
+    if not low < high:
+        raise click.BadParameter(f"need LOW < HIGH, got {low} {high}", param_hint="--domain")
+    try:
+        client = connect_client(config, f"{config.range_discovery.client_id}-cli")
+    except (ConnectionError, OSError) as exc:
+        click.echo(f"cannot reach the broker: {exc}", err=True)
+        sys.exit(1)
+    try:
+        result = RangeCoordinator(client, fleet=config.fleet,
+                                  settings=config.range_discovery).run(
+            RunRequest(channel, side, low, high), expected_agents=expect)
+        time.sleep(0.2)  # the retained result and the end message go out
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    elif result["status"] == "done":
+        p = result["parameters"]
+        click.echo(f"{channel} {side} ~ {result['estimate']:.6g}  ({result['participants']} "
+                   f"agents, {p['strategy']}, eps {p['epsilon']:g}, {p['rounds']} rounds, "
+                   f"domain [{low:g}, {high:g}])")
+    else:
+        click.echo(f"{channel} {side}: {result['status']}: {result.get('reason', '')}")
+    sys.exit(0 if result["status"] == "done" else 3)
+
+
+def _domain_from_api(config: CollectorConfig, channel: str) -> tuple[float, float]:
+    import urllib.error
+    import urllib.request
+
+    host = "127.0.0.1" if config.http.host in ("0.0.0.0", "::") else config.http.host
+    url = f"http://{host}:{config.http.port}/api/channels/{channel}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            document = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise click.UsageError(f"no --domain given and the collector at {url} could not tell "
+                               f"the channel's domain ({exc})") from None
+    domains = [document.get("mechanism", {})] + [s.get("mechanism", {}) for s in
+                                                 document.get("other_series", [])]
+    domains = [(m["low"], m["high"]) for m in domains if "low" in m and "high" in m]
+    if document.get("kind") != "linear" or not domains:
+        raise click.UsageError(f"{channel} is not a linear channel with a domain; pass --domain")
+    return min(d[0] for d in domains), max(d[1] for d in domains)
 
 
 @main.command()

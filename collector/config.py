@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from edge_agent.config import (
     BrokerConfig,
     ConfigError,
+    Epsilon,
     Name,
     _Model,
     format_validation_error,
@@ -52,6 +54,47 @@ class SnapshotConfig(_Model):
     interval_seconds: Annotated[float, Field(ge=0, le=86400)] = 10.0
 
 
+class RangeScheduleConfig(_Model):
+    """A channel whose range is discovered periodically (on the coordinator)."""
+
+    channel: Name
+    sides: list[Literal["min", "max"]] = ["min", "max"]
+    every_seconds: Annotated[float, Field(ge=10, le=30 * 86400)] = 3600.0
+    # Search domain; default: the widest domain the channel's reports declared.
+    domain: tuple[float, float] | None = None
+
+    @model_validator(mode="after")
+    def _domain(self):
+        if self.domain is not None and not (math.isfinite(self.domain[0])
+                                            and math.isfinite(self.domain[1])
+                                            and self.domain[0] < self.domain[1]):
+            raise ValueError(f"domain: must be [low, high] with finite low < high, "
+                             f"got {list(self.domain)}")
+        if not self.sides or len(set(self.sides)) != len(self.sides):
+            raise ValueError("sides: must list min and/or max once each")
+        return self
+
+
+class RangeDiscoveryConfig(_Model):
+    """Private min/max discovery (Fukuchi et al.); see docs/PROTOCOL.md."""
+
+    # Periodic schedules run only where this is true: one designated coordinator.
+    coordinator: bool = False
+    client_id: Name = "edge-collector-range"
+    epsilon: Epsilon = 1.0  # per agent per run (agents refuse above range_epsilon_max)
+    strategy: Literal["sequential", "split"] = "split"
+    window_seconds: Annotated[float, Field(gt=0, le=86400)] = 300.0
+    join_timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 5.0
+    round_timeout_seconds: Annotated[float, Field(gt=0, le=600)] = 5.0
+    min_participants: Annotated[int, Field(ge=1, le=10**7)] = 20
+    # A known lower bound on the fatness alpha (Corollary 1); unset: alpha unknown
+    # (Corollary 2, more rounds).  Uniform-ish data has alpha = 1.
+    alpha_min: Annotated[float, Field(gt=0, le=100)] | None = None
+    rounds: Annotated[int, Field(ge=1, le=64)] | None = None  # overrides L
+    h: Annotated[float, Field(gt=0, le=1e6)] | None = None  # overrides h_N
+    schedule: list[RangeScheduleConfig] = []
+
+
 class CollectorConfig(_Model):
     fleet: Name
     broker: CollectorBrokerConfig = CollectorBrokerConfig()
@@ -59,6 +102,7 @@ class CollectorConfig(_Model):
     storage: StorageConfig = StorageConfig()
     aggregates: AggregatesConfig = AggregatesConfig()
     snapshots: SnapshotConfig = SnapshotConfig()
+    range_discovery: RangeDiscoveryConfig = RangeDiscoveryConfig()
 
     @model_validator(mode="after")
     def _ports(self):

@@ -15,6 +15,7 @@ the committed state, while the broker re-sends whatever was not acknowledged.
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
@@ -26,12 +27,13 @@ from typing import Callable
 
 import paho.mqtt.client as mqtt
 
-from edge_agent.protocol import TOPIC_ROOT, data_subscription, encode
+from edge_agent.protocol import TOPIC_ROOT, data_subscription, encode, range_result_subscription
 
 from . import network
 from .config import CollectorConfig
 from .ingest import Ingestor
 from .store import CollectorStore
+from .jsonsafe import json_safe
 from .views import Views
 
 log = logging.getLogger(__name__)
@@ -102,8 +104,10 @@ class CollectorService:
         self.lock = threading.RLock()
         self.store = CollectorStore(config.storage.path)
         self.ingestor, self.position = restore(config, self.store)
+        self.range_results: dict[str, dict[str, dict]] = {}  # channel -> side -> result
         self.views = Views(lambda: self.ingestor, self.lock, clock,
-                           broker_status=self.store.network)
+                           broker_status=self.store.network,
+                           range_results=lambda: self.range_results)
         self._stop = threading.Event()
         self._stop_requested = threading.Event()  # set by SIGTERM / SIGINT
         self._context = multiprocessing.get_context("spawn")  # the child imports no numba
@@ -138,7 +142,65 @@ class CollectorService:
                            cert_reqs=ssl.CERT_REQUIRED)
             client.tls_insecure_set(broker.tls.insecure)
         client.reconnect_delay_set(min_delay=1, max_delay=30)
+        results = range_result_subscription(self.config.fleet)
+        client.on_connect = lambda c, *_: c.subscribe(results, qos=1)
+        client.on_message = self._on_range_result
         return client
+
+    def _on_range_result(self, client, userdata, message) -> None:
+        """Retained range results (ours or any coordinator's) for /api/range."""
+        levels = message.topic.split("/")
+        try:
+            result = json.loads(message.payload)
+        except ValueError:
+            return
+        if len(levels) == 6 and levels[-1] in ("min", "max") and isinstance(result, dict):
+            self.range_results.setdefault(levels[-2], {})[levels[-1]] = result
+
+    # -- range discovery (only on the designated coordinator) ----------------------------------
+    def channel_domain(self, channel: str) -> tuple[float, float] | None:
+        """The widest [low, high] the channel's linear reports have declared."""
+        with self.lock:
+            series = list(self.ingestor.series.get(channel, {}).values())
+        domains = [(s.mechanism["low"], s.mechanism["high"]) for s in series
+                   if s.kind == "linear" and "low" in s.mechanism]
+        if not domains:
+            return None
+        return min(d[0] for d in domains), max(d[1] for d in domains)
+
+    def _range_schedule(self) -> None:
+        from .range import RangeCoordinator, RunRequest, connect_client
+
+        settings = self.config.range_discovery
+        due = {(entry.channel, side): time.monotonic() + min(60.0, entry.every_seconds)
+               for entry in settings.schedule for side in entry.sides}
+        entries = {entry.channel: entry for entry in settings.schedule}
+        coordinator = None
+        while not self._stop.wait(1.0):
+            for (channel, side), when in sorted(due.items(), key=lambda item: item[1]):
+                if time.monotonic() < when or self._stop.is_set():
+                    continue
+                due[(channel, side)] = time.monotonic() + entries[channel].every_seconds
+                domain = entries[channel].domain or self.channel_domain(channel)
+                if domain is None:
+                    log.info("range discovery for %s waits for its first reports", channel)
+                    continue
+                try:
+                    if coordinator is None:
+                        coordinator = RangeCoordinator(
+                            connect_client(self.config, settings.client_id),
+                            fleet=self.config.fleet, settings=settings)
+                    coordinator.run(RunRequest(channel, side, *domain),
+                                    expected_agents=self._agents_online())
+                except Exception:
+                    log.exception("range discovery for %s/%s failed", channel, side)
+                    coordinator = None
+        if coordinator is not None:
+            coordinator.client.disconnect()
+            coordinator.client.loop_stop()
+
+    def _agents_online(self) -> int:
+        return self.views.channels_json()["agents_online"]
 
     # -- the network child ----------------------------------------------------------------
     def _start_network(self) -> None:
@@ -181,7 +243,7 @@ class CollectorService:
         for name, channel in document["channels"].items():
             channel = dict(channel, channel=name, t=document["t"])
             self.publisher.publish(aggregates_topic(self.config.fleet, name),
-                                   encode(_json_safe(channel)), qos=1, retain=True)
+                                   encode(json_safe(channel)), qos=1, retain=True)
 
     def _aggregate(self) -> None:
         storage, snapshots = self.config.storage, self.config.snapshots
@@ -212,6 +274,11 @@ class CollectorService:
         self._thread = threading.Thread(target=self._aggregate, name="collector-aggregate",
                                         daemon=True)
         self._thread.start()
+        self._range_thread = None
+        if self.config.range_discovery.coordinator and self.config.range_discovery.schedule:
+            self._range_thread = threading.Thread(target=self._range_schedule,
+                                                  name="collector-range", daemon=True)
+            self._range_thread.start()
         if self.web is not None:
             self.web.start()
             log.info("dashboard and API on %s", self.web.url)
@@ -224,6 +291,8 @@ class CollectorService:
                 self._network.kill()
         self._stop.set()
         self._thread.join(15)
+        if self._range_thread is not None:
+            self._range_thread.join(15)
         while self.catch_up():  # whatever the child committed last
             pass
         self.checkpoint()
@@ -243,14 +312,3 @@ class CollectorService:
         finally:
             self.stop()
         return 0
-
-
-def _json_safe(value):
-    """NaN and infinities become null (MQTT dashboards parse strict JSON)."""
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value

@@ -18,11 +18,20 @@ class Views:
 
     def __init__(self, get_ingestor: Callable[[], Ingestor], lock: threading.RLock | None = None,
                  clock: Callable[[], float] = time.time,
-                 broker_status: Callable[[], dict] | None = None):
+                 broker_status: Callable[[], dict] | None = None,
+                 range_results: Callable[[], dict] | None = None):
         self._get = get_ingestor
         self._lock = lock or threading.RLock()
         self._clock = clock
         self._broker_status = broker_status or (lambda: {"connected": None, "since": None})
+        self._range_results = range_results or dict
+
+    def range_json(self) -> dict:
+        """GET /api/range: the latest range-discovery result per channel and side."""
+        results = self._range_results()
+        return {"t": self._clock(),
+                "channels": {name: {side: sides.get(side) for side in ("min", "max")}
+                             for name, sides in sorted(results.items())}}
 
     def channels_json(self) -> dict:
         with self._lock:

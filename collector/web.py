@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib.resources
 import json
 import logging
-import math
 import socket
 import socketserver
 import threading
@@ -32,6 +31,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
+
+from .jsonsafe import json_safe
 
 log = logging.getLogger(__name__)
 
@@ -85,26 +86,6 @@ class HttpError(Exception):
         self.status = status
         self.message = message
         self.headers = headers or {}
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with NaN and ±inf as None: JSON has no such numbers and
-    browsers' JSON.parse rejects Python's ``NaN`` extension.
-
-    numpy arrays and scalars (anything with ``tolist``) become plain lists and
-    numbers, so a source may hand them over as they are.
-    """
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    if isinstance(value, dict):
-        return {key: json_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(item) for item in value]
-    if hasattr(value, "tolist"):
-        return json_safe(value.tolist())
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
 def to_json(value: Any) -> bytes:
@@ -259,6 +240,10 @@ class _Handler(BaseHTTPRequestHandler):
             if channel is None:
                 raise HttpError(HTTPStatus.NOT_FOUND, f"no channel named {name!r}")
             return 200, JSON_TYPE, to_json(channel), no_store
+        if path == "/api/range":
+            results = getattr(source, "range_json", None)
+            document = results() if results is not None else {"channels": {}}
+            return 200, JSON_TYPE, to_json(document), no_store
         if path == "/api/rejects":
             recent = getattr(source, "dead_letters", list)()
             return 200, JSON_TYPE, to_json({"recent": recent}), no_store

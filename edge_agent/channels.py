@@ -163,8 +163,29 @@ class LinearChannel(Channel):
 
     def __init__(self, config: LinearChannelConfig, **kw):
         super().__init__(config, **kw)
-        self.mechanism = linear_mechanism(config.mechanism, config.epsilon, config.domain,
-                                          config.grid_bits)
+        self.mechanism = linear_mechanism(config.mechanism, config.epsilon,
+                                          config.start_domain, config.grid_bits)
+        self.auto_domain = config.domain == "auto"
+
+    def adopt_range(self, low: float, high: float) -> bool:
+        """``domain = "auto"``: report over a discovered [low, high] from now on.
+
+        Widened by ``domain_margin`` x its width on each side and kept inside
+        ``initial_domain``; returns whether the domain changed.  The new
+        mechanism parameters make the collector start a new series.
+        """
+        if not self.auto_domain or not (math.isfinite(low) and math.isfinite(high)) \
+                or high < low:
+            return False
+        floor, ceiling = self.config.initial_domain
+        margin = self.config.domain_margin * max(high - low, 1e-9 * (ceiling - floor))
+        new = (max(floor, low - margin), min(ceiling, high + margin))
+        current = (self.mechanism.low, self.mechanism.high)
+        if not new[0] < new[1] or new == current:
+            return False
+        self.mechanism = linear_mechanism(self.config.mechanism, self.config.epsilon, new,
+                                          self.config.grid_bits)
+        return True
 
 
 class CircularChannel(Channel):

@@ -241,9 +241,31 @@ class LinearChannelConfig(_ChannelBase):
     kind: Literal["linear"]
     field: str
     mechanism: LinearMechanism = "ogpm"
-    domain: tuple[float, float]
+    domain: tuple[float, float] | Literal["auto"]
+    # domain = "auto": report over initial_domain until the fleet's range has been
+    # discovered (range discovery), then, from the next budget period on, over the
+    # discovered [min, max] widened by domain_margin x its width on each side
+    # (never beyond initial_domain).
+    initial_domain: tuple[float, float] | None = None
+    domain_margin: Annotated[float, Field(ge=0, le=10)] = 0.1
 
-    _domain = field_validator("domain")(classmethod(lambda cls, v: _check_domain(v)))
+    _domain = field_validator("domain")(
+        classmethod(lambda cls, v: v if v == "auto" else _check_domain(v)))
+    _initial = field_validator("initial_domain")(
+        classmethod(lambda cls, v: v if v is None else _check_domain(v)))
+
+    @model_validator(mode="after")
+    def _auto_domain(self):
+        if self.domain == "auto" and self.initial_domain is None:
+            raise ValueError('initial_domain: required with domain = "auto" (the domain to '
+                             "report over until a range is discovered)")
+        if self.domain != "auto" and self.initial_domain is not None:
+            raise ValueError('initial_domain: only with domain = "auto"')
+        return self
+
+    @property
+    def start_domain(self) -> tuple[float, float]:
+        return self.initial_domain if self.domain == "auto" else self.domain
 
 
 class CircularChannelConfig(_ChannelBase):

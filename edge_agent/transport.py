@@ -25,7 +25,7 @@ from .config import BrokerConfig
 
 log = logging.getLogger(__name__)
 
-CONNECTED, DISCONNECTED, ACKED = "connected", "disconnected", "acked"
+CONNECTED, DISCONNECTED, ACKED, MESSAGE = "connected", "disconnected", "acked", "message"
 
 
 class Transport(Protocol):
@@ -40,6 +40,10 @@ class Transport(Protocol):
 
     def events(self) -> list[tuple[str, object]]:
         """Events since the last call, oldest first."""
+
+    def subscribe(self, topics: list[str]) -> None:
+        """Follow these topics (QoS 1) on every connection; MESSAGE events carry
+        (topic, payload)."""
 
 
 class PahoTransport:
@@ -69,7 +73,9 @@ class PahoTransport:
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
+        client.on_message = self._on_message
         self.client = client
+        self.subscriptions: list[str] = []
 
     # paho calls these from its network thread; they only record events.
     def _on_connect(self, client, userdata, flags, reason_code, properties):
@@ -78,6 +84,8 @@ class PahoTransport:
                         self.broker.port, reason_code)
             return
         self.connected = True
+        if self.subscriptions:  # a clean session forgets them at every connection
+            client.subscribe([(topic, 1) for topic in self.subscriptions])
         self._push((CONNECTED, None))
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties):
@@ -86,6 +94,14 @@ class PahoTransport:
 
     def _on_publish(self, client, userdata, mid, reason_code, properties):
         self._push((ACKED, mid))
+
+    def _on_message(self, client, userdata, message):
+        self._push((MESSAGE, (message.topic, message.payload)))
+
+    def subscribe(self, topics: list[str]) -> None:
+        self.subscriptions = list(topics)
+        if self.connected:
+            self.client.subscribe([(topic, 1) for topic in self.subscriptions])
 
     def _push(self, event) -> None:
         with self._lock:
@@ -120,6 +136,7 @@ class FakeTransport:
         self._events: list[tuple[str, object]] = [(CONNECTED, None)] if connected else []
         self._mid = 0
         self.unacked: list[int] = []
+        self.subscriptions: list[str] = []
 
     def start(self) -> None:
         pass
@@ -135,6 +152,13 @@ class FakeTransport:
         else:
             self.unacked.append(self._mid)
         return self._mid
+
+    def subscribe(self, topics: list[str]) -> None:
+        self.subscriptions = list(topics)
+
+    def deliver(self, topic: str, payload: bytes) -> None:
+        """Simulate a message arriving on a subscribed topic."""
+        self._events.append((MESSAGE, (topic, payload)))
 
     def set_connected(self, value: bool) -> None:
         self.connected = value
@@ -153,11 +177,12 @@ class Outbox:
     """Moves spooled messages to the transport, in order, and deletes them once acked."""
 
     def __init__(self, store, transport: Transport, *, window: int = 100,
-                 on_connect=None):
+                 on_connect=None, on_message=None):
         self.store = store
         self.transport = transport
         self.window = window
         self.on_connect = on_connect
+        self.on_message = on_message  # (topic, payload) of subscribed topics
         self._inflight: dict[int, int] = {}  # message id -> spool row id
         self._last_sent = 0  # highest spool id handed to the transport
         self.sent = 0
@@ -176,6 +201,8 @@ class Outbox:
                     self.on_connect()
             elif kind == DISCONNECTED:
                 log.warning("disconnected from the broker (%s); spooling", value)
+            elif kind == MESSAGE and self.on_message is not None:
+                self.on_message(*value)
         self.store.acknowledge(acked)
         self.acked += len(acked)
         if not self.transport.connected:

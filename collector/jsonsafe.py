@@ -1,0 +1,26 @@
+"""Strict-JSON-safe values: what the API, MQTT snapshots and range results send."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with NaN and ±inf as None: JSON has no such numbers and
+    browsers' JSON.parse rejects Python's ``NaN`` extension.
+
+    numpy arrays and scalars (anything with ``tolist``) become plain lists and
+    numbers, so a source may hand them over as they are.
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    if hasattr(value, "tolist"):
+        return json_safe(value.tolist())
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
