@@ -50,6 +50,7 @@ class Views:
                            "rejects": dict(ingestor.rejects)},
                 "channels": {name: self._channel(ingestor, name, windows=False)
                              for name in sorted(ingestor.series)},
+                "range": self.range_json()["channels"],
             }
 
     def channel_json(self, name: str) -> dict | None:

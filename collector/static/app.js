@@ -627,6 +627,7 @@
   function apply(doc) {
     if (!doc || typeof doc !== "object" || typeof doc.channels !== "object" || !doc.channels) return;
     renderHeader(doc);
+    renderRange(doc.range);
     renderChannels(doc);
     updates += 1;
     document.body.dataset.updated = String(updates);
@@ -665,6 +666,28 @@
       }
     }
     setText(headerStat("rejects-total"), fmtCount(total));
+  }
+
+  // Latest private min/max per channel (GET /api/range; also in every document).
+  function rangeCell(result) {
+    if (!result || typeof result !== "object") return DASH;
+    if (result.status !== "done") return `${result.status || DASH}${result.reason ? ": " + result.reason : ""}`;
+    const p = result.parameters || {};
+    return `${fmt(result.estimate)} (${fmtCount(result.participants)} agents, ${p.strategy || DASH}, ` +
+      `ε ${fmt(p.epsilon, 3)}, ${fmtCount(result.rounds)} rounds, ${fmtTime(result.finished_at)})`;
+  }
+
+  function renderRange(range) {
+    const section = qs("#range");
+    const names = range && typeof range === "object" ? Object.keys(range).sort() : [];
+    section.hidden = names.length === 0;
+    const body = section.querySelector("tbody");
+    const rows = names.map((name) => el("tr", { "data-range": name }, [
+      el("td", {}, [name]),
+      el("td", { "data-side": "min" }, [rangeCell(range[name].min)]),
+      el("td", { "data-side": "max" }, [rangeCell(range[name].max)]),
+    ]));
+    body.replaceChildren(...rows);
   }
 
   // Whether the collector holds its MQTT subscriptions (reports queue at the
