@@ -21,6 +21,26 @@ A cell that is not a number becomes NaN; a row with the wrong number of
 cells (or an unreadable timestamp in ``recorded`` pace) is skipped and
 counted in ``rejected_rows``.  Messages name the file and columns, never the
 cells.
+
+Striding (the fleet simulator, ``edge-agent fleet``): ``CsvSource(config,
+offset=i, stride=n)`` takes only the data rows numbered i, i + n, i + 2n, ...
+(numbered from 0 after the header, every record counting, blank lines not),
+so n sources with offsets 0..n-1 split one recording between them.  A taken
+row that is invalid is skipped and counted by the source that took it; it is
+not replaced by a neighbour.  With the paces:
+
+* ``fixed`` / ``fast``: the source's own rows are numbered j = 0, 1, ... and
+  timestamped ``start + j / rate_hz``: each strided source runs at
+  ``rate_hz`` (n sources together consume the file n times faster);
+* ``recorded``: rows keep their recorded times relative to the first row of
+  the *file*, so each strided source sees about 1/n of the rows and the n
+  sources together replay the file in real time;
+* ``loop``: every pass restarts the numbering at the header, so a source
+  takes the same rows in every pass.  In ``recorded`` pace the next pass
+  starts one ``1 / rate_hz`` after the last row of the file (anyone's), so
+  all strided sources stay on one time line.  A looping source that gets no
+  readable row in a pass (e.g. ``offset`` beyond the last row) fails rather
+  than spin.
 """
 
 from __future__ import annotations
@@ -52,8 +72,13 @@ def parse_float(cell: str) -> float:
 
 
 class CsvSource(Source):
-    def __init__(self, config: CsvSourceConfig):
+    def __init__(self, config: CsvSourceConfig, *, offset: int = 0, stride: int = 1):
         super().__init__(config.name)
+        if not isinstance(stride, int) or stride < 1:
+            raise ValueError(f"stride: must be an integer >= 1, got {stride!r}")
+        if not isinstance(offset, int) or not 0 <= offset < stride:
+            raise ValueError(f"offset: must be an integer in [0, {stride - 1}], got {offset!r}")
+        self.offset, self.stride = offset, stride
         self.config = config
         self.path = Path(config.path)
         self.pace = config.pace
@@ -67,19 +92,24 @@ class CsvSource(Source):
         self._indices: list[int] = []
         self._ts_index: int | None = None
         self._width = 0
-        self._pending: tuple[list[float], float] | None = None  # next row, read ahead
+        # next own row, read ahead: (values, offset from the first poll; NaN unless recorded)
+        self._pending: tuple[list[float], float] | None = None
         self._eof = False
         self._t0: float | None = None
         self._emitted = 0  # rows handed out (fixed/fast timestamps count these)
         self._pass_rows = 0  # valid rows read in the current pass (loop guard)
-        # recorded pace: first timestamp of the pass, and where the pass starts
-        # relative to the first poll
+        self._record = 0  # number of the next data record in the pass (striding)
+        # recorded pace: first timestamp of the pass (of any row, own or not),
+        # where the pass starts relative to the first poll, and the latest
+        # offset seen in the pass
         self._first_ts: float | None = None
         self._pass_offset = 0.0
         self._last_offset = -math.inf
 
     def __repr__(self) -> str:
-        return f"CsvSource({self.name!r}, path={str(self.path)!r}, pace={self.pace!r})"
+        strided = f", offset={self.offset}, stride={self.stride}" if self.stride > 1 else ""
+        return (f"CsvSource({self.name!r}, path={str(self.path)!r}, pace={self.pace!r}"
+                f"{strided})")
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -139,30 +169,48 @@ class CsvSource(Source):
         self._file.seek(0)
         self._reader = csv.reader(self._file)
         next(self._reader, None)  # the header
+        self._record = 0
 
     # -- reading rows ----------------------------------------------------------------
     def _read_row(self) -> tuple[list[float], float] | None:
-        """The next valid row as (values, recorded timestamp or NaN); None at the end."""
+        """The next valid own row as (values, offset or NaN); None at the end of the pass."""
         while True:
+            mine = self._record % self.stride == self.offset
             try:
                 row = next(self._reader, None)
             except csv.Error:  # e.g. an over-long field: skip that line
-                self.rejected_rows += 1
+                self._record += 1
+                self.rejected_rows += mine
                 continue
             if row is None:
                 return None
             if not row:
                 continue  # a blank line is not a row
+            self._record += 1
             if len(row) != self._width:
-                self.rejected_rows += 1
+                self.rejected_rows += mine
                 continue
-            timestamp = math.nan
+            offset = math.nan
             if self._ts_index is not None:
-                timestamp = parse_float(row[self._ts_index])
-                if not math.isfinite(timestamp):
-                    self.rejected_rows += 1  # cannot be placed in time
+                offset = self._place(parse_float(row[self._ts_index]))
+                if not math.isfinite(offset):
+                    self.rejected_rows += mine  # cannot be placed in time
                     continue
-            return [parse_float(row[i]) for i in self._indices], timestamp
+            if mine:
+                return [parse_float(row[i]) for i in self._indices], offset
+
+    def _place(self, timestamp: float) -> float:
+        """recorded pace: a row's offset from the first poll (NaN if it has no timestamp).
+
+        Every row of the pass counts, own or not, so strided sources share one time line.
+        """
+        if not math.isfinite(timestamp):
+            return math.nan
+        if self._first_ts is None:
+            self._first_ts = timestamp
+        offset = self._pass_offset + (timestamp - self._first_ts)
+        self._last_offset = max(self._last_offset, offset)
+        return offset
 
     def _advance(self) -> None:
         """Read the next row into ``_pending``, looping back at the end if configured."""
@@ -178,8 +226,11 @@ class CsvSource(Source):
         if row is None and self.loop:
             if self._pass_rows == 0:  # looping over nothing would spin forever
                 self.stop()
-                self.fail(f"csv source {self.name!r}: {self.path}: no readable data rows "
-                          "to loop over")
+                mine = (f" among rows {self.offset}, {self.offset + self.stride}, ... "
+                        f"(offset {self.offset}, stride {self.stride}; the file has "
+                        f"{self._record} data rows)" if self.stride > 1 else "")
+                self.fail(f"csv source {self.name!r}: {self.path}: no readable data rows"
+                          f"{mine} to loop over")
                 self._pending, self._eof = None, True
                 return
             self._pass_rows = 0
@@ -234,16 +285,12 @@ class CsvSource(Source):
         rows: list[list[float]] = []
         offsets: list[float] = []
         while self._pending is not None and len(rows) < MAX_ROWS_PER_POLL:
-            values, timestamp = self._pending
-            if self._first_ts is None:
-                self._first_ts = timestamp
-            offset = self._pass_offset + (timestamp - self._first_ts)
+            values, offset = self._pending
             # The tolerance absorbs the rounding of now - start at epoch magnitudes.
             if offset > elapsed + 1e-6:
                 break
             rows.append(values)
             offsets.append(offset)
-            self._last_offset = max(self._last_offset, offset)
             self._advance()
         return rows, self._t0 + np.asarray(offsets, dtype=np.float64)
 
