@@ -6,7 +6,12 @@ reports (charge, sequence number, perturbed message) to the state store in a
 single transaction.  ``AgentService`` runs one or more cores as a service:
 JIT warm-up before READY, watchdog pings, the outbox pumping the spool to the
 broker, a retained status, and a clean exit on SIGTERM or when every finite
-source has ended.
+source has ended (or, with ``keep_running``, only on SIGTERM).
+
+With several cores (the fleet simulator, ``edge_agent.fleet``) a batch is
+still one transaction: ``AgentService.tick`` has every core prepare its
+charges (``AgentCore.tick(now, commit=False)``) and ``commit_batches`` records
+them all with one ``StateStore.record`` call.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +30,7 @@ from .config import AgentConfig
 from .readings import Readings
 from .sources import build_source
 from .sources.base import Source
-from .state import Charge, StateStore, period_start
+from .state import Charge, ChargeResult, StateStore, period_start
 from .transport import Outbox, PahoTransport, Transport
 
 log = logging.getLogger(__name__)
@@ -32,17 +38,52 @@ log = logging.getLogger(__name__)
 STATE_FILE = "state.sqlite"
 
 
+@dataclass
+class PendingBatch:
+    """One core's part of a batch: the charges to record and how to read the results."""
+
+    core: "AgentCore"
+    now: float
+    start: int  # budget period
+    budget_epsilon: float
+    charges: list[Charge] = field(default_factory=list)
+    wanted: dict[str, tuple[Channel, int]] = field(default_factory=dict)  # by channel name
+
+
+def commit_batches(batches: list[PendingBatch], store: StateStore) -> int:
+    """Record the charges of several cores' batches, one transaction per budget period.
+
+    The cores of one service share a config, so this is one ``StateStore.record``
+    call (one commit) per batch however many cores there are.  Returns the
+    number of transactions.
+    """
+    groups: dict[tuple[int, float, float], list[PendingBatch]] = {}
+    for batch in batches:
+        if batch.charges:
+            groups.setdefault((batch.start, batch.budget_epsilon, batch.now), []).append(batch)
+    for (start, budget, now), group in groups.items():
+        results = store.record([c for b in group for c in b.charges], start=start,
+                               budget_epsilon=budget, now=now)
+        # record() answers one result per charge, in order.
+        position = 0
+        for batch in group:
+            batch.core.settle(batch, results[position:position + len(batch.charges)])
+            position += len(batch.charges)
+    return len(groups)
+
+
 class AgentCore:
     def __init__(self, config: AgentConfig, store: StateStore, *,
                  sources: dict[str, Source] | None = None, rng: Any = None,
-                 agent_id: str | None = None):
+                 agent_id: str | None = None, channels: list[Channel] | None = None):
         self.config = config
         self.agent_id = agent_id or config.agent_id
         self.store = store
         self.rng = rng  # None: the OS-seeded CSPRNG; tests may pass a seeded Generator
         self.sources = sources if sources is not None else {
             s.name: build_source(s, agent_id=self.agent_id) for s in config.sources}
-        self.channels: list[Channel] = [
+        # A fleet passes channels cloned from one template (Channel.for_agent).
+        self.channels: list[Channel] = channels if channels is not None else [
             build_channel(c, agent_id=self.agent_id, fleet=config.fleet) for c in config.channels]
         self.period_seconds = config.privacy.period_seconds
         self._period: int | None = None
@@ -73,7 +114,14 @@ class AgentCore:
         return {s.name: s.error for s in self.sources.values() if s.error}
 
     # -- one batch --------------------------------------------------------------------------
-    def tick(self, now: float) -> None:
+    def tick(self, now: float, *, commit: bool = True) -> PendingBatch:
+        """One batch: poll every source once, select per channel, charge and spool.
+
+        This is the only place a tick's readings are taken from the sources.
+        With ``commit=False`` nothing is recorded yet: the caller passes the
+        returned batch, with other cores' batches, to ``commit_batches`` (one
+        transaction for all of them).
+        """
         batch_start = self._last_tick if self._last_tick is not None else now
         self._last_tick = now
         readings = {name: self._poll(source, now) for name, source in self.sources.items()}
@@ -83,21 +131,24 @@ class AgentCore:
                 log.info("budget period rolled over: %s report again", ", ".join(self.exhausted))
             self._period = start
             self.exhausted.clear()
-        charges, chosen = [], {}
+        batch = PendingBatch(self, now, start, self.config.privacy.budget_epsilon)
         for channel in self.channels:
             selection = channel.select(readings[channel.source])
             if not len(selection):
                 continue
-            chosen[channel.name] = (channel, len(selection))
-            charges.append(Charge(
+            batch.wanted[channel.name] = (channel, len(selection))
+            batch.charges.append(Charge(
                 self.agent_id, channel.name, channel.epsilon, len(selection),
                 build=self._builder(channel, selection, batch_start, now - batch_start)))
-        if not charges:
-            return
-        results = self.store.record(charges, start=start,
-                                    budget_epsilon=self.config.privacy.budget_epsilon, now=now)
+        if commit:
+            commit_batches([batch], self.store)
+        return batch
+
+    def settle(self, batch: PendingBatch, results: list[ChargeResult]) -> None:
+        """Book what the store allowed of this core's charges (budget exhaustion)."""
+        start = batch.start
         for result in results:
-            channel, wanted = chosen[result.channel]
+            channel, wanted = batch.wanted[result.channel]
             if result.exhausted:
                 channel.counters["budget_refused"] += wanted - result.allowed
                 if channel.name not in self.exhausted:
@@ -143,24 +194,38 @@ class AgentService:
 
     def __init__(self, config: AgentConfig, *, transport: Transport | None = None,
                  store: StateStore | None = None, clock: Callable[[], float] = time.time,
-                 rng: Any = None, drain_timeout: float = 30.0, status_interval: float = 30.0):
+                 rng: Any = None, drain_timeout: float = 30.0, status_interval: float = 30.0,
+                 keep_running: bool = False):
         self.config = config
         state_dir = Path(config.privacy.state_dir)
         self.store = store or StateStore(state_dir / STATE_FILE,
                                          max_messages=config.spool.max_messages)
-        self.cores = [AgentCore(config, self.store, rng=rng)]
+        self.cores = self._build_cores(rng)
         self.status_topic = protocol.status_topic(config.fleet, config.agent_id)
-        self.transport = transport or PahoTransport(
-            config.broker, client_id=config.agent_id,
-            will=(self.status_topic, protocol.status(agent=config.agent_id, state="offline")))
-        self.outbox = Outbox(self.store, self.transport, window=config.broker.max_inflight,
+        self.transport = transport or self._build_transport()
+        self.outbox = Outbox(self.store, self.transport, window=self._outbox_window(),
                              on_connect=self._publish_status)
         self.clock = clock
         self.drain_timeout = drain_timeout
         self.status_interval = status_interval
+        # Stay connected after every finite source has ended, until SIGTERM/SIGINT.
+        self.keep_running = keep_running
         self._stop = threading.Event()
         self.watchdog = sdnotify.Watchdog()  # disabled unless systemd set WATCHDOG_USEC
         self.exit_code = 0
+
+    # Construction steps a fleet (edge_agent.fleet.FleetService) overrides.
+    def _build_cores(self, rng: Any) -> list[AgentCore]:
+        return [AgentCore(self.config, self.store, rng=rng)]
+
+    def _build_transport(self) -> Transport:
+        config = self.config
+        return PahoTransport(
+            config.broker, client_id=config.agent_id,
+            will=(self.status_topic, protocol.status(agent=config.agent_id, state="offline")))
+
+    def _outbox_window(self) -> int:
+        return self.config.broker.max_inflight
 
     def request_stop(self, *_: Any) -> None:
         self._stop.set()
@@ -171,10 +236,17 @@ class AgentService:
 
     def _publish_status(self, state: str = "online") -> None:
         for core in self.cores:
-            self.transport.publish(
+            self.outbox.publish(
                 protocol.status_topic(self.config.fleet, core.agent_id),
                 protocol.status(agent=core.agent_id, t=self.clock(), **core.status(state)),
                 qos=1, retain=True)
+
+    def tick(self, now: float) -> None:
+        """One batch of every core, recorded in one transaction."""
+        if len(self.cores) == 1:
+            self.cores[0].tick(now)
+            return
+        commit_batches([core.tick(now, commit=False) for core in self.cores], self.store)
 
     def run(self) -> int:
         batch = self.config.batch_seconds
@@ -185,23 +257,27 @@ class AgentService:
         sdnotify.ready("warmed up; reporting")
         now = self.clock()
         next_tick, next_status = now + batch, now + self.status_interval
-        log.info("agent %s running: %d channel(s), batches of %gs", self.config.agent_id,
+        log.info("agent %s running: %d agent(s), %d channel(s), batches of %gs",
+                 self.config.agent_id, len(self.cores),
                  sum(len(c.channels) for c in self.cores), batch)
+        ended = False
         try:
             while not self._stop.is_set():
                 now = self.clock()
                 if now >= next_tick:
-                    for core in self.cores:
-                        core.tick(now)
+                    self.tick(now)
                     next_tick = max(next_tick + batch, now)
                 self.outbox.pump()
                 self.watchdog.tick()
                 if now >= next_status and self.transport.connected:
                     self._publish_status()
                     next_status = now + self.status_interval
-                if all(core.finished for core in self.cores):
-                    log.info("all sources have ended")
-                    break
+                if not ended and all(core.finished for core in self.cores):
+                    ended = True
+                    if not self.keep_running:
+                        log.info("all sources have ended")
+                        break
+                    log.info("all sources have ended; staying connected until SIGTERM")
                 self._stop.wait(min(0.05, max(0.0, next_tick - self.clock())))
         finally:
             self._shutdown()
@@ -209,15 +285,20 @@ class AgentService:
 
     def _shutdown(self) -> None:
         sdnotify.stopping()
-        now = self.clock()
+        self.tick(self.clock())  # whatever the sources still hold goes into the spool
         for core in self.cores:
-            core.tick(now)  # whatever the sources still hold goes into the spool
             core.stop()
-        failed = {name: err for core in self.cores for name, err in core.failed_sources.items()}
+        failed = [(core.agent_id, name, error) for core in self.cores
+                  for name, error in core.failed_sources.items()]
         if failed:
             self.exit_code = 1
-            for name, error in failed.items():
-                log.error("source %s failed: %s", name, error)
+            for agent, name, error in failed[:10]:
+                if len(self.cores) == 1:
+                    log.error("source %s failed: %s", name, error)
+                else:
+                    log.error("agent %s: source %s failed: %s", agent, name, error)
+            if len(failed) > 10:
+                log.error("... and %d more failed source(s)", len(failed) - 10)
         deadline = time.monotonic() + self.drain_timeout
         while not self.outbox.idle and time.monotonic() < deadline:
             self.outbox.pump()
@@ -227,9 +308,17 @@ class AgentService:
             log.warning("%d message(s) stay in the spool; they are sent at the next start",
                         self.store.spooled)
         if self.transport.connected:
-            # A clean disconnect does not fire the last will, so say it ourselves.
+            # A clean disconnect does not fire the last will, so say it ourselves,
+            # and wait (within the drain timeout) until the broker has them all.
             self._publish_status("offline")
+            deadline = max(deadline, time.monotonic() + 5.0)
             self.outbox.pump()
-            time.sleep(0.1)
+            while self.outbox.unacked_direct and self.transport.connected \
+                    and time.monotonic() < deadline:
+                time.sleep(0.02)
+                self.outbox.pump()
+            if self.outbox.unacked_direct:
+                log.warning("%d status message(s) not acknowledged at exit",
+                            self.outbox.unacked_direct)
         self.transport.stop()
         self.store.close()

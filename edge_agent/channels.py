@@ -17,6 +17,7 @@ A channel (a Telegraf-style processor) does three things per batch:
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,16 @@ class Channel:
         self._next_due = -math.inf
         self.counters = {"nan_dropped": 0, "clipped": 0, "reports": 0, "budget_refused": 0,
                          "messages": 0}
+
+    def for_agent(self, agent_id: str, fleet: str) -> "Channel":
+        """This channel for another agent: same config and (immutable, shared) mechanism,
+        its own topic, counters and report_interval state (the fleet simulator's clones)."""
+        clone = copy.copy(self)
+        clone.agent_id = agent_id
+        clone.topic = protocol.data_topic(fleet, agent_id, self.name)
+        clone._next_due = -math.inf
+        clone.counters = dict.fromkeys(self.counters, 0)
+        return clone
 
     @property
     def field_names(self) -> tuple[str, ...]:

@@ -184,6 +184,7 @@ class Outbox:
         self.on_connect = on_connect
         self.on_message = on_message  # (topic, payload) of subscribed topics
         self._inflight: dict[int, int] = {}  # message id -> spool row id
+        self._direct: set[int] = set()  # message ids of publish() not acknowledged yet
         self._last_sent = 0  # highest spool id handed to the transport
         self.sent = 0
         self.acked = 0
@@ -195,6 +196,8 @@ class Outbox:
                 row = self._inflight.pop(value, None)
                 if row is not None:
                     acked.append(row)
+                else:
+                    self._direct.discard(value)
             elif kind == CONNECTED:
                 log.info("connected to the broker")
                 if self.on_connect is not None:
@@ -217,6 +220,18 @@ class Outbox:
             self._inflight[mid] = row_id
             self._last_sent = row_id
             self.sent += 1
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> int:
+        """Publish a message that is not spooled (a retained status); its ack is tracked."""
+        mid = self.transport.publish(topic, payload, qos=qos, retain=retain)
+        if qos:
+            self._direct.add(mid)
+        return mid
+
+    @property
+    def unacked_direct(self) -> int:
+        """Messages of ``publish`` the broker has not acknowledged yet."""
+        return len(self._direct)
 
     @property
     def in_flight(self) -> int:
