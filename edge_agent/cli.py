@@ -1,4 +1,4 @@
-"""``edge-agent``: run the agent, check a configuration, inspect the budget."""
+"""``edge-agent``: run the agent, check a configuration, inspect the budget, simulate a fleet."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from .config import AgentConfig, ConfigError, load_config
 # sysexits EX_CONFIG: the unit's RestartPreventExitStatus=78 stops systemd from
 # restarting an agent whose configuration cannot work.
 EXIT_CONFIG = 78
+# Most virtual agents ``edge-agent fleet`` runs in one process.
+FLEET_MAX_COUNT = 100_000
 
 
 def _load(path: str, exit_code: int = 2) -> AgentConfig:
@@ -79,21 +81,56 @@ def run(config_path: str) -> None:
 
 
 @main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="agent TOML file (agent_id, broker, budget, sources and channels of each "
+                   "virtual agent)")
+@click.option("--count", required=True, type=click.IntRange(1, FLEET_MAX_COUNT),
+              help=f"number of virtual agents, in [1, {FLEET_MAX_COUNT}]; "
+                   "their ids are <agent_id>-0 .. <agent_id>-<count-1>")
+@click.option("--keep-running", is_flag=True,
+              help="stay connected after every finite source has ended, until SIGTERM/SIGINT")
+def fleet(config_path: str, count: int, keep_running: bool) -> None:
+    """Simulate COUNT agents in one process (one MQTT connection, one state file).
+
+    Synthetic sources are seeded per virtual agent; a CSV source is split
+    between them (agent i replays rows i, i+COUNT, i+2*COUNT, ...).
+    """
+    from .config import ConfigError
+    from .fleet import FleetService, check_fleet
+
+    config = _load(config_path)
+    try:
+        check_fleet(config, count)
+    except ConfigError as exc:
+        click.echo(f"{config_path}: cannot run as a fleet:", err=True)
+        for line in str(exc).splitlines():
+            click.echo(f"  {line}", err=True)
+        sys.exit(2)
+    service = FleetService(config, count=count, keep_running=keep_running)
+    service.install_signal_handlers()
+    sys.exit(service.run())
+
+
+@main.command()
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
+@click.option("--agent", "agent_id", default=None, metavar="ID",
+              help="agent whose ledger to show (default: agent_id of the config; "
+                   "a fleet's virtual agents are <agent_id>-<i>)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def budget(config_path: str, as_json: bool) -> None:
+def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
     """Epsilon spent and remaining, per budget period and per channel."""
     from .agent import STATE_FILE
     from .state import StateStore, period_start
 
     config = _load(config_path)
+    agent_id = agent_id or config.agent_id
     path = Path(config.privacy.state_dir) / STATE_FILE
     if not path.exists():
         click.echo(f"no ledger yet at {path}: nothing has been spent", err=True)
         rows = []
     else:
         store = StateStore(path, read_only=True)
-        rows = store.budget_report(config.agent_id)
+        rows = store.budget_report(agent_id)
         store.close()
     total = config.privacy.budget_epsilon
     current = period_start(time.time(), config.privacy.period_seconds)
@@ -106,11 +143,11 @@ def budget(config_path: str, as_json: bool) -> None:
         period["remaining"] = max(0.0, total - period["spent"])
         period["current"] = period["period_start"] == current
     if as_json:
-        click.echo(json.dumps({"agent": config.agent_id, "budget_epsilon": total,
+        click.echo(json.dumps({"agent": agent_id, "budget_epsilon": total,
                                "period": config.privacy.budget_period,
                                "periods": list(periods.values())}, indent=2))
         return
-    click.echo(f"agent {config.agent_id}: budget {total:g} per {config.privacy.budget_period}")
+    click.echo(f"agent {agent_id}: budget {total:g} per {config.privacy.budget_period}")
     if current not in periods:
         click.echo(f"  current period (from {_utc(current)}): spent 0, remaining {total:g}")
     for start, period in periods.items():
