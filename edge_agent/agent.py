@@ -30,6 +30,7 @@ from .config import AgentConfig
 from .readings import Readings
 from .sources import build_source
 from .sources.base import Source
+from .range_responder import RangeResponder
 from .state import Charge, ChargeResult, StateStore, period_start
 from .transport import Outbox, PahoTransport, Transport
 
@@ -86,6 +87,7 @@ class AgentCore:
         self.channels: list[Channel] = channels if channels is not None else [
             build_channel(c, agent_id=self.agent_id, fleet=config.fleet) for c in config.channels]
         self.period_seconds = config.privacy.period_seconds
+        self.range: RangeResponder | None = None  # set by the service: range discovery
         self._period: int | None = None
         self.exhausted: set[str] = set()
         self._last_tick: float | None = None
@@ -113,6 +115,19 @@ class AgentCore:
     def failed_sources(self) -> dict[str, str]:
         return {s.name: s.error for s in self.sources.values() if s.error}
 
+    def _adopt_discovered_ranges(self) -> None:
+        """``domain = "auto"`` channels take the latest discovered range, per budget period."""
+        if self.range is None:
+            return
+        for channel in self.channels:
+            low = self.range.results.get((channel.name, "min"))
+            high = self.range.results.get((channel.name, "max"))
+            if getattr(channel, "auto_domain", False) and low and high \
+                    and channel.adopt_range(low["estimate"], high["estimate"]):
+                if self.agent_id == self.config.agent_id or self.agent_id.endswith("-0"):
+                    log.info("channel %s now reports over [%g, %g] (discovered range)",
+                             channel.name, channel.mechanism.low, channel.mechanism.high)
+
     # -- one batch --------------------------------------------------------------------------
     def tick(self, now: float, *, commit: bool = True) -> PendingBatch:
         """One batch: poll every source once, select per channel, charge and spool.
@@ -125,12 +140,19 @@ class AgentCore:
         batch_start = self._last_tick if self._last_tick is not None else now
         self._last_tick = now
         readings = {name: self._poll(source, now) for name, source in self.sources.items()}
+        if self.range is not None:  # range discovery answers from the raw readings
+            for channel in self.channels:
+                if channel.kind == "linear":
+                    source = readings[channel.source]
+                    self.range.observe(self.agent_id, channel.name, source.times,
+                                       source.column(channel.config.field))
         start = period_start(now, self.period_seconds)
         if start != self._period:
             if self._period is not None and self.exhausted:
                 log.info("budget period rolled over: %s report again", ", ".join(self.exhausted))
             self._period = start
             self.exhausted.clear()
+            self._adopt_discovered_ranges()
         batch = PendingBatch(self, now, start, self.config.privacy.budget_epsilon)
         for channel in self.channels:
             selection = channel.select(readings[channel.source])
@@ -203,9 +225,21 @@ class AgentService:
         self.cores = self._build_cores(rng)
         self.status_topic = protocol.status_topic(config.fleet, config.agent_id)
         self.transport = transport or self._build_transport()
-        self.outbox = Outbox(self.store, self.transport, window=self._outbox_window(),
-                             on_connect=self._publish_status)
         self.clock = clock
+        self.range = RangeResponder(
+            fleet=config.fleet, store=self.store, rng=rng,
+            agents={core.agent_id: [c.name for c in core.channels if c.kind == "linear"]
+                    for core in self.cores},
+            budget_epsilon=config.privacy.budget_epsilon,
+            range_epsilon_max=config.privacy.range_epsilon_max,
+            period_seconds=config.privacy.period_seconds)
+        for core in self.cores:
+            core.range = self.range
+        self.transport.subscribe(self.range.subscriptions)
+        self.outbox = Outbox(self.store, self.transport, window=self._outbox_window(),
+                             on_connect=self._publish_status,
+                             on_message=lambda topic, payload: self.range.handle(
+                                 topic, payload, self.clock()))
         self.drain_timeout = drain_timeout
         self.status_interval = status_interval
         # Stay connected after every finite source has ended, until SIGTERM/SIGINT.
@@ -238,7 +272,8 @@ class AgentService:
         for core in self.cores:
             self.outbox.publish(
                 protocol.status_topic(self.config.fleet, core.agent_id),
-                protocol.status(agent=core.agent_id, t=self.clock(), **core.status(state)),
+                protocol.status(agent=core.agent_id, t=self.clock(), **core.status(state),
+                                range=self.range.status(core.agent_id)),
                 qos=1, retain=True)
 
     def tick(self, now: float) -> None:

@@ -1,0 +1,184 @@
+"""Range discovery end to end: real Mosquitto, `edge-agent fleet`, a real collector, the CLI.
+
+1,000 virtual agents replay one CSV (agent i holds rows i, i+N, ...), all
+values inside [-3, 5] of the declared domain [-20, 20].  The min and max
+runs must land within the error the search can make (below), every agent
+must have paid exactly eps per run, a replayed round must change nothing,
+and the `domain = "auto"` agents must then report over the tightened domain,
+which the collector shows as a new series with a much narrower interval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import paho.mqtt.client as mqtt
+
+from edge_agent import protocol
+from edge_agent.mechanisms.randomized_response import RandomizedResponse
+
+from ..agent.e2e import REPO, toml_value, write_config
+from ..collector.test_e2e_collector import CollectorProcess, wait_until
+
+N_AGENTS = 1000
+ROWS_PER_AGENT = 20
+SUB_RANGE = (-3.0, 5.0)
+DOMAIN = (-20.0, 20.0)
+EPSILON = 4.0
+
+
+def search_bounds(result: dict, agent_values: np.ndarray, side: str) -> tuple[float, float]:
+    """Where the estimate can be, at a 1e-6 false-alarm rate per round.
+
+    The search finds a threshold where the estimated share of agents beyond
+    it crosses gamma (the paper's proof sketch: it estimates the gamma
+    quantile).  Each round's Phi' is within 5 standard deviations of the true
+    share, so the final interval lies between the (gamma - delta) and
+    (gamma + delta) quantiles of the agents' values, widened by the final
+    interval's half-width.  Quantiles are taken on the side searched.
+    """
+    low, high = result["domain"]
+    rounds = result["rounds"]
+    oriented = np.sort(agent_values if side == "min" else -agent_values)
+    n = len(oriented)
+    inner, outer = math.inf, -math.inf
+    for record in result["history"]:
+        rr = RandomizedResponse(epsilon=result["parameters"]["answer_epsilon"])
+        delta = 5 * math.sqrt(rr.estimate_variance(record["answers"]))
+        # beyond the (gamma + delta) quantile the search always turns back, below
+        # the (gamma - delta) quantile it always moves on (each round's own gamma)
+        outer = max(outer, oriented[min(n - 1, math.ceil((record["gamma"] + delta) * n))])
+        share_out = record["gamma"] - delta
+        inner = min(inner, oriented[int(share_out * n)] if share_out > 0 else -math.inf)
+    resolution = (high - low) / 2 ** rounds
+    if side == "min":
+        return max(low, inner - resolution), outer + resolution
+    return -(outer + resolution), min(high, -(inner - resolution))
+
+
+def discover(collector_config, side):
+    completed = subprocess.run(
+        [sys.executable, "-m", "collector", "discover-range", "--config", str(collector_config),
+         "--channel", "ax", "--side", side, "--expect", str(N_AGENTS), "--json"],
+        capture_output=True, text=True, cwd=REPO, timeout=180)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return json.loads(completed.stdout)
+
+
+class ControlRecorder:
+    """Records the coordinator's round messages, to replay one later."""
+
+    def __init__(self, broker):
+        self.messages: list[tuple[str, bytes]] = []
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+        self.client.on_message = lambda c, u, m: self.messages.append((m.topic, m.payload))
+        self.client.connect(broker.host, broker.port)
+        self.client.subscribe(protocol.range_control_subscription("demo"), qos=1)
+        self.client.loop_start()
+
+    def rounds(self):
+        return [(t, p) for t, p in self.messages if json.loads(p)["type"] == "round"]
+
+
+def range_ledger(state_dir) -> dict[str, int]:
+    db = sqlite3.connect(f"file:{state_dir}/state.sqlite?mode=ro", uri=True)
+    rows = db.execute("SELECT agent, SUM(spent_nano) FROM ledger WHERE channel = '_range:ax' "
+                      "GROUP BY agent").fetchall()
+    answers = db.execute("SELECT COUNT(*) FROM range_answers").fetchone()[0]
+    db.close()
+    return dict(rows), answers
+
+
+def test_fleet_discovers_the_range_and_auto_domains_tighten(tmp_path, mosquitto):
+    rng = np.random.default_rng(2026)
+    values = rng.uniform(*SUB_RANGE, N_AGENTS * ROWS_PER_AGENT)
+    path = tmp_path / "rows.csv"
+    path.write_text("ax\n" + "\n".join(f"{v:.6f}" for v in values) + "\n")
+    agent_values = values.reshape(ROWS_PER_AGENT, N_AGENTS)  # row r -> agent r % N
+    state_dir = tmp_path / "agent-state"
+    agent_config = write_config(
+        tmp_path / "agent.toml", agent_id="w", broker=mosquitto, state_dir=state_dir,
+        period="1m", batch_seconds=1.0,
+        sources=[{"name": "rec", "type": "csv", "path": str(path), "pace": "fixed",
+                  "rate_hz": 2.0, "loop": True, "columns": {"ax": "ax"}}],
+        channels=[{"name": "ax", "kind": "linear", "source": "rec", "field": "ax",
+                   "epsilon": 1.0, "domain": "auto", "initial_domain": list(DOMAIN),
+                   "domain_margin": 0.1}])
+    fleet = subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", "fleet", "--config", str(agent_config),
+         "--count", str(N_AGENTS), "--keep-running"],
+        stdout=(tmp_path / "fleet.log").open("wb"), stderr=subprocess.STDOUT, cwd=REPO)
+    collector = CollectorProcess(tmp_path, mosquitto)
+    with collector.config.open("a") as extra:
+        extra.write("\n".join([
+            "[range_discovery]", f"epsilon = {EPSILON}", 'strategy = "split"',
+            "alpha_min = 1.0", "window_seconds = 600", "join_timeout_seconds = 20",
+            "round_timeout_seconds = 20", "min_participants = 500"]) + "\n")
+    collector.start()
+    recorder = ControlRecorder(mosquitto)
+    try:
+        # every virtual agent has replayed all its rows at least once (20 rows at 2 Hz)
+        assert wait_until(lambda: sum(
+            a["values"] >= ROWS_PER_AGENT for a in collector.api()["agents"].values())
+            >= N_AGENTS, 120), (tmp_path / "fleet.log").read_text()[-3000:]
+        before = collector.api("/api/channels/ax")
+        assert (before["mechanism"]["low"], before["mechanism"]["high"]) == DOMAIN
+
+        results = {side: discover(collector.config, side) for side in ("min", "max")}
+        for side, truth in (("min", agent_values.min()), ("max", agent_values.max())):
+            result = results[side]
+            assert result["status"] == "done" and result["participants"] == N_AGENTS, result
+            minima = agent_values.min(axis=0) if side == "min" else agent_values.max(axis=0)
+            low, high = search_bounds(result, minima, side)
+            assert low <= result["estimate"] <= high, (side, result["estimate"], low, high)
+            assert abs(result["estimate"] - truth) < 1.0  # 2.5% of the domain
+        assert wait_until(lambda: all(collector.api("/api/range")["channels"].get("ax", {})
+                                      .get(side) for side in ("min", "max")), 15)
+
+        # Budget: each agent paid eps once per run (split: one answer), no more.
+        spent, answers = range_ledger(state_dir)
+        assert len(spent) == N_AGENTS and set(spent.values()) == {2 * math.ceil(EPSILON * 1e9)}
+        assert answers == 2 * N_AGENTS
+        # A replayed round is ignored by everyone.
+        replay = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+        replay.connect(mosquitto.host, mosquitto.port)
+        replay.loop_start()
+        for topic, payload in recorder.rounds()[:3]:
+            replay.publish(topic, payload, qos=1).wait_for_publish(5)
+        time.sleep(3)
+        replay.loop_stop()
+        assert range_ledger(state_dir) == (spent, answers)
+
+        # domain = "auto": from the next budget period (1 minute) agents report over
+        # the discovered range plus 10% margins; the collector starts a new series.
+        def tightened():
+            view = collector.api("/api/channels/ax")
+            return view if view["mechanism"]["low"] > DOMAIN[0] else None
+
+        assert wait_until(lambda: (tightened() or {}).get("count", 0) > 20_000, 150)
+        after = tightened()
+        low, high = after["mechanism"]["low"], after["mechanism"]["high"]
+        width = results["max"]["estimate"] - results["min"]["estimate"]
+        assert low == max(DOMAIN[0], results["min"]["estimate"] - 0.1 * width)
+        assert high == min(DOMAIN[1], results["max"]["estimate"] + 0.1 * width)
+        assert low <= SUB_RANGE[0] + 1.0 and high >= SUB_RANGE[1] - 1.0
+        assert [s["mechanism"]["low"] for s in after["other_series"]] == [DOMAIN[0]]
+        # per-report standard deviation, old domain vs new: the interval is much tighter
+        old_sd = before["mean"]["stderr"] * math.sqrt(before["count"])
+        new_sd = after["mean"]["stderr"] * math.sqrt(after["count"])
+        assert new_sd < 0.5 * old_sd, (old_sd, new_sd)
+        truth = values.mean()
+        assert abs(after["mean"]["estimate"] - truth) <= \
+            5 * after["mean"]["stderr"] + after["mean"]["bias_bound"] + 0.05
+    finally:
+        recorder.client.loop_stop()
+        fleet.terminate()
+        fleet.wait(60)
+        collector.terminate()
