@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 
 import click
 
@@ -86,7 +85,6 @@ def discover_range(config_path: str, channel: str, side: str, domain, expect, as
         result = RangeCoordinator(client, fleet=config.fleet,
                                   settings=config.range_discovery).run(
             RunRequest(channel, side, low, high), expected_agents=expect)
-        time.sleep(0.2)  # the retained result and the end message go out
     finally:
         client.disconnect()
         client.loop_stop()

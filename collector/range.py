@@ -131,9 +131,14 @@ class RangeCoordinator:
                                                  "status": result.get("status")}), qos=1)
             result["finished_at"] = self.clock()
             result["ignored_replies"] = dict(self.ignored)
-            self.client.publish(protocol.range_result_topic(self.fleet, request.channel,
-                                                            request.side),
-                                protocol.encode(json_safe(result)), qos=1, retain=True)
+            published = self.client.publish(
+                protocol.range_result_topic(self.fleet, request.channel, request.side),
+                protocol.encode(json_safe(result)), qos=1, retain=True)
+            try:  # the result is the point of the run: see it acknowledged
+                published.wait_for_publish(10)
+            except (RuntimeError, ValueError):
+                log.warning("range result for %s/%s not acknowledged by the broker",
+                            request.channel, request.side)
             log.info("range run %s: %s, estimate %s", run, result.get("status"),
                      result.get("estimate"))
 

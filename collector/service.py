@@ -154,7 +154,7 @@ class CollectorService:
             result = json.loads(message.payload)
         except ValueError:
             return
-        if len(levels) == 6 and levels[-1] in ("min", "max") and isinstance(result, dict):
+        if len(levels) == 7 and levels[-1] in ("min", "max") and isinstance(result, dict):
             self.range_results.setdefault(levels[-2], {})[levels[-1]] = result
 
     # -- range discovery (only on the designated coordinator) ----------------------------------
