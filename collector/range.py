@@ -168,8 +168,10 @@ class RangeCoordinator:
             else:
                 refused[str(message.get("reason"))[:40]] += 1
 
+        # Joins are collected until the deadline, or until as many agents as the
+        # caller expects (e.g. those online) have joined; 0 or None: unknown.
         self.inbox.drain(time.monotonic() + s.join_timeout_seconds,
-                         lambda: expected_agents is not None and len(joined) >= expected_agents,
+                         lambda: bool(expected_agents) and len(joined) >= expected_agents,
                          on_join)
         result.update(participants=len(joined), refused=dict(refused))
         if len(joined) < s.min_participants:
