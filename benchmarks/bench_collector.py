@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import socket
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -40,15 +37,10 @@ from collector.service import CollectorService
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM
 
+from .broker import free_port, local_mosquitto
 from .machine import describe_machine
 
 FLEET = "bench"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_messages(count: int, batch: int, agents: int = 20) -> list[tuple[str, bytes]]:
@@ -178,28 +170,17 @@ def main():
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--latency-trials", type=int, default=50)
     args = parser.parse_args()
-    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     messages = make_messages(args.messages, args.batch)
     values = args.messages * args.batch
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, local_mosquitto(Path(tmp)) as port:
         tmp = Path(tmp)
-        port = free_port()
-        (tmp / "m.conf").write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n"
-                                    "max_queued_messages 0\nmax_inflight_messages 0\n")
-        broker = subprocess.Popen([mosquitto, "-c", str(tmp / "m.conf")],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
-        try:
-            persistent_session(port, "bare")
-            publish_all(port, messages)
-            bare = drain_bare(port, args.messages)
-            persistent_session(port, "collector")
-            publish_all(port, messages)
-            ours_total, ours = drain_collector(port, args.messages, tmp / "state.sqlite")
-            lat = latency(port, tmp / "latency.sqlite", args.latency_trials)
-        finally:
-            broker.terminate()
-            broker.wait(10)
+        persistent_session(port, "bare")
+        publish_all(port, messages)
+        bare = drain_bare(port, args.messages)
+        persistent_session(port, "collector")
+        publish_all(port, messages)
+        ours_total, ours = drain_collector(port, args.messages, tmp / "state.sqlite")
+        lat = latency(port, tmp / "latency.sqlite", args.latency_trials)
     print(f"Machine: {describe_machine()}\n")
     print(f"{args.messages:,} reports of {args.batch} codes ({values:,} values), queued on a "
           "local Mosquitto, drained by:\n")
