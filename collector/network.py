@@ -21,6 +21,7 @@ import ctypes
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -61,6 +62,7 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
         if reason_code.is_failure:
             log.error("broker refused the connection: %s", reason_code)
             return
+        last_error[0] = None
         log.info("connected to %s:%s (session present: %s)", settings["host"], settings["port"],
                  flags.session_present)
         client.subscribe([(topic, 1) for topic in settings["subscriptions"]])
@@ -71,6 +73,17 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
             return
         with lock:
             store.set_network(True)
+
+    last_error: list[str | None] = [None]
+
+    def on_connect_fail(client, userdata):
+        # paho retries a failed TCP/TLS connect silently; this runs inside its
+        # ``except OSError``: log the reason (e.g. certificate verify failed)
+        # when it changes, the retries at debug level.
+        reason = str(sys.exc_info()[1] or "unknown error")
+        log.log(logging.DEBUG if reason == last_error[0] else logging.WARNING,
+                "cannot connect to broker %s:%s: %s", settings["host"], settings["port"], reason)
+        last_error[0] = reason
 
     def on_disconnect(client, userdata, flags, reason_code, properties):
         # Unacknowledged messages come again; those already journaled are then
@@ -98,6 +111,7 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
         client.tls_insecure_set(bool(tls.get("insecure")))
     client.reconnect_delay_set(min_delay=1, max_delay=30)
     client.on_connect, client.on_disconnect = on_connect, on_disconnect
+    client.on_connect_fail = on_connect_fail
     client.on_subscribe = on_subscribe
     client.on_message = on_message
     properties = Properties(PacketTypes.CONNECT)

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from typing import Callable
@@ -142,6 +143,11 @@ class CollectorService:
                            cert_reqs=ssl.CERT_REQUIRED)
             client.tls_insecure_set(broker.tls.insecure)
         client.reconnect_delay_set(min_delay=1, max_delay=30)
+        # paho retries a failed TCP/TLS connect silently; the reason is the
+        # exception it is handling when it calls this.
+        client.on_connect_fail = lambda c, u: log.warning(
+            "snapshot publisher cannot connect to broker %s:%s: %s", broker.host, broker.port,
+            sys.exc_info()[1] or "unknown error")
         results = range_result_subscription(self.config.fleet)
         client.on_connect = lambda c, *_: c.subscribe(results, qos=1)
         client.on_message = self._on_range_result

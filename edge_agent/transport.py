@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 import ssl
+import sys
 import threading
 from typing import Protocol
 
@@ -71,6 +72,8 @@ class PahoTransport:
         client.max_inflight_messages_set(broker.max_inflight)
         client.reconnect_delay_set(min_delay=1, max_delay=30)
         client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
+        self._connect_error: str | None = None
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         client.on_message = self._on_message
@@ -84,9 +87,21 @@ class PahoTransport:
                         self.broker.port, reason_code)
             return
         self.connected = True
+        self._connect_error = None
         if self.subscriptions:  # a clean session forgets them at every connection
             client.subscribe([(topic, 1) for topic in self.subscriptions])
         self._push((CONNECTED, None))
+
+    def _on_connect_fail(self, client, userdata):
+        # paho retries a failed TCP/TLS connect silently; it calls this from
+        # inside its ``except OSError``, so the reason (refused, certificate
+        # verify failed, hostname mismatch ...) is the exception being handled.
+        # Logged when it changes; the retries (every 1-30 s) only at debug level.
+        reason = str(sys.exc_info()[1] or "unknown error")
+        level = logging.DEBUG if reason == self._connect_error else logging.WARNING
+        self._connect_error = reason
+        log.log(level, "cannot connect to broker %s:%s: %s", self.broker.host, self.broker.port,
+                reason)
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties):
         self.connected = False
