@@ -253,11 +253,15 @@ def _readable_by_mosquitto(workdir: Path) -> None:
     ``broker_workdir`` put directly under /tmp so the user can reach it."""
     if os.geteuid() != 0:
         return
-    try:
-        import pwd
+    import pwd
 
-        user = pwd.getpwnam("mosquitto")
-    except KeyError:  # no such user: mosquitto stays root
+    for name in ("mosquitto", "nobody"):  # Mosquitto's own order of choice
+        try:
+            user = pwd.getpwnam(name)
+            break
+        except KeyError:
+            continue
+    else:  # neither exists: mosquitto stays root
         return
     for path in [workdir, *workdir.rglob("*")]:
         os.chown(path, user.pw_uid, user.pw_gid)

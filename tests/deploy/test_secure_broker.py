@@ -27,6 +27,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from collector.config import parse_collector_config
+from collector.network import RECEIVE_MAXIMUM
 from edge_agent import protocol
 from edge_agent.config import parse_config
 from edge_agent.mechanisms import ClassicalOGPM
@@ -71,7 +72,8 @@ class Client:
     """paho over TLS; records CONNACK, SUBACKs, PUBACK reason codes and messages."""
 
     def __init__(self, broker: SecureBroker, username: str | None, *, password: str | None = None,
-                 client_id: str = "", v5: bool = True, ca: Path | None = None, tls: bool = True):
+                 client_id: str = "", v5: bool = True, ca: Path | None = None, tls: bool = True,
+                 manual_ack: bool = False):
         self.connack = None
         self.connected_event = threading.Event()
         self.messages: list[tuple[str, bytes, bool]] = []
@@ -79,7 +81,8 @@ class Client:
         self.pubacks: dict[int, int] = {}  # mid -> reason code value
         self._lock = threading.Lock()
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                                  protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311)
+                                  protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+                                  manual_ack=manual_ack)
         if username is not None:
             self.client.username_pw_set(
                 username, password if password is not None else broker.password(username))
@@ -107,13 +110,18 @@ class Client:
         with self._lock:
             self.pubacks[mid] = reason_code.value
 
-    def connect(self, timeout: float = 10, *, persistent: bool = False) -> "Client":
-        """``persistent``: resume or create a v5 session that outlives the connection."""
-        if persistent:
+    def connect(self, timeout: float = 10, *, persistent: bool = False,
+                receive_maximum: int | None = None) -> "Client":
+        """``persistent``: resume or create a v5 session that outlives the connection;
+        ``receive_maximum``: announce it in CONNECT (v5), as the collector does."""
+        if persistent or receive_maximum:
             properties = Properties(PacketTypes.CONNECT)
-            properties.SessionExpiryInterval = 3600
+            if persistent:
+                properties.SessionExpiryInterval = 3600
+            if receive_maximum:
+                properties.ReceiveMaximum = receive_maximum
             self.client.connect(self.broker.host, self.broker.port, keepalive=30,
-                                clean_start=False, properties=properties)
+                                clean_start=not persistent, properties=properties)
         else:
             self.client.connect(self.broker.host, self.broker.port, keepalive=30)
         self.client.loop_start()
@@ -491,6 +499,33 @@ def test_queue_holds_far_more_than_the_default_for_an_offline_collector(broker):
     finally:
         collector.close()
     assert "are being dropped" not in broker.log_text()
+
+
+def test_inflight_window_for_subscribers_that_ack_late(broker):
+    # A subscriber that acknowledges late (the collector acks after each
+    # SQLite commit) gets max_inflight_messages unacknowledged messages at
+    # once if it speaks MQTT 3.1.1 (the default would be 20), and its own
+    # Receive Maximum with v5 (the collector asks for 4096).
+    window = int(dict(directives(CONF.read_text()))["max_inflight_messages"])
+    assert window + 500 < RECEIVE_MAXIMUM
+    got = {}
+    for v5 in (False, True):
+        subscriber = Client(broker, "collector", client_id=f"late-acker-{v5}", v5=v5,
+                            manual_ack=True)  # it never acknowledges here
+        subscriber.connect(receive_maximum=RECEIVE_MAXIMUM if v5 else None)
+        subscriber.subscribe(f"ldp/v1/{FLEET}/+/+")
+        device = Client(broker, "dev-a", client_id="dev-a", v5=False)
+        device.client.max_inflight_messages_set(1000)
+        device.connect()
+        mids = [device.publish(f"ldp/v1/{FLEET}/dev-a/accel_x", b"x")
+                for _ in range(window + 500)]
+        assert wait_until(lambda: all(m in device.pubacks for m in mids), 30)
+        time.sleep(1.0)
+        got[v5] = len(subscriber.messages)
+        device.close()
+        subscriber.close()
+    assert got[False] == window, got
+    assert got[True] == window + 500, got  # all of them: below its Receive Maximum
 
 
 def test_queued_reports_survive_a_broker_restart(broker):
