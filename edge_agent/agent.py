@@ -149,7 +149,8 @@ class AgentCore:
         start = period_start(now, self.period_seconds)
         if start != self._period:
             if self._period is not None and self.exhausted:
-                log.info("budget period rolled over: %s report again", ", ".join(self.exhausted))
+                log.info("%sbudget period rolled over: %s report again", self._who,
+                         ", ".join(self.exhausted))
             self._period = start
             self.exhausted.clear()
             self._adopt_discovered_ranges()
@@ -175,10 +176,15 @@ class AgentCore:
                 channel.counters["budget_refused"] += wanted - result.allowed
                 if channel.name not in self.exhausted:
                     self.exhausted.add(channel.name)
-                    log.warning("privacy budget exhausted: channel %s stops reporting until "
-                                "the period ends at %s UTC", channel.name,
+                    log.warning("%sprivacy budget exhausted: channel %s stops reporting until "
+                                "the period ends at %s UTC", self._who, channel.name,
                                 time.strftime("%Y-%m-%d %H:%M:%S",
                                               time.gmtime(start + self.period_seconds)))
+
+    @property
+    def _who(self) -> str:
+        """Log prefix naming a fleet's virtual agent (nothing for the agent itself)."""
+        return "" if self.agent_id == self.config.agent_id else f"agent {self.agent_id}: "
 
     def _poll(self, source: Source, now: float) -> Readings:
         try:
@@ -244,6 +250,7 @@ class AgentService:
         self.status_interval = status_interval
         # Stay connected after every finite source has ended, until SIGTERM/SIGINT.
         self.keep_running = keep_running
+        self._next_overrun_warning = 0.0
         self._stop = threading.Event()
         self.watchdog = sdnotify.Watchdog()  # disabled unless systemd set WATCHDOG_USEC
         self.exit_code = 0
@@ -281,7 +288,16 @@ class AgentService:
         if len(self.cores) == 1:
             self.cores[0].tick(now)
             return
+        started = time.monotonic()
         commit_batches([core.tick(now, commit=False) for core in self.cores], self.store)
+        took = time.monotonic() - started
+        if took > self.config.batch_seconds and started >= self._next_overrun_warning:
+            # A fleet too large for the CPU: batches stretch (nothing is lost, each
+            # message carries more readings), and status, acks and signals wait longer.
+            log.warning("a batch of %d agents took %.1f s (batch_seconds = %g): batches "
+                        "stretch to what the CPU manages", len(self.cores), took,
+                        self.config.batch_seconds)
+            self._next_overrun_warning = started + 600.0
 
     def run(self) -> int:
         batch = self.config.batch_seconds

@@ -190,7 +190,7 @@ def test_one_record_transaction_per_batch_for_all_cores(tmp_path):
     service.store.close()
 
 
-def test_budget_is_per_virtual_agent(tmp_path):
+def test_budget_is_per_virtual_agent(tmp_path, caplog):
     # 50 Hz, 1 s batches, budget 60 at 1 per report: each agent gets 51 + 9 reports.
     config = fleet_config(tmp_path, budget=60.0, channels=[
         {"name": "ax", "source": "imu", "field": "accel_x", "kind": "linear",
@@ -204,6 +204,9 @@ def test_budget_is_per_virtual_agent(tmp_path):
     for core in service.cores:
         assert core.store.spent(core.agent_id, core._period) == 60 * 10**9
         assert core.exhausted == {"ax"}
+    exhausted = sorted(r.getMessage().split(":")[0] for r in caplog.records
+                       if "budget exhausted" in r.getMessage())
+    assert exhausted == [f"agent w1-{i}" for i in range(5)]  # once each, naming the agent
     service.store.close()
 
 
