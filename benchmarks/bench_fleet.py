@@ -1,0 +1,188 @@
+"""The fleet simulator's footprint: RSS, CPU and throughput of ``edge-agent fleet``.
+
+For each ``--count`` N: starts a private Mosquitto on a free port and runs
+``edge-agent fleet --count N`` with one linear OGPM channel on a synthetic
+source at ``--rate-hz`` (10) in 1 s batches, so N virtual agents want
+N x rate reports/s in N messages/s.  After the first committed batch and
+``--settle`` seconds it samples /proc for ``--seconds``: resident memory,
+CPU (user + system, as a share of one core) of the fleet and of the broker,
+and from the state file the reports committed and the messages still in the
+spool (committed but not yet acknowledged by the broker).
+
+Run: ``python -m benchmarks.bench_fleet --count 1000 --count 16384``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .machine import describe_machine
+
+CHANNEL = """
+[[channels]]
+name = "accel_x"
+source = "imu"
+field = "accel_x"
+kind = "linear"
+epsilon = 1.0
+domain = [-2.0, 2.0]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def state(path: Path) -> tuple[int, int] | None:
+    """(reports committed, messages spooled) or None if there is no state yet."""
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        try:
+            reports = db.execute("SELECT COALESCE(SUM(reports), 0) FROM ledger").fetchone()[0]
+            spooled = db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
+            return int(reports), int(spooled)
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+
+
+def proc_sample(pid: int) -> tuple[float, float, float]:
+    """(RSS in MB, anonymous RSS in MB, CPU seconds) of a process.
+
+    RssAnon is the process's own memory.  The rest of RSS is pages of mapped
+    files (mostly numba's 179 MB libllvmlite.so); how many of those count
+    depends on the page cache (a freshly installed venv shows ~60 MB more).
+    """
+    with open(f"/proc/{pid}/status") as f:
+        status = {line.split(":")[0]: line.split(":")[1].split() for line in f}
+        status = {key: value[0] for key, value in status.items() if value}
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(status["VmRSS"]) / 1024.0, int(status["RssAnon"]) / 1024.0,
+            (int(fields[11]) + int(fields[12])) / ticks)
+
+
+def measure(count: int, args) -> dict:
+    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        port = free_port()
+        (tmp / "mosquitto.conf").write_text(
+            f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 0\n")
+        broker = subprocess.Popen([mosquitto, "-c", str(tmp / "mosquitto.conf")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        config = tmp / "fleet.toml"
+        config.write_text(
+            f'agent_id = "sim"\nfleet = "bench"\nbatch_seconds = 1.0\n'
+            f'[broker]\nhost = "127.0.0.1"\nport = {port}\n'
+            f'[privacy]\nbudget_epsilon = 1e9\nstate_dir = "{tmp / "state"}"\n'
+            f'[[sources]]\nname = "imu"\ntype = "synthetic"\nrate_hz = {args.rate_hz}\n'
+            + CHANNEL)
+        env = dict(os.environ)
+        env.setdefault("NUMBA_CACHE_DIR", str(Path.cwd() / ".venv" / "numba-cache"))
+        db = tmp / "state" / "state.sqlite"
+        start = stop = time.monotonic()
+        fleet = subprocess.Popen([args.python, "-m", "edge_agent", "--log-level", "WARNING",
+                                  "fleet", "--config", str(config), "--count", str(count)],
+                                 env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            while not (state(db) or (0, 0))[0]:
+                if fleet.poll() is not None:
+                    raise SystemExit(f"the fleet exited: {fleet.stderr.read()}")
+                time.sleep(0.2)
+            first_batch = time.monotonic() - start
+            time.sleep(args.settle)
+            rss0, anon0, cpu0 = proc_sample(fleet.pid)
+            _, _, broker_cpu0 = proc_sample(broker.pid)
+            t0 = time.monotonic()
+            peak, anon_peak = rss0, anon0
+            # Commits seen as (time, reports): rates between commits, free of the
+            # window's edges (a batch covers whatever time has passed since the last).
+            commits = [(t0, state(db)[0])]
+            next_sample = t0 + 1.0
+            while time.monotonic() - t0 < args.seconds:
+                time.sleep(0.1)
+                reports = state(db)[0]
+                if reports != commits[-1][1]:
+                    commits.append((time.monotonic(), reports))
+                if time.monotonic() >= next_sample:
+                    rss, anon, _ = proc_sample(fleet.pid)
+                    peak, anon_peak = max(peak, rss), max(anon_peak, anon)
+                    next_sample += 1.0
+            rss1, anon1, cpu1 = proc_sample(fleet.pid)
+            _, _, broker_cpu1 = proc_sample(broker.pid)
+            _, spooled = state(db)
+            elapsed = time.monotonic() - t0
+            stop = time.monotonic()
+        finally:
+            fleet.terminate()
+            code = fleet.wait(600)
+            stopped = time.monotonic() - stop
+            broker.terminate()
+            broker.wait(10)
+    return {"count": count, "first_batch": first_batch, "rss": rss0, "peak": peak,
+            "anon": anon0, "anon_peak": anon_peak,
+            "cpu": 100 * (cpu1 - cpu0) / elapsed,
+            "broker_cpu": 100 * (broker_cpu1 - broker_cpu0) / elapsed,
+            "reports_per_second": ((commits[-1][1] - commits[1][1])
+                                   / (commits[-1][0] - commits[1][0])
+                                   if len(commits) > 2 else float("nan")),
+            "batch_seconds": ((commits[-1][0] - commits[1][0]) / (len(commits) - 2)
+                              if len(commits) > 2 else float("nan")),
+            "wanted_per_second": count * args.rate_hz, "spooled": spooled,
+            "seconds": elapsed, "exit": code, "stop_seconds": stopped}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, action="append",
+                        help="virtual agents (repeatable; default 1000 and 16384)")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--settle", type=float, default=5.0)
+    parser.add_argument("--rate-hz", type=float, default=10.0)
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter of the fleet (e.g. a venv with only runtime deps)")
+    parser.add_argument("--markdown", help="also write the table to this file")
+    args = parser.parse_args()
+    rows = [measure(count, args) for count in (args.count or [1000, 16384])]
+    lines = [
+        f"Machine: {describe_machine()}; fleet interpreter: {args.python}", "",
+        f"`edge-agent fleet`, one linear OGPM channel, synthetic source at {args.rate_hz:g} Hz, "
+        f"batches of 1 s, measured for {rows[0]['seconds']:.0f} s after the first batch "
+        f"+ {args.settle:g} s:", "",
+        "| agents | start-up to first batch | RSS (peak) | of which anonymous (peak) "
+        "| CPU (fleet) | CPU (broker) | reports/s committed / wanted | mean batch interval "
+        "| spool at end | SIGTERM to exit |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['count']:,} | {r['first_batch']:.1f} s | {r['rss']:.0f} MB "
+            f"({r['peak']:.0f} MB) | {r['anon']:.0f} MB ({r['anon_peak']:.0f} MB) | "
+            f"{r['cpu']:.0f}% | {r['broker_cpu']:.0f}% | "
+            f"{r['reports_per_second']:,.0f} / {r['wanted_per_second']:,.0f} | "
+            f"{r['batch_seconds']:.2f} s | "
+            f"{r['spooled']:,} | {r['stop_seconds']:.1f} s (exit {r['exit']}) |")
+    table = "\n".join(lines)
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
