@@ -469,3 +469,28 @@ def test_agent_service_default_still_exits_when_sources_end(tmp_path):
     service = AgentService(config, transport=FakeTransport(), drain_timeout=2)
     assert service.keep_running is False
     assert service.run() == 0
+
+
+def test_crash_fires_the_connections_last_will_only(tmp_path, mosquitto):
+    count = 3
+    config = write_config(
+        tmp_path / "fleet.toml", broker=mosquitto, state_dir=tmp_path / "state",
+        sources=[{"name": "imu", "type": "synthetic", "rate_hz": 20}],
+        channels=FLEET_CHANNELS[:1])
+    subscriber = Subscriber(mosquitto, "ldp/v1/demo/+/status")
+    fleet = FleetProcess(config, tmp_path / "fleet.log", count)
+    try:
+        ids = virtual_agent_ids("w1", count)
+        assert subscriber.wait_for(lambda: set(statuses_per_agent(subscriber)) >= set(ids),
+                                   60), fleet.output()
+        fleet.process.kill()  # no clean shutdown: only the broker's last will speaks
+        fleet.wait(10)
+    finally:
+        fleet.close()
+    assert subscriber.wait_for(lambda: "w1" in statuses_per_agent(subscriber), 10)
+    will = [s for s in subscriber.statuses() if s["agent"] == "w1"]
+    assert will == [{"v": 1, "agent": "w1", "state": "offline",
+                     "simulator": {"agents": 3, "first": "w1-0", "last": "w1-2"}}]
+    states = statuses_per_agent(subscriber)
+    assert all(states[agent] == ["online"] for agent in ids)  # stale, as documented
+    subscriber.close()
