@@ -24,11 +24,13 @@ def local_mosquitto(workdir: Path):
     conf = workdir / "mosquitto.conf"
     conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n"
                     "max_queued_messages 0\nmax_inflight_messages 0\n")
-    broker = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    log = (workdir / "mosquitto.log").open("wb")  # kept for post-mortems
+    broker = subprocess.Popen([binary, "-v", "-c", str(conf)], stdout=log,
+                              stderr=subprocess.STDOUT)
     time.sleep(0.5)
     try:
         yield port
     finally:
         broker.terminate()
         broker.wait(10)
+        log.close()
