@@ -17,7 +17,8 @@ Sources:
   stream.  A configured ``seed`` is combined with the agent id (the fleet
   stays reproducible and the agents still differ).
 * ``csv``: virtual agent i replays rows i, i + N, i + 2N, ... of the file
-  (``CsvSource(offset=i, stride=N)``; see ``sources.csv_source`` for how
+  (``CsvSource(offset=i, stride=N)``, all reading one in-memory copy of the
+  file; see ``sources.csv_source`` for how
   ``pace`` and ``loop`` interact with striding).
 * ``jsonl``, ``mqtt`` and ``i2c`` read one real stream (stdin, a broker, a
   bus) and are refused: they cannot be split into N agents.
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import re
-import resource
 from typing import Any
 
 from . import protocol
@@ -56,8 +56,6 @@ FLEET_SOURCE_TYPES = ("synthetic", "csv")
 # caps a fleet at ~2,000 messages/s (the loop pumps every 50 ms); paho still
 # keeps at most max_inflight unacknowledged on the wire and queues the rest.
 FLEET_OUTBOX_WINDOW = 20_000
-# File descriptors kept for everything but the CSV replays (sockets, SQLite, logs).
-_SPARE_FILES = 64
 
 
 def virtual_agent_ids(agent_id: str, count: int) -> list[str]:
@@ -82,24 +80,8 @@ def check_fleet(config: AgentConfig, count: int) -> None:
         problems.append(f"agent_id: the virtual agent ids run up to {last!r}, longer than 64 "
                         f"characters; with --count {count} agent_id must be at most {room} "
                         f"characters, got {len(config.agent_id)}")
-    csv_sources = sum(isinstance(s, CsvSourceConfig) for s in config.sources)
-    if csv_sources and 1 <= count <= MAX_COUNT:
-        needed = count * csv_sources + _SPARE_FILES
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard != resource.RLIM_INFINITY and needed > hard:
-            problems.append(
-                f"--count: {count} agents replaying {csv_sources} CSV source(s) keep "
-                f"{count * csv_sources} files open; the open-file limit is {hard}, so --count "
-                f"must be in [1, {max(1, (hard - _SPARE_FILES) // csv_sources)}], got {count}")
     if problems:
         raise ConfigError("\n".join(problems))
-
-
-def _raise_file_limit(needed: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def fleet_sources(config: AgentConfig, agent_id: str, index: int,
@@ -126,9 +108,6 @@ class FleetService(AgentService):
         check_fleet(config, count)
         self.count = count
         self.agent_ids = virtual_agent_ids(config.agent_id, count)
-        csv_sources = sum(isinstance(s, CsvSourceConfig) for s in config.sources)
-        if csv_sources:
-            _raise_file_limit(count * csv_sources + _SPARE_FILES)
         super().__init__(config, **kwargs)
 
     def _build_cores(self, rng: Any) -> list[AgentCore]:

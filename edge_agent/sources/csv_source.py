@@ -63,6 +63,24 @@ MAX_FAST_ROWS = 5000
 MAX_ROWS_PER_POLL = 200_000
 
 
+# Files replayed by many strided sources (the fleet simulator), read once per
+# process: N open files would exhaust descriptors, and paho's select() cannot
+# use a socket numbered above 1023.  Keyed by path, size and modification time.
+_SHARED_LINES: dict[tuple[str, int, int], list[str]] = {}
+
+
+def shared_lines(path: Path) -> list[str]:
+    info = path.stat()
+    key = (str(path.resolve()), info.st_size, info.st_mtime_ns)
+    lines = _SHARED_LINES.get(key)
+    if lines is None:
+        with open(path, newline="", encoding="utf-8-sig", errors="replace") as file:
+            lines = file.read().splitlines(keepends=True)
+        _SHARED_LINES.clear()  # the previous version of a file is not needed any more
+        _SHARED_LINES[key] = lines
+    return lines
+
+
 def parse_float(cell: str) -> float:
     """A cell as a float; anything that is not a number is NaN."""
     try:
@@ -88,6 +106,7 @@ class CsvSource(Source):
         self.names = tuple(config.columns)
         self.fields = with_derived(self.names, self.derive)
         self._file: io.TextIOBase | None = None
+        self._lines: list[str] | None = None  # strided: the shared lines of the file
         self._reader = None
         self._indices: list[int] = []
         self._ts_index: int | None = None
@@ -132,13 +151,18 @@ class CsvSource(Source):
         if self._file is not None:
             self._file.close()
         self._file = None
+        self._lines = None
         self._reader = None
 
     def _open(self) -> None:
         # utf-8-sig drops the byte-order mark phone apps like to write;
         # undecodable bytes end up in a cell, which then parses as NaN.
-        self._file = open(self.path, newline="", encoding="utf-8-sig", errors="replace")
-        self._reader = csv.reader(self._file)
+        if self.stride > 1:  # one of many virtual agents: no file handle of its own
+            self._lines = shared_lines(self.path)
+            self._reader = csv.reader(iter(self._lines))
+        else:
+            self._file = open(self.path, newline="", encoding="utf-8-sig", errors="replace")
+            self._reader = csv.reader(self._file)
         try:
             header = next(self._reader, None)
         except csv.Error:
@@ -166,8 +190,11 @@ class CsvSource(Source):
 
     def _rewind(self) -> None:
         """Back to the first data row for another pass (loop = true)."""
-        self._file.seek(0)
-        self._reader = csv.reader(self._file)
+        if self._lines is not None:
+            self._reader = csv.reader(iter(self._lines))
+        else:
+            self._file.seek(0)
+            self._reader = csv.reader(self._file)
         next(self._reader, None)  # the header
         self._record = 0
 

@@ -494,3 +494,26 @@ def test_crash_fires_the_connections_last_will_only(tmp_path, mosquitto):
     states = statuses_per_agent(subscriber)
     assert all(states[agent] == ["online"] for agent in ids)  # stale, as documented
     subscriber.close()
+
+
+def test_strided_csv_sources_share_one_copy_and_hold_no_file(tmp_path):
+    """Thousands of agents on one CSV must not use a descriptor each: paho's
+    select() cannot use a socket numbered above 1023 (a 1,024-agent fleet
+    could not connect when every agent kept the file open)."""
+    import os
+
+    from edge_agent.sources.csv_source import shared_lines
+
+    path = write_rows(tmp_path, 40)
+    before = len(os.listdir("/proc/self/fd"))
+    sources = [CsvSource(CsvSourceConfig(type="csv", name="rec", path=path, pace="fast",
+                                         columns={"x": "x"}), offset=i, stride=2000)
+               for i in range(2000)]
+    for source in sources:
+        source.start()
+    assert len(os.listdir("/proc/self/fd")) - before < 5
+    assert all(s._lines is shared_lines(path) for s in sources)
+    first = sources[3].poll(1000.0)
+    assert first.column("x").tolist() == [3.0]
+    for source in sources:
+        source.stop()
