@@ -26,6 +26,15 @@ class CollectorBrokerConfig(BrokerConfig):
     session_expiry_seconds: Annotated[int, Field(ge=0, le=2**32 - 1)] = 86400
     # Several collector shards share one subscription (see docs/SCALE_OUT.md).
     shared_group: Name | None = None
+    # "5" (default) or "3.1.1" for brokers without MQTT 5, such as the demo's
+    # embedded amqtt (session_expiry_seconds then does not apply).
+    mqtt_version: Literal["5", "3.1.1"] = "5"
+
+    @property
+    def paho_protocol(self) -> int:
+        import paho.mqtt.client as mqtt
+
+        return mqtt.MQTTv5 if self.mqtt_version == "5" else mqtt.MQTTv311
 
 
 class HttpConfig(_Model):

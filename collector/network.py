@@ -98,8 +98,12 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
             store.append(message.topic, message.payload, time.time())
             buffer.append((message.mid, message.qos))
 
+    v5 = settings.get("mqtt_version", "5") == "5"
+    # MQTT 3.1.1 (e.g. the demo's embedded amqtt broker): a persistent session is
+    # clean_session=False; its expiry is the broker's setting, not ours.
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=settings["client_id"],
-                         protocol=mqtt.MQTTv5, manual_ack=True)
+                         protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+                         clean_session=None if v5 else False, manual_ack=True)
     if settings.get("username") is not None:
         client.username_pw_set(settings["username"], settings.get("password"))
     tls = settings.get("tls")
@@ -114,11 +118,14 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
     client.on_connect_fail = on_connect_fail
     client.on_subscribe = on_subscribe
     client.on_message = on_message
-    properties = Properties(PacketTypes.CONNECT)
-    properties.SessionExpiryInterval = settings["session_expiry"]
-    properties.ReceiveMaximum = RECEIVE_MAXIMUM
-    client.connect_async(settings["host"], settings["port"], settings["keepalive"],
-                         clean_start=False, properties=properties)
+    if v5:
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = settings["session_expiry"]
+        properties.ReceiveMaximum = RECEIVE_MAXIMUM
+        client.connect_async(settings["host"], settings["port"], settings["keepalive"],
+                             clean_start=False, properties=properties)
+    else:
+        client.connect_async(settings["host"], settings["port"], settings["keepalive"])
     client.loop_start()
     interval = settings["ack_interval"]
     try:

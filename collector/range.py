@@ -227,10 +227,10 @@ class RangeCoordinator:
 
 
 def connect_client(config: CollectorConfig, client_id: str) -> mqtt.Client:
-    """A connected clean-session MQTT v5 client with the collector's credentials."""
+    """A connected clean-session client (MQTT 5 or 3.1.1) with the collector's credentials."""
     broker = config.broker
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                         protocol=mqtt.MQTTv5)
+                         protocol=broker.paho_protocol)
     if broker.username is not None:
         client.username_pw_set(broker.username, broker.resolved_password())
     if broker.tls is not None:

@@ -92,6 +92,7 @@ def network_settings(config: CollectorConfig) -> dict:
             "keepalive": broker.keepalive, "client_id": broker.client_id,
             "username": broker.username, "password": broker.resolved_password(), "tls": tls,
             "session_expiry": broker.session_expiry_seconds,
+            "mqtt_version": broker.mqtt_version,
             "ack_interval": config.storage.ack_interval_seconds,
             "subscriptions": subscriptions(config),
             "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())}
@@ -131,7 +132,8 @@ class CollectorService:
         """A small clean-session client for what we publish (snapshots)."""
         broker = self.config.broker
         client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
-                             client_id=f"{broker.client_id}-publisher", protocol=mqtt.MQTTv5)
+                             client_id=f"{broker.client_id}-publisher",
+                             protocol=broker.paho_protocol)
         if broker.username is not None:
             client.username_pw_set(broker.username, broker.resolved_password())
         if broker.tls is not None:
