@@ -2,6 +2,7 @@
 #   make test    create .venv, install the package and test tools, install
 #                Debian's mosquitto if missing (and apt is usable), run all tests
 #   make bench   run the benchmarks and regenerate the figures in docs/
+#   make demo    broker, collector, dashboard and 24 simulated wearables
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -9,14 +10,14 @@ STAMP  := $(VENV)/.installed-stamp
 # numba's on-disk cache must be writable (numba #4908); keep it out of the source tree.
 export NUMBA_CACHE_DIR ?= $(CURDIR)/$(VENV)/numba-cache
 
-.PHONY: test bench venv system-deps clean
+.PHONY: test bench demo venv system-deps clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e '.[test,bench,demo]'
 	touch $(STAMP)
 
 system-deps:
@@ -24,6 +25,12 @@ system-deps:
 
 test: $(STAMP) system-deps
 	$(PY) -m pytest
+
+# Broker (a private Mosquitto if installed, else the embedded amqtt), collector,
+# dashboard and 24 simulated wearables; no root needed.  Ctrl-C stops it all.
+# Options: make demo DEMO_ARGS="--agents 100 --http-port 8081 --broker host:1883"
+demo: $(STAMP)
+	$(PY) -m collector demo $(DEMO_ARGS)
 
 # The agent's footprint is measured in a venv with only the runtime dependencies,
 # as on a device: numba imports scipy whenever it is installed (+13 MB).

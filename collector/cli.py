@@ -121,6 +121,38 @@ def _domain_from_api(config: CollectorConfig, channel: str) -> tuple[float, floa
 
 
 @main.command()
+@click.option("--agents", default=24, show_default=True, type=click.IntRange(1, 10_000),
+              help="simulated wearables")
+@click.option("--duration", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="seconds to run; 0 = until Ctrl-C")
+@click.option("--http-port", default=8080, show_default=True, type=click.IntRange(1, 65535),
+              help="dashboard and API port")
+@click.option("--broker", default=None, metavar="HOST:PORT",
+              help="use this running broker (default: $BROKER, else a private Mosquitto if "
+                   "installed, else the embedded amqtt broker)")
+@click.option("--embedded", is_flag=True, help="use the embedded broker even if Mosquitto "
+                                               "is installed")
+@click.option("--workdir", default=None, type=click.Path(file_okay=False),
+              help="keep configs, state and logs here (default: a temporary directory)")
+def demo(agents, duration, http_port, broker, embedded, workdir) -> None:
+    """Broker, collector, dashboard and a fleet of simulated wearables, in one command."""
+    from .demo import parse_broker, run_demo
+
+    if broker is not None:
+        try:
+            parse_broker(broker)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc).split(": ", 1)[1], param_hint="--broker")
+    try:
+        code = run_demo(agents=agents, duration=duration, http_port=http_port, broker=broker,
+                        workdir=workdir, embedded=embedded)
+    except RuntimeError as exc:
+        click.echo(f"demo failed: {exc}", err=True)
+        code = 1
+    sys.exit(code)
+
+
+@main.command()
 @click.argument("url", default="http://127.0.0.1:8080")
 @click.option("--interval", default=2.0, show_default=True, help="seconds between refreshes")
 @click.option("--once", is_flag=True, help="print one snapshot and exit")

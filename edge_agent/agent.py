@@ -88,6 +88,7 @@ class AgentCore:
             build_channel(c, agent_id=self.agent_id, fleet=config.fleet) for c in config.channels]
         self.period_seconds = config.privacy.period_seconds
         self.range: RangeResponder | None = None  # set by the service: range discovery
+        self.truth = None  # the fleet simulator's true-mean tap (simulation only)
         self._period: int | None = None
         self.exhausted: set[str] = set()
         self._last_tick: float | None = None
@@ -159,6 +160,8 @@ class AgentCore:
             selection = channel.select(readings[channel.source])
             if not len(selection):
                 continue
+            if self.truth is not None:
+                self.truth.add(channel, selection)
             batch.wanted[channel.name] = (channel, len(selection))
             batch.charges.append(Charge(
                 self.agent_id, channel.name, channel.epsilon, len(selection),

@@ -89,7 +89,10 @@ def run(config_path: str) -> None:
                    "their ids are <agent_id>-0 .. <agent_id>-<count-1>")
 @click.option("--keep-running", is_flag=True,
               help="stay connected after every finite source has ended, until SIGTERM/SIGINT")
-def fleet(config_path: str, count: int, keep_running: bool) -> None:
+@click.option("--truth", "truth_path", type=click.Path(dir_okay=False), default=None,
+              help="simulation only: keep the true means of the reported readings in this "
+                   "JSON file (to check the collector's estimates against)")
+def fleet(config_path: str, count: int, keep_running: bool, truth_path: str | None) -> None:
     """Simulate COUNT agents in one process (one MQTT connection, one state file).
 
     Synthetic sources are seeded per virtual agent; a CSV source is split
@@ -106,7 +109,8 @@ def fleet(config_path: str, count: int, keep_running: bool) -> None:
         for line in str(exc).splitlines():
             click.echo(f"  {line}", err=True)
         sys.exit(2)
-    service = FleetService(config, count=count, keep_running=keep_running)
+    service = FleetService(config, count=count, keep_running=keep_running,
+                           truth_path=Path(truth_path) if truth_path else None)
     service.install_signal_handlers()
     sys.exit(service.run())
 

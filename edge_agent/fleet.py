@@ -34,9 +34,14 @@ retained statuses keep saying ``online``, with a ``t`` that stops advancing.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import re
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from . import protocol
 from .agent import AgentCore, AgentService
@@ -101,14 +106,65 @@ def fleet_sources(config: AgentConfig, agent_id: str, index: int,
     return sources
 
 
+class TrueMeans:
+    """What the simulated agents really measured, for demos and tests only.
+
+    The mean of the readings each linear channel selected for reporting (and
+    the mean direction of circular ones) over the whole fleet: the truth the
+    collector's estimates can be checked against.  A real agent never has
+    this; with a budget large enough that nothing is refused, the selected
+    readings are exactly the reported ones.
+    """
+
+    def __init__(self):
+        self.sums: dict[str, list[float]] = {}
+
+    def add(self, channel, selection) -> None:
+        values = selection.values[0]
+        if channel.kind == "linear":
+            n, total = self.sums.get(channel.name, (0, 0.0))
+            self.sums[channel.name] = [n + values.size, total + float(values.sum())]
+        elif channel.kind == "circular":
+            radians = values * (2 * np.pi / channel.mechanism.period)
+            n, s, c = self.sums.get(channel.name, (0, 0.0, 0.0))
+            self.sums[channel.name] = [n + values.size, s + float(np.sin(radians).sum()),
+                                       c + float(np.cos(radians).sum())]
+
+    def document(self) -> dict[str, dict]:
+        out = {}
+        for name, sums in self.sums.items():
+            if len(sums) == 2:
+                out[name] = {"n": sums[0], "mean": sums[1] / sums[0]}
+            else:
+                out[name] = {"n": sums[0], "mean_direction_rad": math.atan2(sums[1], sums[2]),
+                             "resultant_length": math.hypot(sums[1], sums[2]) / sums[0]}
+        return out
+
+    def write(self, path: Path) -> None:
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self.document()))
+        temporary.replace(path)  # readers never see half a file
+
+
 class FleetService(AgentService):
     """``count`` virtual agents, one connection, one state file, one transaction per batch."""
 
-    def __init__(self, config: AgentConfig, *, count: int, **kwargs: Any):
+    def __init__(self, config: AgentConfig, *, count: int, truth_path: Path | None = None,
+                 **kwargs: Any):
         check_fleet(config, count)
         self.count = count
         self.agent_ids = virtual_agent_ids(config.agent_id, count)
         super().__init__(config, **kwargs)
+        self.truth_path = truth_path
+        if truth_path is not None:
+            self.truth = TrueMeans()
+            for core in self.cores:
+                core.truth = self.truth
+
+    def tick(self, now: float) -> None:
+        super().tick(now)
+        if self.truth_path is not None:
+            self.truth.write(self.truth_path)
 
     def _build_cores(self, rng: Any) -> list[AgentCore]:
         config = self.config
