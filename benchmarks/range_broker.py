@@ -62,6 +62,36 @@ domain = [-1.0, 1.0]
     return path
 
 
+def wait_for_fleet(port: int, n: int, timeout: float = 600.0) -> None:
+    """Until all N virtual agents have published an online status (start-up is slow at 16k)."""
+    import json
+
+    import paho.mqtt.client as mqtt
+
+    online: set[str] = set()
+
+    def on_message(client, userdata, message):
+        try:
+            if json.loads(message.payload).get("state") == "online":
+                online.add(message.topic)
+        except ValueError:
+            pass
+
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    client.on_message = on_message
+    client.connect("127.0.0.1", port)
+    client.subscribe("ldp/v1/bench/+/status", qos=1)
+    client.loop_start()
+    deadline = time.monotonic() + timeout
+    while len(online) < n and time.monotonic() < deadline:
+        time.sleep(0.5)
+    client.loop_stop()
+    client.disconnect()
+    time.sleep(2.0)  # one more batch: every agent has read its row
+    if len(online) < n:
+        raise RuntimeError(f"only {len(online)} of {n} agents came online")
+
+
 def sweep(n: int, runs: int, port: int, tmp: Path, rng) -> list[tuple]:
     x_min = rng.uniform(-1.0, 1.0 - WIDTH)
     values = x_min + WIDTH * rng.random(n)
@@ -74,7 +104,7 @@ def sweep(n: int, runs: int, port: int, tmp: Path, rng) -> list[tuple]:
                              stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     rows = []
     try:
-        time.sleep(min(60, 5 + n / 1000))  # start-up, and every agent has read its row
+        wait_for_fleet(port, n)
         for epsilon in (1.0, 4.0):
             for strategy in ("sequential", "split"):
                 settings = parse_collector_config({

@@ -41,7 +41,7 @@ from edge_agent import protocol
 from edge_agent.rangefind import RangeSearch, assigned_round, plan_search
 
 from .jsonsafe import json_safe
-from .config import CollectorConfig, RangeDiscoveryConfig
+from .config import CollectorBrokerConfig, CollectorConfig, RangeDiscoveryConfig
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +226,8 @@ class RangeCoordinator:
         return result
 
 
-def connect_client(config: CollectorConfig, client_id: str) -> mqtt.Client:
-    """A connected clean-session client (MQTT 5 or 3.1.1) with the collector's credentials."""
-    broker = config.broker
+def new_client(broker: CollectorBrokerConfig, client_id: str) -> mqtt.Client:
+    """A clean-session paho client with the collector's credentials and TLS, not connected."""
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
                          protocol=broker.paho_protocol)
     if broker.username is not None:
@@ -241,6 +240,13 @@ def connect_client(config: CollectorConfig, client_id: str) -> mqtt.Client:
                        keyfile=str(broker.tls.key) if broker.tls.key else None,
                        cert_reqs=ssl.CERT_REQUIRED)
         client.tls_insecure_set(broker.tls.insecure)
+    return client
+
+
+def connect_client(config: CollectorConfig, client_id: str) -> mqtt.Client:
+    """A connected clean-session client (MQTT 5 or 3.1.1) with the collector's credentials."""
+    broker = config.broker
+    client = new_client(broker, client_id)
     connected = threading.Event()
     failure: list[str] = []
 

@@ -35,6 +35,7 @@ from .config import CollectorConfig
 from .ingest import Ingestor
 from .store import CollectorStore
 from .jsonsafe import json_safe
+from .range import new_client
 from .views import Views
 
 log = logging.getLogger(__name__)
@@ -131,19 +132,7 @@ class CollectorService:
     def _publisher(self) -> mqtt.Client:
         """A small clean-session client for what we publish (snapshots)."""
         broker = self.config.broker
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
-                             client_id=f"{broker.client_id}-publisher",
-                             protocol=broker.paho_protocol)
-        if broker.username is not None:
-            client.username_pw_set(broker.username, broker.resolved_password())
-        if broker.tls is not None:
-            import ssl
-
-            client.tls_set(ca_certs=str(broker.tls.ca) if broker.tls.ca else None,
-                           certfile=str(broker.tls.cert) if broker.tls.cert else None,
-                           keyfile=str(broker.tls.key) if broker.tls.key else None,
-                           cert_reqs=ssl.CERT_REQUIRED)
-            client.tls_insecure_set(broker.tls.insecure)
+        client = new_client(broker, f"{broker.client_id}-publisher")
         client.reconnect_delay_set(min_delay=1, max_delay=30)
         # paho retries a failed TCP/TLS connect silently; the reason is the
         # exception it is handling when it calls this.

@@ -17,6 +17,7 @@ simulator) can share one file: every row carries its agent id.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sqlite3
 import threading
@@ -147,6 +148,19 @@ class StateStore:
         with self._lock:
             self._db.close()
 
+    @contextlib.contextmanager
+    def _transaction(self):
+        """One write transaction under the lock; on any error nothing of it stays."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
+                raise
+
     # -- the ledger ------------------------------------------------------------------
     def spent(self, agent: str, start: int) -> int:
         row = self._db.execute(
@@ -160,41 +174,35 @@ class StateStore:
         now = time.time() if now is None else now
         budget = to_nano_down(budget_epsilon)
         results = []
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                spent = {}
-                for charge in charges:
-                    if charge.agent not in spent:
-                        spent[charge.agent] = self.spent(charge.agent, start)
-                    cost = to_nano_up(charge.epsilon)
-                    affordable = max(0, budget - spent[charge.agent]) // cost if cost else 0
-                    allowed = int(min(charge.wanted, affordable))
-                    seq = None
-                    if allowed:
-                        seq = self._next_seq(charge.agent, charge.channel)
-                        message = charge.build(seq, allowed)
-                        if message is None:  # nothing released, nothing charged
-                            results.append(ChargeResult(charge.channel, 0, None, False))
-                            continue
-                        self._spool(message, now)
-                        self._bump_seq(charge.agent, charge.channel, seq + 1)
-                        spent[charge.agent] += cost * allowed
-                        self._db.execute(
-                            "INSERT INTO ledger VALUES (?, ?, ?, ?, ?) ON CONFLICT "
-                            "(agent, period_start, channel) DO UPDATE SET "
-                            "spent_nano = spent_nano + excluded.spent_nano, "
-                            "reports = reports + excluded.reports",
-                            (charge.agent, start, charge.channel, cost * allowed, allowed))
-                    results.append(ChargeResult(charge.channel, allowed, seq,
-                                                allowed < charge.wanted))
-                self._enforce_cap()
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
-                raise
+        with self._transaction():
+            spent = {}
+            for charge in charges:
+                if charge.agent not in spent:
+                    spent[charge.agent] = self.spent(charge.agent, start)
+                cost = to_nano_up(charge.epsilon)
+                affordable = max(0, budget - spent[charge.agent]) // cost if cost else 0
+                allowed = int(min(charge.wanted, affordable))
+                seq = None
+                if allowed:
+                    seq = self._next_seq(charge.agent, charge.channel)
+                    message = charge.build(seq, allowed)
+                    if message is None:  # nothing released, nothing charged
+                        results.append(ChargeResult(charge.channel, 0, None, False))
+                        continue
+                    self._spool(message, now)
+                    self._bump_seq(charge.agent, charge.channel, seq + 1)
+                    spent[charge.agent] += cost * allowed
+                    self._charge(charge.agent, start, charge.channel, cost * allowed, allowed)
+                results.append(ChargeResult(charge.channel, allowed, seq,
+                                            allowed < charge.wanted))
+            self._enforce_cap()
         return results
+
+    def _charge(self, agent: str, start: int, channel: str, nano: int, reports: int) -> None:
+        self._db.execute(
+            "INSERT INTO ledger VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent, period_start, channel) "
+            "DO UPDATE SET spent_nano = spent_nano + excluded.spent_nano, "
+            "reports = reports + excluded.reports", (agent, start, channel, nano, reports))
 
     # -- range discovery --------------------------------------------------------------
     def join_range(self, joins: Iterable[tuple[str, str, str, tuple[str, bytes]]], *,
@@ -204,21 +212,14 @@ class StateStore:
         Returns per join whether it is new (an agent joins a run at most once).
         """
         results = []
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for agent, run, terms, message in joins:
-                    cursor = self._db.execute(
-                        "INSERT OR IGNORE INTO range_runs VALUES (?, ?, ?, NULL, ?)",
-                        (agent, run, terms, now))
-                    if cursor.rowcount:
-                        self._spool(message, now)
-                    results.append(bool(cursor.rowcount))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
-                raise
+        with self._transaction():
+            for agent, run, terms, message in joins:
+                cursor = self._db.execute(
+                    "INSERT OR IGNORE INTO range_runs VALUES (?, ?, ?, NULL, ?)",
+                    (agent, run, terms, now))
+                if cursor.rowcount:
+                    self._spool(message, now)
+                results.append(bool(cursor.rowcount))
         return results
 
     def range_terms(self, agent: str, run: str) -> str | None:
@@ -239,19 +240,12 @@ class StateStore:
         """
         budget = to_nano_down(budget_epsilon)
         outcomes = []
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                spent: dict[str, int] = {}
-                for answer in answers:
-                    outcome = self._answer_range(answer, start, budget, spent, now)
-                    outcomes.append(outcome)
-                self._enforce_cap()
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
-                raise
+        with self._transaction():
+            spent: dict[str, int] = {}
+            for answer in answers:
+                outcome = self._answer_range(answer, start, budget, spent, now)
+                outcomes.append(outcome)
+            self._enforce_cap()
         return outcomes
 
     def _answer_range(self, answer: RangeAnswer, start: int, budget: int,
@@ -279,10 +273,7 @@ class StateStore:
         self._db.execute("UPDATE range_runs SET rounds=? WHERE agent=? AND run=?",
                          (answer.rounds, *key))
         self._db.execute("INSERT INTO range_answers VALUES (?, ?, ?)", (*key, answer.round))
-        self._db.execute(
-            "INSERT INTO ledger VALUES (?, ?, ?, ?, 1) ON CONFLICT (agent, period_start, channel) "
-            "DO UPDATE SET spent_nano = spent_nano + excluded.spent_nano, "
-            "reports = reports + 1", (answer.agent, start, answer.ledger_channel, cost))
+        self._charge(answer.agent, start, answer.ledger_channel, cost, 1)
         self._spool(answer.message, now)
         return "answered"
 
@@ -320,11 +311,9 @@ class StateStore:
 
     def enqueue(self, topic: str, payload: bytes, *, qos: int = 1) -> None:
         """Spool a message that carries no privacy charge (e.g. status)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+        with self._transaction():
             self._spool((topic, payload), time.time(), qos)
             self._enforce_cap()
-            self._db.execute("COMMIT")
 
     def _enforce_cap(self) -> None:
         excess = self._spooled - self.max_messages
@@ -345,11 +334,9 @@ class StateStore:
         ids = list(ids)
         if not ids:
             return
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+        with self._transaction():
             cursor = self._db.executemany("DELETE FROM spool WHERE id=?", [(i,) for i in ids])
             self._spooled -= cursor.rowcount
-            self._db.execute("COMMIT")
 
     @property
     def spooled(self) -> int:
