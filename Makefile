@@ -2,6 +2,7 @@
 #   make test    create .venv, install the package and test tools, install
 #                Debian's mosquitto if missing (and apt is usable), run all tests
 #   make bench   run the benchmarks and regenerate the figures in docs/
+#   make docs    regenerate docs/CONFIG_REFERENCE.md from the configuration models
 #   make demo    broker, collector, dashboard and 24 simulated wearables
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +11,7 @@ STAMP  := $(VENV)/.installed-stamp
 # numba's on-disk cache must be writable (numba #4908); keep it out of the source tree.
 export NUMBA_CACHE_DIR ?= $(CURDIR)/$(VENV)/numba-cache
 
-.PHONY: test bench demo venv system-deps clean
+.PHONY: test bench demo docs venv system-deps clean
 
 venv: $(STAMP)
 
@@ -46,6 +47,12 @@ bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 	$(PY) -m benchmarks.plot_errors --out docs
 	$(PY) -m benchmarks.bench_agent --python $(RUNTIME_VENV)/bin/python --markdown docs/bench_agent.md
 	$(PY) -m benchmarks.bench_collector --messages 20000
+	$(PY) -m benchmarks.bench_estimation --out docs
+
+# The configuration reference is generated from the pydantic models (and the sample
+# configs' comments); tests/test_config_reference.py fails when it is stale.
+docs: $(STAMP)
+	$(PY) scripts/gen_config_reference.py
 
 clean:
 	rm -rf $(VENV) $(RUNTIME_VENV) .pytest_cache .hypothesis build *.egg-info
