@@ -39,7 +39,7 @@ import numpy as np
 from . import protocol
 from .mechanisms.randomized_response import RandomizedResponse
 from .rangefind import MAX_ROUNDS, SIDES, STRATEGIES, answer_epsilon, assigned_round, true_answer
-from .state import RangeAnswer, StateStore, period_start, to_nano_down, to_nano_up
+from .state import RANGE_REPLIES, RangeAnswer, StateStore, period_start, to_nano_down, to_nano_up
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ class RangeResponder:
                 self.counters[agent].refuse(reason)
                 self.store.enqueue(protocol.range_reply_topic(self.fleet, agent, run),
                                    protocol.range_join(agent=agent, run=run, accept=False,
-                                                       reason=reason))
+                                                       reason=reason), lane=RANGE_REPLIES)
                 continue
             joins.append((agent, run, terms.to_json(), (
                 protocol.range_reply_topic(self.fleet, agent, run),

@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS spool (
     topic TEXT NOT NULL,
     payload BLOB NOT NULL,
     qos INTEGER NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    lane INTEGER NOT NULL DEFAULT 0     -- 0 reports (in order), 1 range replies (first)
 );
 CREATE TABLE IF NOT EXISTS range_runs (  -- range-discovery runs an agent has joined
     agent TEXT NOT NULL,
@@ -69,6 +70,10 @@ CREATE TABLE IF NOT EXISTS counters (
 """
 
 NANO = 10**9
+# Spool lanes: reports go out in order; range-discovery replies are answers to a
+# round with a deadline, so they overtake a backlog of reports.
+REPORTS, RANGE_REPLIES = 0, 1
+LANES = (RANGE_REPLIES, REPORTS)  # the order the outbox serves them
 
 
 def to_nano_up(epsilon: float) -> int:
@@ -142,6 +147,9 @@ class StateStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(spool)")}
+        if "lane" not in columns:  # a state file from before range discovery
+            self._db.execute("ALTER TABLE spool ADD COLUMN lane INTEGER NOT NULL DEFAULT 0")
         self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
 
     def close(self) -> None:
@@ -218,7 +226,7 @@ class StateStore:
                     "INSERT OR IGNORE INTO range_runs VALUES (?, ?, ?, NULL, ?)",
                     (agent, run, terms, now))
                 if cursor.rowcount:
-                    self._spool(message, now)
+                    self._spool(message, now, lane=RANGE_REPLIES)
                 results.append(bool(cursor.rowcount))
         return results
 
@@ -274,7 +282,7 @@ class StateStore:
                          (answer.rounds, *key))
         self._db.execute("INSERT INTO range_answers VALUES (?, ?, ?)", (*key, answer.round))
         self._charge(answer.agent, start, answer.ledger_channel, cost, 1)
-        self._spool(answer.message, now)
+        self._spool(answer.message, now, lane=RANGE_REPLIES)
         return "answered"
 
     def _next_seq(self, agent: str, channel: str) -> int:
@@ -303,16 +311,17 @@ class StateStore:
         return [(a, p, c, n / NANO, r) for a, p, c, n, r in rows]
 
     # -- the spool -------------------------------------------------------------------
-    def _spool(self, message: tuple[str, bytes], now: float, qos: int = 1) -> None:
+    def _spool(self, message: tuple[str, bytes], now: float, qos: int = 1,
+               lane: int = REPORTS) -> None:
         topic, payload = message
-        self._db.execute("INSERT INTO spool (topic, payload, qos, created) VALUES (?, ?, ?, ?)",
-                         (topic, payload, qos, now))
+        self._db.execute("INSERT INTO spool (topic, payload, qos, created, lane) "
+                         "VALUES (?, ?, ?, ?, ?)", (topic, payload, qos, now, lane))
         self._spooled += 1
 
-    def enqueue(self, topic: str, payload: bytes, *, qos: int = 1) -> None:
-        """Spool a message that carries no privacy charge (e.g. status)."""
+    def enqueue(self, topic: str, payload: bytes, *, qos: int = 1, lane: int = REPORTS) -> None:
+        """Spool a message that carries no privacy charge (e.g. a range refusal)."""
         with self._transaction():
-            self._spool((topic, payload), time.time(), qos)
+            self._spool((topic, payload), time.time(), qos, lane)
             self._enforce_cap()
 
     def _enforce_cap(self) -> None:
@@ -323,12 +332,13 @@ class StateStore:
             self._spooled -= excess
             self._add_counter("spool_dropped", excess)
 
-    def pending(self, after_id: int, limit: int) -> list[tuple[int, str, bytes, int]]:
-        """Spooled messages with id > after_id, oldest first."""
+    def pending(self, after_id: int, limit: int,
+                lane: int = REPORTS) -> list[tuple[int, str, bytes, int]]:
+        """Spooled messages of one lane with id > after_id, oldest first."""
         with self._lock:
             return self._db.execute(
-                "SELECT id, topic, payload, qos FROM spool WHERE id > ? ORDER BY id LIMIT ?",
-                (after_id, limit)).fetchall()
+                "SELECT id, topic, payload, qos FROM spool WHERE lane = ? AND id > ? "
+                "ORDER BY id LIMIT ?", (lane, after_id, limit)).fetchall()
 
     def acknowledge(self, ids: Iterable[int]) -> None:
         ids = list(ids)

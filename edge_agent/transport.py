@@ -23,6 +23,7 @@ from typing import Protocol
 import paho.mqtt.client as mqtt
 
 from .config import BrokerConfig
+from .state import LANES
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ class Outbox:
         self.on_message = on_message  # (topic, payload) of subscribed topics
         self._inflight: dict[int, int] = {}  # message id -> spool row id
         self._direct: set[int] = set()  # message ids of publish() not acknowledged yet
-        self._last_sent = 0  # highest spool id handed to the transport
+        self._last_sent = dict.fromkeys(LANES, 0)  # per lane: highest spool id handed over
         self.sent = 0
         self.acked = 0
 
@@ -228,13 +229,16 @@ class Outbox:
         # paho re-sends its own in-flight messages after a reconnect, so only
         # rows never handed over go out here, oldest first.
         room = self.window - len(self._inflight)
-        if room <= 0:
-            return
-        for row_id, topic, payload, qos in self.store.pending(self._last_sent, room):
-            mid = self.transport.publish(topic, payload, qos=qos)
-            self._inflight[mid] = row_id
-            self._last_sent = row_id
-            self.sent += 1
+        for lane in LANES:  # range replies first: they answer a round with a deadline
+            if room <= 0:
+                return
+            rows = self.store.pending(self._last_sent[lane], room, lane)
+            for row_id, topic, payload, qos in rows:
+                mid = self.transport.publish(topic, payload, qos=qos)
+                self._inflight[mid] = row_id
+                self._last_sent[lane] = row_id
+                self.sent += 1
+            room -= len(rows)
 
     def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> int:
         """Publish a message that is not spooled (a retained status); its ack is tracked."""

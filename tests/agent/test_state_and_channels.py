@@ -200,3 +200,37 @@ def test_vector_sample_reports_k_axes_per_reading():
     assert message["mechanism"]["epsilon"] == 1.5
     assert message["strategy"] == {"k": 2, "d": 3, "epsilon": 3.0}
     assert message["fields"] == ["accel_x", "accel_y", "accel_z"]
+
+
+def test_range_replies_overtake_a_backlog_of_reports(tmp_path):
+    """A round's answer has a deadline: it must not wait behind thousands of reports."""
+    from edge_agent.state import RANGE_REPLIES
+
+    store = StateStore(tmp_path / "s.sqlite")
+    for i in range(500):
+        store.enqueue("ldp/v1/f/a/x", f"report {i}".encode())
+    store.enqueue("ldp/v1/f/a/_range/r1", b"answer", lane=RANGE_REPLIES)
+    transport = FakeTransport(auto_ack=False)
+    outbox = Outbox(store, transport, window=100)
+    outbox.pump()
+    assert transport.published[0][:2] == ("ldp/v1/f/a/_range/r1", b"answer")
+    assert [p for _, p, _, _ in transport.published[1:]] == [f"report {i}".encode()
+                                                             for i in range(99)]
+    transport.ack_all()
+    while store.spooled:  # the rest still goes out, in order, nothing twice
+        outbox.pump()
+        transport.ack_all()
+    reports = [p for t, p, _, _ in transport.published if t.endswith("/x")]
+    assert reports == [f"report {i}".encode() for i in range(500)]
+
+
+def test_a_state_file_from_before_lanes_is_migrated(tmp_path):
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE spool (id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, "
+               "payload BLOB NOT NULL, qos INTEGER NOT NULL, created REAL NOT NULL)")
+    db.execute("INSERT INTO spool (topic, payload, qos, created) VALUES ('t', x'01', 1, 0)")
+    db.commit()
+    db.close()
+    store = StateStore(path)
+    assert store.spooled == 1 and store.pending(0, 10) == [(1, "t", b"\x01", 1)]

@@ -11,7 +11,7 @@ import pytest
 from edge_agent import protocol
 from edge_agent.range_responder import RangeResponder, RangeWindow
 from edge_agent.rangefind import answer_epsilon, assigned_round
-from edge_agent.state import StateStore, period_start, to_nano_up
+from edge_agent.state import RANGE_REPLIES, REPORTS, StateStore, period_start, to_nano_up
 
 FLEET = "f"
 NOW = 1_800_000_000.0
@@ -36,7 +36,9 @@ def make(tmp_path, agents=3, budget=10.0, range_max=4.0, values=None):
 
 
 def spooled(store):
-    return [(t, json.loads(p)) for _, t, p, _ in store.pending(0, 10**6)]
+    """Every spooled range reply (they travel in their own lane, ahead of reports)."""
+    assert not store.pending(0, 10**6, REPORTS)
+    return [(t, json.loads(p)) for _, t, p, _ in store.pending(0, 10**6, RANGE_REPLIES)]
 
 
 def test_window_extreme_counts_back_from_the_newest_reading():
