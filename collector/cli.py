@@ -149,6 +149,8 @@ def demo(agents, duration, http_port, broker, embedded, workdir) -> None:
     except RuntimeError as exc:
         click.echo(f"demo failed: {exc}", err=True)
         code = 1
+    except KeyboardInterrupt:  # during start-up: what was started has been stopped
+        code = 130
     sys.exit(code)
 
 

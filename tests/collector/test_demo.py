@@ -67,3 +67,35 @@ def test_demo_runs_everything_and_estimates_match_the_simulated_truth(tmp_path):
     except OSError:
         pass
     assert "exited early" not in output
+
+
+def test_ctrl_c_stops_the_demo_and_everything_it_started(tmp_path):
+    import os
+    import signal
+
+    port = free_port()
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "collector", "demo", "--agents", "3", "--http-port", str(port),
+         "--embedded", "--workdir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    url = f"http://127.0.0.1:{port}/api/channels"
+
+    def agents():
+        import urllib.request
+
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return len(json.loads(response.read())["agents"])
+
+    try:
+        assert wait_until(lambda: agents() == 3, 60)
+        demo.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
+        output, _ = demo.communicate(timeout=90)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 0, output[-3000:]
+    # the children ran in their own sessions (a terminal's Ctrl-C reaches only the
+    # demo, which stops them in order); none is left
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout
+    assert not os.path.exists(tmp_path / "truth.tmp")
