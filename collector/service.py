@@ -197,7 +197,10 @@ class CollectorService:
             coordinator.client.loop_stop()
 
     def _agents_online(self) -> int:
-        return self.views.channels_json()["agents_online"]
+        """How many agents a range run can expect (the whole document would compute EMS)."""
+        with self.lock:
+            now = self.clock()
+            return sum(Views._online(stats, now) for stats in self.ingestor.agents.values())
 
     # -- the network child ----------------------------------------------------------------
     def _start_network(self) -> None:
