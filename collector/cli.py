@@ -55,6 +55,16 @@ def run(config_path: str) -> None:
     sys.exit(CollectorService(config).run_forever())
 
 
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
+def merge(config_path: str) -> None:
+    """Merge the shards' published states and serve the dashboard and API (docs/SCALE_OUT.md)."""
+    from .shards import MergeService
+
+    config = _load(config_path, EXIT_CONFIG)
+    sys.exit(MergeService(config).run_forever())
+
+
 @main.command("discover-range")
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
 @click.option("--channel", required=True, help="a linear channel's name")

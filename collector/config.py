@@ -63,6 +63,32 @@ class SnapshotConfig(_Model):
     interval_seconds: Annotated[float, Field(ge=0, le=86400)] = 10.0
 
 
+class ShardConfig(_Model):
+    """Scale-out (docs/SCALE_OUT.md); used when [broker] shared_group is set."""
+
+    # This shard's name in ldp/v1/<fleet>/_shards/<name>/...; default: broker.client_id.
+    # Set it when client ids are secrets (docs/DEPLOYMENT.md): names are visible in the API.
+    name: Name | None = None
+    # The partial aggregates, retained on _shards/<name>/state, this often.
+    state_seconds: Annotated[float, Field(ge=0.5, le=3600)] = 5.0
+    # Claims on new reports are exchanged this often; a report is applied once
+    # every live shard has seen its claim (about two periods).
+    claims_seconds: Annotated[float, Field(ge=0.05, le=60)] = 0.5
+    # A shard silent this long is not waited for (its claims still count).
+    peer_timeout_seconds: Annotated[float, Field(ge=0.5, le=3600)] = 5.0
+    # Serve (and publish as snapshots) the merged view of all shards here.
+    serve_merged: bool = False
+    # Leave the shared group for good: unsubscribe, take what the broker queued
+    # for us, and end the session at the next stop (docs/SCALE_OUT.md).
+    retiring: bool = False
+
+    @model_validator(mode="after")
+    def _periods(self):
+        if self.peer_timeout_seconds < 2 * self.claims_seconds:
+            raise ValueError("peer_timeout_seconds: must be at least twice claims_seconds")
+        return self
+
+
 class RangeScheduleConfig(_Model):
     """A channel whose range is discovered periodically (on the coordinator)."""
 
@@ -112,6 +138,7 @@ class CollectorConfig(_Model):
     aggregates: AggregatesConfig = AggregatesConfig()
     snapshots: SnapshotConfig = SnapshotConfig()
     range_discovery: RangeDiscoveryConfig = RangeDiscoveryConfig()
+    shard: ShardConfig = ShardConfig()
 
     @model_validator(mode="after")
     def _ports(self):
@@ -119,6 +146,13 @@ class CollectorConfig(_Model):
                 and self.http.port != 0:
             raise ValueError("http.port: must differ from broker.port on the same host")
         return self
+
+    @property
+    def shard_name(self) -> str | None:
+        """This collector's shard name, or None when it is not a shard."""
+        if self.broker.shared_group is None:
+            return None
+        return self.shard.name or self.broker.client_id
 
 
 def parse_collector_config(data: dict) -> CollectorConfig:

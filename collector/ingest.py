@@ -8,14 +8,20 @@ bounded dead-letter log; it changes no aggregate.  Checks are written by hand
 rather than with a JSON-schema library so that a message costs microseconds;
 tests keep them in agreement with the schema file.
 
-The whole ``Ingestor`` pickles: it is the collector's checkpoint.
+The whole ``Ingestor`` pickles: it is the collector's checkpoint.  What a
+shard publishes for the merge view is ``to_state()`` instead: JSON values
+only, validated by ``from_state()`` (docs/SCALE_OUT.md).
+
+A shard on a shared subscription (``claims`` set, see ``collector.shards``)
+holds each new report until the other shards have seen its claim on the
+(agent, channel, seq), so that a copy delivered to another shard is counted
+once fleet-wide; ``settle()`` applies or drops what is held.
 """
 
 from __future__ import annotations
 
 import collections
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,12 +32,12 @@ import orjson
 from edge_agent.mechanisms import from_description
 from edge_agent.protocol import PROTOCOL_VERSION, TOPIC_ROOT
 
-from .series import Series, describe_key, series_identity
+from .series import NAME, Series, describe_key, kind_problem, series_identity
+from .stats import StateError, state_float, state_int, state_list
 
 MAX_PAYLOAD_BYTES = 1 << 20  # far above a 500-value batch (~4 kB)
 MAX_CODES = 100_000
 DEAD_LETTERS = 200
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 REPORT_KEYS = {"v", "agent", "channel", "kind", "seq", "t", "dt", "mechanism", "codes"}
 OPTIONAL_KEYS = {"fields", "strategy"}
 _MECHANISM_CACHE: dict[str, Any] = {}
@@ -148,43 +154,22 @@ def parse_report(topic: str, payload: bytes, fleet: str) -> Report:
     codes = message["codes"]
     fields = message.get("fields")
     strategy = message.get("strategy")
+    problem = kind_problem(kind, mechanism, fields, strategy)
+    if problem is not None:
+        raise Rejected(*problem)
     if kind in ("linear", "circular"):
-        expected = "ogpm-circular" if kind == "circular" else None
-        if (expected and mechanism.name != expected) or (
-                not expected and mechanism.name in ("ogpm-circular", "ogpm-polar")):
-            raise Rejected("kind", f"{kind} channel with mechanism {mechanism.name}")
-        if fields is not None or strategy is not None:
-            raise Rejected("schema", "fields/strategy are for vector channels")
         parsed = _codes(codes, mechanism.n_cells, exact)
     elif kind == "polar":
-        if mechanism.name != "ogpm-polar" or fields is not None or strategy is not None:
-            raise Rejected("kind", "polar channel needs mechanism ogpm-polar")
         if not isinstance(codes, list) or len(codes) != 2:
             raise Rejected("shape", "polar codes must be [radius codes, angle codes]")
         radius, angle = mechanism.components
         parsed = [_codes(codes[0], radius.n_cells, exact), _codes(codes[1], angle.n_cells, exact)]
         if parsed[0].size != parsed[1].size:
             raise Rejected("shape", "radius and angle code lists differ in length")
-    elif kind == "vector":
-        if mechanism.name in ("ogpm-circular", "ogpm-polar"):
-            raise Rejected("kind", "vector channels use a linear mechanism")
-        if not (isinstance(fields, list) and 2 <= len(fields) <= 64
-                and all(isinstance(f, str) and NAME.match(f) for f in fields)
-                and len(set(fields)) == len(fields)):
-            raise Rejected("schema", "vector fields must be 2-64 distinct names")
-        if not (isinstance(strategy, dict) and set(strategy) == {"k", "d", "epsilon"}
-                and type(strategy["k"]) is int and type(strategy["d"]) is int
-                and strategy["d"] == len(fields) and 1 <= strategy["k"] <= strategy["d"]
-                and isinstance(strategy["epsilon"], (int, float))
-                and not isinstance(strategy["epsilon"], bool)
-                and math.isclose(strategy["epsilon"] / strategy["k"], mechanism.epsilon,
-                                 rel_tol=1e-9)):
-            raise Rejected("schema", "vector strategy must be {k, d, epsilon} matching fields")
+    else:  # vector
         if not isinstance(codes, list) or len(codes) != len(fields):
             raise Rejected("shape", "vector codes need one list per field")
         parsed = [_codes(c, mechanism.n_cells, exact) for c in codes]
-    else:
-        raise Rejected("schema", f"unknown kind {kind!r}")
     return Report(agent, channel, kind, seq, t, message["mechanism"], key, parsed, fields,
                   strategy)
 
@@ -208,6 +193,16 @@ class SeqTracker:
 
     def add(self, seq: int) -> None:
         self.above.add(seq)
+        self._compact()
+
+    def advance(self, floor: int) -> None:
+        """Everything up to ``floor`` counts as seen (another shard's knowledge)."""
+        if floor > self.floor:
+            self.floor = floor
+            self.above = {seq for seq in self.above if seq > floor}
+            self._compact()
+
+    def _compact(self) -> None:
         while self.floor + 1 in self.above:
             self.floor += 1
             self.above.discard(self.floor)
@@ -239,11 +234,17 @@ class Ingestor:
         self.bins, self.window_seconds, self.keep_windows = bins, window_seconds, keep_windows
         self.series: dict[str, dict[tuple, Series]] = {}  # channel -> identity -> series
         self.latest: dict[str, tuple] = {}  # channel -> identity of the newest series
+        self.latest_at: dict[str, float] = {}  # channel -> when ``latest`` was last reported
         self.trackers: dict[tuple[str, str], SeqTracker] = {}
         self.agents: dict[str, AgentStats] = {}
         self.counters = collections.Counter()  # messages, values, duplicates
         self.rejects = collections.Counter()  # by reason
         self.dead_letters: collections.deque = collections.deque(maxlen=DEAD_LETTERS)
+        self.claims = None  # a shard's collector.shards.ClaimBook
+
+    def __setstate__(self, state: dict) -> None:
+        # Checkpoints written before shards existed lack the newer attributes.
+        self.__dict__.update({"latest_at": {}, "claims": None, **state})
 
     # -- messages -------------------------------------------------------------------------
     def classify(self, topic: str) -> str:
@@ -258,7 +259,8 @@ class Ingestor:
         return "report"
 
     def ingest(self, topic: str, payload: bytes, now: float | None = None) -> str:
-        """'accepted', 'duplicate', 'rejected:<reason>' or 'ignored'."""
+        """'accepted', 'duplicate', 'rejected:<reason>', 'ignored', 'status', or for a
+        shard 'held' (applied or dropped later by ``settle``)."""
         now = time.time() if now is None else now
         kind = self.classify(topic)
         if kind == "ignore":
@@ -274,20 +276,46 @@ class Ingestor:
         agent = self.agents.setdefault(report.agent, AgentStats())
         agent.last_seen = now
         tracker = self.trackers.setdefault((report.agent, report.channel), SeqTracker())
-        if tracker.seen(report.seq):
-            agent.duplicates += 1
-            self.counters["duplicates"] += 1
-            return "duplicate"
-        series = self._series_for(report)
+        if tracker.seen(report.seq) or (
+                self.claims is not None and self.claims.is_claimed(report)):
+            return self._duplicate(report)
+        if self.claims is not None:
+            self.claims.hold(report, now)
+            return "held"
+        self._accept(report, now)
+        return "accepted"
+
+    def settle(self, now_monotonic: float | None = None) -> tuple[int, int]:
+        """A shard: apply held reports no other shard counts, drop the others.
+
+        Returns (applied, dropped)."""
+        if self.claims is None:
+            return 0, 0
+        accepted, dropped = self.claims.settle(self.trackers, now_monotonic)
+        for report, received in accepted:
+            self._accept(report, received)
+        for report in dropped:
+            self._duplicate(report)
+        return len(accepted), len(dropped)
+
+    def _duplicate(self, report: Report) -> str:
+        self.agents.setdefault(report.agent, AgentStats()).duplicates += 1
+        self.counters["duplicates"] += 1
+        return "duplicate"
+
+    def _accept(self, report: Report, now: float) -> None:
+        series = self._series_for(report, now)
         values = series.update(agent=report.agent, t=report.t, codes=report.codes)
-        tracker.add(report.seq)
+        self.trackers.setdefault((report.agent, report.channel), SeqTracker()).add(report.seq)
+        if self.claims is not None:
+            self.claims.accepted(report)
+        agent = self.agents.setdefault(report.agent, AgentStats())
         agent.messages += 1
         agent.values += values
         self.counters["messages"] += 1
         self.counters["values"] += values
-        return "accepted"
 
-    def _series_for(self, report: Report) -> Series:
+    def _series_for(self, report: Report, now: float) -> Series:
         identity = series_identity(report.channel, report.kind, report.key, report.fields,
                                    report.strategy)
         by_identity = self.series.setdefault(report.channel, {})
@@ -298,6 +326,7 @@ class Ingestor:
                 bins=self.bins, window_seconds=self.window_seconds,
                 keep_windows=self.keep_windows, fields=report.fields, strategy=report.strategy)
         self.latest[report.channel] = identity
+        self.latest_at[report.channel] = now
         return series
 
     def _reject(self, topic: str, payload: bytes, rejection: Rejected, now: float) -> str:
@@ -331,7 +360,10 @@ class Ingestor:
 
     # -- merging shards -----------------------------------------------------------------------
     def merge(self, other: "Ingestor") -> "Ingestor":
-        """Combine another collector's state (disjoint message sets, e.g. shards)."""
+        """Combine another collector's state (disjoint message sets, e.g. shards).
+
+        A channel's newest series is the one reported most recently on either
+        side; dead letters keep the most recent of both."""
         for channel, by_identity in other.series.items():
             mine = self.series.setdefault(channel, {})
             for identity, series in by_identity.items():
@@ -340,7 +372,10 @@ class Ingestor:
                 else:
                     mine[identity] = _copy(series)
         for channel, identity in other.latest.items():
-            self.latest.setdefault(channel, identity)
+            at = other.latest_at.get(channel, -math.inf)
+            if channel not in self.latest or at > self.latest_at.get(channel, -math.inf):
+                self.latest[channel] = identity
+                self.latest_at[channel] = at
         for name, stats in other.agents.items():
             mine = self.agents.setdefault(name, AgentStats())
             mine.messages += stats.messages
@@ -352,7 +387,138 @@ class Ingestor:
                 mine.online, mine.status = stats.online, stats.status
         self.counters.update(other.counters)
         self.rejects.update(other.rejects)
+        if other.dead_letters:
+            letters = sorted([*self.dead_letters, *other.dead_letters], key=lambda d: d["t"])
+            self.dead_letters.clear()
+            self.dead_letters.extend(letters)  # the deque keeps the newest DEAD_LETTERS
         return self
+
+    # -- serialised state (shards -> merge view, docs/SCALE_OUT.md) ----------------------------
+    def to_state(self) -> dict:
+        """Everything the merge view needs, as JSON values (no sequence trackers, nothing
+        held): aggregates, counters, per-agent counters, newest series, dead letters."""
+        series, index = [], {}
+        for by_identity in self.series.values():
+            for identity, one in by_identity.items():
+                index[identity] = len(series)
+                series.append(one.to_state())
+        return {
+            "fleet": self.fleet,
+            "settings": {"bins": self.bins, "window_seconds": self.window_seconds,
+                         "keep_windows": self.keep_windows},
+            "counters": {key: self.counters[key] for key in COUNTERS},
+            "rejects": dict(self.rejects),
+            "agents": {name: {"messages": a.messages, "values": a.values,
+                              "duplicates": a.duplicates, "rejects": a.rejects,
+                              "last_seen": a.last_seen, "online": a.online, "status": a.status}
+                       for name, a in self.agents.items()},
+            "series": series,
+            "latest": {channel: [index[identity], self.latest_at.get(channel)]
+                       for channel, identity in self.latest.items()},
+            "dead_letters": list(self.dead_letters),
+        }
+
+    @classmethod
+    def from_state(cls, state) -> "Ingestor":
+        """An ingestor from ``to_state()`` output, or ``StateError`` saying what is wrong.
+
+        Besides types and ranges it checks that the counters add up: the
+        messages and values of all series, of all agents and the totals agree."""
+        keys = {"fleet", "settings", "counters", "rejects", "agents", "series", "latest",
+                "dead_letters"}
+        if not isinstance(state, dict) or set(state) != keys:
+            raise StateError(f"state: expected the keys {sorted(keys)}")
+        fleet, settings = state["fleet"], state["settings"]
+        if not isinstance(fleet, str) or not NAME.match(fleet):
+            raise StateError("fleet: not a fleet name")
+        if not isinstance(settings, dict) or set(settings) != {"bins", "window_seconds",
+                                                               "keep_windows"}:
+            raise StateError("settings: expected bins, window_seconds, keep_windows")
+        bins = state_int(settings["bins"], "settings.bins")
+        keep = state_int(settings["keep_windows"], "settings.keep_windows")
+        window = state_float(settings["window_seconds"], "settings.window_seconds")
+        if not (4 <= bins <= 1000 and 1 <= keep <= 10_000 and window >= 1):
+            raise StateError("settings: out of range")
+        ingestor = cls(fleet=fleet, bins=bins, window_seconds=window, keep_windows=keep)
+        counters = _int_map(state["counters"], "counters")
+        if set(counters) != set(COUNTERS):
+            raise StateError(f"counters: expected {list(COUNTERS)}")
+        ingestor.counters.update(counters)
+        ingestor.rejects.update(_int_map(state["rejects"], "rejects"))
+        ingestor._load_agents(state["agents"])
+        series_states = state["series"]
+        if not isinstance(series_states, list):
+            raise StateError("series: expected a list")
+        loaded = []
+        for i, series_state in enumerate(series_states):
+            series = Series.from_state(series_state, bins=bins, window_seconds=window,
+                                       keep_windows=keep, where=f"series[{i}]")
+            by_identity = ingestor.series.setdefault(series.channel, {})
+            if series.identity in by_identity:
+                raise StateError(f"series[{i}]: the same series twice")
+            by_identity[series.identity] = series
+            loaded.append(series)
+        latest = state["latest"]
+        if not isinstance(latest, dict) or set(latest) != set(ingestor.series):
+            raise StateError("latest: expected one entry per channel")
+        for channel, entry in latest.items():
+            i, at = state_list(entry, 2, f"latest.{channel}")
+            if type(i) is not int or not 0 <= i < len(loaded) or loaded[i].channel != channel:
+                raise StateError(f"latest.{channel}: not a series of the channel")
+            ingestor.latest[channel] = loaded[i].identity
+            if at is not None:
+                ingestor.latest_at[channel] = state_float(at, f"latest.{channel}[1]")
+        letters = state["dead_letters"]
+        if not isinstance(letters, list) or len(letters) > DEAD_LETTERS or not all(
+                isinstance(d, dict) and set(d) == DEAD_LETTER_KEYS
+                and isinstance(d["t"], (int, float)) and not isinstance(d["t"], bool)
+                and all(isinstance(d[k], str) and len(d[k]) <= 1024 for k in DEAD_LETTER_KEYS
+                        if k != "t") for d in letters):
+            raise StateError(f"dead_letters: expected at most {DEAD_LETTERS} dead letters")
+        ingestor.dead_letters.extend(letters)
+        ingestor._check_totals(loaded)
+        return ingestor
+
+    def _load_agents(self, agents) -> None:
+        if not isinstance(agents, dict):
+            raise StateError("agents: expected an object")
+        for name, entry in agents.items():
+            where = f"agents.{name[:64]}"
+            if not NAME.match(name) or not isinstance(entry, dict) or set(entry) != AGENT_KEYS:
+                raise StateError(f"{where}: expected an agent name and {sorted(AGENT_KEYS)}")
+            stats = self.agents[name] = AgentStats(
+                **{k: state_int(entry[k], f"{where}.{k}")
+                   for k in ("messages", "values", "duplicates", "rejects")})
+            if entry["last_seen"] is not None:
+                stats.last_seen = state_float(entry["last_seen"], f"{where}.last_seen")
+            if entry["online"] not in (None, True, False) or not isinstance(entry["status"], dict):
+                raise StateError(f"{where}: online must be true, false or null, status an object")
+            stats.online, stats.status = entry["online"], entry["status"]
+
+    def _check_totals(self, series: list[Series]) -> None:
+        messages, values = self.counters["messages"], self.counters["values"]
+        checks = {"series messages": sum(s.messages for s in series),
+                  "series values": sum(s.count() for s in series),
+                  "agents' messages": sum(a.messages for a in self.agents.values()),
+                  "agents' values": sum(a.values for a in self.agents.values())}
+        for what, total in checks.items():
+            expected = messages if "messages" in what else values
+            if total != expected:
+                raise StateError(f"counters: {what} add up to {total}, the counters say "
+                                 f"{expected}")
+
+
+COUNTERS = ("messages", "values", "duplicates")
+AGENT_KEYS = {"messages", "values", "duplicates", "rejects", "last_seen", "online", "status"}
+DEAD_LETTER_KEYS = {"t", "topic", "reason", "detail", "payload"}
+
+
+def _int_map(value, where: str) -> dict[str, int]:
+    if not isinstance(value, dict) or len(value) > 256:
+        raise StateError(f"{where}: expected an object of counts")
+    if not all(isinstance(k, str) and 0 < len(k) <= 64 for k in value):
+        raise StateError(f"{where}: keys must be 1-64 characters")
+    return {k: state_int(v, f"{where}.{k}") for k, v in value.items()}
 
 
 def _copy(series: Series) -> Series:

@@ -65,6 +65,8 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
         last_error[0] = None
         log.info("connected to %s:%s (session present: %s)", settings["host"], settings["port"],
                  flags.session_present)
+        if settings.get("unsubscribe"):  # a retiring shard leaves its shared group
+            client.unsubscribe(settings["unsubscribe"])
         client.subscribe([(topic, 1) for topic in settings["subscriptions"]])
 
     def on_subscribe(client, userdata, mid, reason_codes, properties):
@@ -143,6 +145,11 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
                 break
     finally:
         time.sleep(0.1)  # let paho send the last acks
-        client.disconnect()
+        if settings.get("end_session") and v5:  # a retired shard: the broker drops the session
+            ended = Properties(PacketTypes.DISCONNECT)
+            ended.SessionExpiryInterval = 0
+            client.disconnect(properties=ended)
+        else:
+            client.disconnect()
         client.loop_stop()
         store.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -29,13 +30,24 @@ import orjson
 from edge_agent.mechanisms import from_description
 
 from . import ems
-from .stats import BinCounts, CodeMoments, Count, PolarCross, TrigMoments
+from .stats import (
+    BinCounts,
+    CodeMoments,
+    Count,
+    PolarCross,
+    StateError,
+    TrigMoments,
+    state_int,
+    state_list,
+)
 
 Z95 = 1.959963984540054
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 # Use the affine bias inversion only when the reconstruction puts less than this
 # share of the data where E[M(x)] stops being affine (near OGPM's domain ends).
 AFFINE_EDGE_MASS = 0.02
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # agents, channels, fields
+KINDS = ("linear", "circular", "polar", "vector")
 
 
 def describe_key(description: dict) -> str:
@@ -48,6 +60,42 @@ def series_identity(channel: str, kind: str, key: str, fields: list[str] | None,
     """What makes two reports belong to one aggregation series (hashable, cheap)."""
     return (channel, kind, key, tuple(fields) if fields is not None else None,
             tuple(sorted(strategy.items())) if strategy is not None else None)
+
+
+def kind_problem(kind, mechanism, fields, strategy) -> tuple[str, str] | None:
+    """Why a series identity is impossible, as (reason, detail), or None.
+
+    ``mechanism`` is the built mechanism; the same rules hold for reports
+    (``ingest.parse_report``) and for series loaded from a shard state.
+    """
+    if kind in ("linear", "circular"):
+        expected = "ogpm-circular" if kind == "circular" else None
+        if (expected and mechanism.name != expected) or (
+                not expected and mechanism.name in ("ogpm-circular", "ogpm-polar")):
+            return "kind", f"{kind} channel with mechanism {mechanism.name}"
+        if fields is not None or strategy is not None:
+            return "schema", "fields/strategy are for vector channels"
+    elif kind == "polar":
+        if mechanism.name != "ogpm-polar" or fields is not None or strategy is not None:
+            return "kind", "polar channel needs mechanism ogpm-polar"
+    elif kind == "vector":
+        if mechanism.name in ("ogpm-circular", "ogpm-polar"):
+            return "kind", "vector channels use a linear mechanism"
+        if not (isinstance(fields, list) and 2 <= len(fields) <= 64
+                and all(isinstance(f, str) and NAME.match(f) for f in fields)
+                and len(set(fields)) == len(fields)):
+            return "schema", "vector fields must be 2-64 distinct names"
+        if not (isinstance(strategy, dict) and set(strategy) == {"k", "d", "epsilon"}
+                and type(strategy["k"]) is int and type(strategy["d"]) is int
+                and strategy["d"] == len(fields) and 1 <= strategy["k"] <= strategy["d"]
+                and isinstance(strategy["epsilon"], (int, float))
+                and not isinstance(strategy["epsilon"], bool)
+                and math.isclose(strategy["epsilon"] / strategy["k"], mechanism.epsilon,
+                                 rel_tol=1e-9)):
+            return "schema", "vector strategy must be {k, d, epsilon} matching fields"
+    else:
+        return "schema", f"unknown kind {kind!r}"
+    return None
 
 
 @lru_cache(maxsize=256)
@@ -106,6 +154,13 @@ class _Block:
     def _statistics(self):
         raise NotImplementedError
 
+    def to_state(self) -> dict:
+        return _block_state(self)
+
+    def load_state(self, state, where: str) -> None:
+        self._cache = None
+        _load_block(self, state, where)
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_cache"] = None  # derived, recomputed on demand
@@ -140,6 +195,8 @@ class LinearBlock(_Block):
         out_width = float(self.out_edges[1] - self.out_edges[0])
         self.out = BinCounts(origin, step, float(self.out_edges[0]), out_width,
                              self.out_edges.size - 1, outside="clip")
+
+    STATE_NAMES = ("count", "moments", "raw", "out")
 
     def _statistics(self):
         return (self.count, self.moments, self.raw, self.out)
@@ -265,6 +322,8 @@ class CircularBlock(_Block):
         self.hist = BinCounts(origin, step, m.origin, m.period / self.bins, self.bins,
                               outside="wrap")
 
+    STATE_NAMES = ("count", "trig", "hist")
+
     def _statistics(self):
         return (self.count, self.trig, self.hist)
 
@@ -291,6 +350,25 @@ class CircularBlock(_Block):
                 "resultant_length": {"raw": _finite(trig["resultant"]),
                                      "estimate": _finite(corrected)},
                 "circular_std": _finite(std), "histogram": histogram}
+
+
+def _block_state(block) -> dict:
+    return {name: statistic.to_state()
+            for name, statistic in zip(block.STATE_NAMES, block._statistics())}
+
+
+def _load_block(block, state, where: str) -> None:
+    """Load every statistic of a block, then check they counted the same values."""
+    if not isinstance(state, dict) or set(state) != set(block.STATE_NAMES):
+        raise StateError(f"{where}: expected the statistics {list(block.STATE_NAMES)}")
+    for name, statistic in zip(block.STATE_NAMES, block._statistics()):
+        statistic.load_state(state[name], f"{where}.{name}")
+    n = block.count.n
+    for name, statistic in zip(block.STATE_NAMES, block._statistics()):
+        seen = (int(statistic.counts.sum()) + statistic.outside_count
+                if isinstance(statistic, BinCounts) else statistic.n)
+        if seen != n:
+            raise StateError(f"{where}.{name}: counts {seen} values, the block {n}")
 
 
 def _component_key(description: dict, component) -> str:
@@ -388,6 +466,65 @@ class Series:
                 and other.messages == self.messages and other.agents == self.agents
                 and other.total == self.total and other.windows == self.windows)
 
+    # -- serialised state (shards, docs/SCALE_OUT.md) ---------------------------------------
+    def to_state(self) -> dict:
+        """Identity, counters and every block's sums as JSON values."""
+        return {"channel": self.channel, "kind": self.kind, "mechanism": self.mechanism,
+                "fields": self.fields, "strategy": self.strategy, "messages": self.messages,
+                "agents": sorted(self.agents),
+                "total": {name: block.to_state() for name, block in self.total.items()},
+                "windows": [[start, {name: block.to_state() for name, block in blocks.items()}]
+                            for start, blocks in sorted(self.windows.items())]}
+
+    @classmethod
+    def from_state(cls, state, *, bins: int, window_seconds: float, keep_windows: int,
+                   where: str = "series") -> "Series":
+        """A series from ``to_state()`` output; ``StateError`` if anything is off."""
+        keys = {"channel", "kind", "mechanism", "fields", "strategy", "messages", "agents",
+                "total", "windows"}
+        if not isinstance(state, dict) or set(state) != keys:
+            raise StateError(f"{where}: expected the keys {sorted(keys)}")
+        channel, kind = state["channel"], state["kind"]
+        if not isinstance(channel, str) or not NAME.match(channel):
+            raise StateError(f"{where}.channel: not a channel name")
+        if kind not in KINDS:
+            raise StateError(f"{where}.kind: not one of {list(KINDS)}")
+        description = state["mechanism"]
+        try:
+            mechanism = from_description(description)
+            describe_key(description)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise StateError(f"{where}.mechanism: invalid mechanism: {exc}") from None
+        problem = kind_problem(kind, mechanism, state["fields"], state["strategy"])
+        if problem is not None:
+            raise StateError(f"{where}: {problem[1]}")
+        series = cls(channel=channel, kind=kind, mechanism=description, bins=bins,
+                     window_seconds=window_seconds, keep_windows=keep_windows,
+                     fields=state["fields"], strategy=state["strategy"])
+        series.messages = state_int(state["messages"], f"{where}.messages")
+        agents = state["agents"]
+        if not isinstance(agents, list) or not all(isinstance(a, str) and NAME.match(a)
+                                                   for a in agents):
+            raise StateError(f"{where}.agents: expected a list of agent names")
+        series.agents = set(agents)
+        series._load_blocks(series.total, state["total"], f"{where}.total")
+        windows = state["windows"]
+        if not isinstance(windows, list) or len(windows) > keep_windows:
+            raise StateError(f"{where}.windows: expected at most {keep_windows} windows")
+        for i, entry in enumerate(windows):
+            start, blocks = state_list(entry, 2, f"{where}.windows[{i}]")
+            if type(start) is not int or abs(start) > 2**1000 or start in series.windows:
+                raise StateError(f"{where}.windows[{i}]: start must be a new integer")
+            series.windows[start] = series._new_blocks()
+            series._load_blocks(series.windows[start], blocks, f"{where}.windows[{i}]")
+        return series
+
+    def _load_blocks(self, blocks: dict, state, where: str) -> None:
+        if not isinstance(state, dict) or set(state) != set(blocks):
+            raise StateError(f"{where}: expected the blocks {list(blocks)}")
+        for name, block in blocks.items():
+            block.load_state(state[name], f"{where}.{name}")
+
     # -- the API view -----------------------------------------------------------------------
     def count(self) -> int:
         if self.kind == "vector":
@@ -452,6 +589,17 @@ class _CrossBlock:
         self.cross.merge(other.cross)
         self.count.merge(other.count)
         return self
+
+    STATE_NAMES = ("count", "cross")
+
+    def _statistics(self):
+        return (self.count, self.cross)
+
+    def to_state(self) -> dict:
+        return _block_state(self)
+
+    def load_state(self, state, where: str) -> None:
+        _load_block(self, state, where)
 
     def __eq__(self, other):
         return isinstance(other, _CrossBlock) and other.cross == self.cross

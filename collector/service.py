@@ -11,6 +11,10 @@ Process layout (see ``network.py`` and ``store.py``):
 
 A restart loads the checkpoint and replays the journal after it: exactly
 the committed state, while the broker re-sends whatever was not acknowledged.
+
+With ``[broker] shared_group`` the collector is one shard of several: it also
+exchanges claims with the other shards and publishes its partial state for
+the merge view (``shards.py``, docs/SCALE_OUT.md).
 """
 
 from __future__ import annotations
@@ -54,6 +58,31 @@ def new_ingestor(config: CollectorConfig) -> Ingestor:
                     keep_windows=config.aggregates.keep_windows)
 
 
+def settings_of(config: CollectorConfig) -> dict:
+    """The aggregates settings shards and the merge view must share (as in a shard state)."""
+    return {"bins": config.aggregates.histogram_bins,
+            "window_seconds": config.aggregates.window_seconds,
+            "keep_windows": config.aggregates.keep_windows}
+
+
+def shard_setup(config: CollectorConfig, ingestor: Ingestor) -> None:
+    """Give a shard's ingestor its claim book (kept in checkpoints), or take it away."""
+    from .shards import ClaimBook
+
+    name, group = config.shard_name, config.broker.shared_group
+    timeout = config.shard.peer_timeout_seconds
+    if name is None:
+        if ingestor.claims is not None:  # no longer a shard: apply what it held
+            held = list(ingestor.claims.held.values())
+            ingestor.claims = None
+            for entry in held:
+                ingestor._accept(entry.report, entry.received)
+    elif ingestor.claims is None:
+        ingestor.claims = ClaimBook(name, group, peer_timeout=timeout)
+    else:
+        ingestor.claims.configure(name, group, peer_timeout=timeout)
+
+
 def restore(config: CollectorConfig, store: CollectorStore) -> tuple[Ingestor, int]:
     """The checkpointed ingestor with the journal replayed on top, and its journal position."""
     state, upto, journal = store.load()
@@ -64,6 +93,7 @@ def restore(config: CollectorConfig, store: CollectorStore) -> tuple[Ingestor, i
         if ingestor.fleet != config.fleet:
             raise ValueError(f"{store.path} holds fleet {ingestor.fleet!r}, the config says "
                              f"{config.fleet!r}: use another storage.path")
+    shard_setup(config, ingestor)
     position = upto
     for row_id, topic, payload, received in journal:
         ingestor.ingest(topic, payload, received)
@@ -80,11 +110,17 @@ def subscriptions(config: CollectorConfig) -> list[str]:
         return [data_subscription(fleet)]
     # Retained statuses are not delivered on shared subscriptions, so every
     # shard also follows the status topics directly.
-    return [f"$share/{group}/{data_subscription(fleet)}", f"{TOPIC_ROOT}/{fleet}/+/status"]
+    statuses = f"{TOPIC_ROOT}/{fleet}/+/status"
+    return [statuses] if config.shard.retiring else [shared_subscription(config), statuses]
+
+
+def shared_subscription(config: CollectorConfig) -> str:
+    return f"$share/{config.broker.shared_group}/{data_subscription(config.fleet)}"
 
 
 def network_settings(config: CollectorConfig) -> dict:
     broker = config.broker
+    retiring = config.shard_name is not None and config.shard.retiring
     tls = None
     if broker.tls is not None:
         tls = {k: (str(v) if v is not None and k != "insecure" else v)
@@ -96,7 +132,30 @@ def network_settings(config: CollectorConfig) -> dict:
             "mqtt_version": broker.mqtt_version,
             "ack_interval": config.storage.ack_interval_seconds,
             "subscriptions": subscriptions(config),
+            # A retiring shard: leave the shared group, and end the session when stopped.
+            "unsubscribe": [shared_subscription(config)] if retiring else [],
+            "end_session": retiring,
             "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())}
+
+
+def on_range_result(results: dict, message) -> None:
+    """A retained range result (ours or any coordinator's) into ``results`` for /api/range."""
+    levels = message.topic.split("/")
+    try:
+        result = json.loads(message.payload)
+    except ValueError:
+        return
+    if len(levels) == 7 and levels[-1] in ("min", "max") and isinstance(result, dict):
+        results.setdefault(levels[-2], {})[levels[-1]] = result
+
+
+def publish_snapshots(client: mqtt.Client, views: Views, fleet: str) -> None:
+    """Every channel's aggregates, retained on ``ldp/v1/<fleet>/_aggregates/<channel>``."""
+    document = views.channels_json()
+    for name, channel in document["channels"].items():
+        channel = dict(channel, channel=name, t=document["t"])
+        client.publish(aggregates_topic(fleet, name), encode(json_safe(channel)), qos=1,
+                       retain=True)
 
 
 class CollectorService:
@@ -108,9 +167,23 @@ class CollectorService:
         self.store = CollectorStore(config.storage.path)
         self.ingestor, self.position = restore(config, self.store)
         self.range_results: dict[str, dict[str, dict]] = {}  # channel -> side -> result
-        self.views = Views(lambda: self.ingestor, self.lock, clock,
-                           broker_status=self.store.network,
-                           range_results=lambda: self.range_results)
+        self.shard = config.shard_name
+        self.merge_view = None
+        get_ingestor, extra = (lambda: self.ingestor), None
+        if self.shard is not None:
+            extra = self._shard_json
+            if config.shard.serve_merged:
+                from .shards import MergeView
+
+                self.merge_view = MergeView(config.fleet, settings_of(config),
+                                            group=config.broker.shared_group, exclude=self.shard,
+                                            clock=clock)
+                get_ingestor = lambda: self.merge_view.ingestor(local=self.ingestor)  # noqa: E731
+        self.views = Views(get_ingestor, self.lock, clock, broker_status=self.store.network,
+                           range_results=lambda: self.range_results, extra=extra)
+        self._claims_arrived = threading.Event()
+        self._started, self._replay_settled = clock(), False
+        self.last_report: float | None = None  # when the newest report was journaled
         self._stop = threading.Event()
         self._stop_requested = threading.Event()  # set by SIGTERM / SIGINT
         self._context = multiprocessing.get_context("spawn")  # the child imports no numba
@@ -139,20 +212,91 @@ class CollectorService:
         client.on_connect_fail = lambda c, u: log.warning(
             "snapshot publisher cannot connect to broker %s:%s: %s", broker.host, broker.port,
             sys.exc_info()[1] or "unknown error")
-        results = range_result_subscription(self.config.fleet)
-        client.on_connect = lambda c, *_: c.subscribe(results, qos=1)
-        client.on_message = self._on_range_result
+        topics = [range_result_subscription(self.config.fleet)]
+        client.on_message = lambda c, u, message: on_range_result(self.range_results, message)
+        if self.shard is not None:
+            from .shards import shard_topic
+
+            topics.append(shard_topic(self.config.fleet, "+", "claims"))
+            client.message_callback_add(topics[-1], self._on_claims)
+            if self.merge_view is not None:
+                topics.append(shard_topic(self.config.fleet, "+", "state"))
+                client.message_callback_add(
+                    topics[-1], lambda c, u, m: self.merge_view.update(m.topic, m.payload))
+        client.on_connect = lambda c, *_: c.subscribe([(topic, 1) for topic in topics])
         return client
 
-    def _on_range_result(self, client, userdata, message) -> None:
-        """Retained range results (ours or any coordinator's) for /api/range."""
-        levels = message.topic.split("/")
-        try:
-            result = json.loads(message.payload)
-        except ValueError:
+    # -- scale-out (docs/SCALE_OUT.md) ----------------------------------------------------------
+    def _on_claims(self, client, userdata, message) -> None:
+        from .shards import shard_of
+
+        name = shard_of(message.topic, self.config.fleet, "claims")
+        if name is None:
             return
-        if len(levels) == 7 and levels[-1] in ("min", "max") and isinstance(result, dict):
-            self.range_results.setdefault(levels[-2], {})[levels[-1]] = result
+        with self.lock:
+            self.ingestor.claims.receive(name, message.payload, self.ingestor.trackers)
+        self._claims_arrived.set()
+
+    def _shard_json(self) -> dict:
+        with self.lock:
+            claims = self.ingestor.claims.peers_json()
+            counters = {key: self.ingestor.counters[key]
+                        for key in ("messages", "values", "duplicates")}
+        document = {"shard": {"name": self.shard, "group": self.config.broker.shared_group,
+                              "serve_merged": self.merge_view is not None,
+                              "retiring": self.config.shard.retiring,
+                              "last_report": self.last_report, **claims}}
+        if self.merge_view is not None:
+            now = self.clock()
+            own = {self.shard: {"t": now, "age": 0.0, "received": now, "stale": False,
+                                "group": self.config.broker.shared_group, **counters,
+                                "bytes": None, "error": None}}
+            document.update(self.merge_view.shards_json(local=own))
+        return document
+
+    def publish_claims(self) -> None:
+        from .shards import shard_topic
+
+        with self.lock:
+            payload = self.ingestor.claims.message(self.clock())
+        self.publisher.publish(shard_topic(self.config.fleet, self.shard, "claims"), payload,
+                               qos=1, retain=True)
+
+    def publish_state(self):
+        from .shards import encode_state, shard_topic
+
+        with self.lock:
+            payload = encode_state(self.ingestor, shard=self.shard,
+                                   group=self.config.broker.shared_group,
+                                   every=self.config.shard.state_seconds, now=self.clock())
+        return self.publisher.publish(shard_topic(self.config.fleet, self.shard, "state"),
+                                      payload, qos=1, retain=True)
+
+    def _state_ready(self) -> bool:
+        """After a restart the replayed journal is held again: publishing before it is
+        applied would show the merge view fewer values than our previous state."""
+        if self._replay_settled:
+            return True
+        with self.lock:
+            self._replay_settled = not self.ingestor.claims.held_since_before(self._started)
+        return self._replay_settled
+
+    def _apply_held(self) -> None:
+        """A retiring shard's last stop: settle what it holds while the peers still answer
+        (its session ends, and a report it kept holding would never be counted)."""
+        deadline = time.monotonic() + 4 * self.config.shard.peer_timeout_seconds
+        while self.ingestor.claims.held and time.monotonic() < deadline and self.connected:
+            self.publish_claims()
+            self._claims_arrived.wait(self.config.shard.claims_seconds)
+            self.settle()
+        if self.ingestor.claims.held:
+            log.error("retiring shard %s stops with %d report(s) still held; restart it to "
+                      "settle them", self.shard, len(self.ingestor.claims.held))
+
+    def settle(self) -> None:
+        self._claims_arrived.clear()
+        with self.lock:
+            self.ingestor.settle()
 
     # -- range discovery (only on the designated coordinator) ----------------------------------
     def channel_domain(self, channel: str) -> tuple[float, float] | None:
@@ -224,7 +368,8 @@ class CollectorService:
             return 0
         with self.lock:
             for row_id, topic, payload, received in rows:
-                self.ingestor.ingest(topic, payload, received)
+                if self.ingestor.ingest(topic, payload, received) not in ("status", "ignored"):
+                    self.last_report = received
             self.position = rows[-1][0]
         now = time.monotonic()
         if now >= self._progress_due:  # a write per batch would contend with the journal
@@ -234,33 +379,50 @@ class CollectorService:
 
     def checkpoint(self) -> None:
         with self.lock:
+            claims = self.ingestor.claims
+            snapshot = claims.snapshot(self.ingestor.trackers) if claims is not None else None
             state = pickle.dumps(self.ingestor, protocol=pickle.HIGHEST_PROTOCOL)
             position = self.position
         self.store.checkpoint(state, position)
+        if snapshot is not None:
+            with self.lock:  # only now may peers record these as seen (docs/SCALE_OUT.md)
+                claims.promote(snapshot)
 
     def publish_snapshots(self) -> None:
-        document = self.views.channels_json()
-        for name, channel in document["channels"].items():
-            channel = dict(channel, channel=name, t=document["t"])
-            self.publisher.publish(aggregates_topic(self.config.fleet, name),
-                                   encode(json_safe(channel)), qos=1, retain=True)
+        publish_snapshots(self.publisher, self.views, self.config.fleet)
 
     def _aggregate(self) -> None:
-        storage, snapshots = self.config.storage, self.config.snapshots
+        storage, snapshots, shard = self.config.storage, self.config.snapshots, self.config.shard
         next_checkpoint = time.monotonic() + storage.checkpoint_seconds
-        next_snapshot = time.monotonic() + (snapshots.interval_seconds or float("inf"))
+        # A shard's own aggregates are partial: it publishes them as its state for
+        # the merge view, and snapshots only when it serves the merged view.
+        snapshot_every = snapshots.interval_seconds or float("inf")
+        if self.shard is not None and self.merge_view is None:
+            snapshot_every = float("inf")
+        next_snapshot = time.monotonic() + snapshot_every
+        next_settle = next_claims = next_state = time.monotonic()
         while not self._stop.is_set():
             try:
                 if self.catch_up() < READ_BATCH:
                     self._stop.wait(0.01)  # caught up: poll again shortly
                 now = time.monotonic()
+                if self.shard is not None:
+                    if self._claims_arrived.is_set() or now >= next_settle:
+                        self.settle()
+                        next_settle = now + 0.1
+                    if now >= next_claims and self.connected:
+                        self.publish_claims()
+                        next_claims = now + shard.claims_seconds
+                    if now >= next_state and self.connected and self._state_ready():
+                        self.publish_state()
+                        next_state = now + shard.state_seconds
                 if now >= next_checkpoint:
                     self.checkpoint()
                     self._supervise_network()
                     next_checkpoint = now + storage.checkpoint_seconds
                 if now >= next_snapshot and self.connected:
                     self.publish_snapshots()
-                    next_snapshot = now + snapshots.interval_seconds
+                    next_snapshot = now + snapshot_every
             except Exception:  # keep aggregating; the next round retries
                 log.exception("aggregation step failed")
                 self._stop.wait(1.0)
@@ -295,7 +457,16 @@ class CollectorService:
             self._range_thread.join(15)
         while self.catch_up():  # whatever the child committed last
             pass
+        if self.shard is not None and self.config.shard.retiring:
+            self._apply_held()
         self.checkpoint()
+        if self.shard is not None and self.connected:  # the merge view's last word from us
+            try:
+                self.publish_claims()
+                if self._state_ready():
+                    self.publish_state().wait_for_publish(5)
+            except (RuntimeError, ValueError) as exc:
+                log.warning("could not publish the final shard state: %s", exc)
         if self.web is not None:
             self.web.stop()
         self.publisher.disconnect()

@@ -3,7 +3,9 @@
 Every statistic has ``update(batch)`` (a numpy array of codes, or a pair for
 ``PolarCross``), ``merge(other)`` (the result equals having seen both
 streams, which is what lets collector shards be combined), ``get()``, and
-pickles.  Statistics work on the integer codes of the output grid: a code c
+pickles.  ``to_state()`` gives its sums as plain JSON values and
+``from_state(params, state)`` rebuilds it, validating them (shard states,
+docs/SCALE_OUT.md: never pickle from the network).  Statistics work on the integer codes of the output grid: a code c
 stands for the value ``origin + c * step``.  Sums of codes and counts are
 exact Python integers, so incremental, batch and merged results are
 identical, not merely close; only the trigonometric sums are floats.
@@ -21,6 +23,34 @@ import numpy as np
 def _sum(array: np.ndarray) -> int:
     # int64 per batch (safe below ~1e9 values of 2**16 codes), then Python int.
     return int(np.sum(array, dtype=np.int64))
+
+
+class StateError(ValueError):
+    """A serialised state (docs/SCALE_OUT.md) that cannot be loaded; says where and why."""
+
+
+def state_int(value, where: str) -> int:
+    """A JSON integer >= 0 (exact; booleans and floats refused)."""
+    if type(value) is not int or value < 0:
+        raise StateError(f"{where}: expected an integer >= 0, got {_show(value)}")
+    return value
+
+
+def state_float(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise StateError(f"{where}: expected a finite number, got {_show(value)}")
+    return float(value)
+
+
+def state_list(value, length: int, where: str) -> list:
+    if not isinstance(value, list) or len(value) != length:
+        raise StateError(f"{where}: expected a list of {length}, got {_show(value)}")
+    return value
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _equal(a, b) -> bool:
@@ -58,6 +88,20 @@ class Statistic:
     def params(self) -> tuple:
         return ()
 
+    def to_state(self) -> list:
+        """The sums as JSON values (integers exact), without the parameters."""
+        raise NotImplementedError
+
+    def load_state(self, state, where: str = "state") -> None:
+        """Set the sums from ``to_state()`` output, validated (``StateError``)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_state(cls, params: tuple, state, where: str = "state") -> "Statistic":
+        statistic = cls(*params)
+        statistic.load_state(state, where)
+        return statistic
+
     def __getstate__(self) -> dict:
         """The state without caches (attributes named ``_...`` are derived)."""
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
@@ -92,6 +136,12 @@ class Count(Statistic):
     def get(self) -> int:
         return self.n
 
+    def to_state(self) -> list:
+        return [self.n]
+
+    def load_state(self, state, where="state") -> None:
+        self.n = state_int(state_list(state, 1, where)[0], f"{where}[0]")
+
 
 class CodeMoments(Statistic):
     """Mean and variance of the reported values, from exact sums of codes."""
@@ -121,6 +171,17 @@ class CodeMoments(Statistic):
         self.sum += other.sum
         self.sum_sq += other.sum_sq
         return self
+
+    def to_state(self) -> list:
+        return [self.n, self.sum, self.sum_sq]
+
+    def load_state(self, state, where="state") -> None:
+        n, total, total_sq = (state_int(v, f"{where}[{i}]")
+                              for i, v in enumerate(state_list(state, 3, where)))
+        # Codes are integers >= 0, so c <= c*c, and (sum c)^2 <= n * sum c^2.
+        if total > total_sq or total * total > n * total_sq:
+            raise StateError(f"{where}: sums of codes and of their squares are inconsistent")
+        self.n, self.sum, self.sum_sq = n, total, total_sq
 
     def get(self) -> dict:
         if self.n == 0:
@@ -164,6 +225,14 @@ class TrigMoments(Statistic):
         self.cos += other.cos
         self.sin += other.sin
         return self
+
+    def to_state(self) -> list:
+        return [self.n, self.cos, self.sin]
+
+    def load_state(self, state, where="state") -> None:
+        self.n, self.cos, self.sin = _float_sums(state, where)
+        if math.hypot(self.cos, self.sin) > self.n * (1 + 1e-9) + 1e-9:
+            raise StateError(f"{where}: resultant longer than the number of angles")
 
     def get(self) -> dict:
         if self.n == 0:
@@ -247,6 +316,22 @@ class BinCounts(Statistic):
     def get(self) -> np.ndarray:
         return self.counts.copy()
 
+    def to_state(self) -> list:
+        return [self.counts.tolist(), self.outside_count]
+
+    def load_state(self, state, where="state") -> None:
+        counts, outside = state_list(state, 2, where)
+        counts = state_list(counts, self.bins, f"{where}[0]")
+        for i, count in enumerate(counts):
+            if type(count) is not int or not 0 <= count < 2**63:
+                raise StateError(f"{where}[0][{i}]: expected a count in [0, 2**63), "
+                                 f"got {_show(count)}")
+        outside = state_int(outside, f"{where}[1]")
+        if outside and self.outside != "drop":
+            raise StateError(f"{where}[1]: only bins with outside='drop' count values outside")
+        self.counts = np.array(counts, dtype=np.int64)
+        self.outside_count = outside
+
 
 class PolarCross(Statistic):
     """Sums of r' cos(theta') and r' sin(theta') over paired radius/angle codes."""
@@ -281,7 +366,19 @@ class PolarCross(Statistic):
         self.y += other.y
         return self
 
+    def to_state(self) -> list:
+        return [self.n, self.x, self.y]
+
+    def load_state(self, state, where="state") -> None:
+        self.n, self.x, self.y = _float_sums(state, where)
+
     def get(self) -> dict:
         if self.n == 0:
             return {"n": 0, "x": None, "y": None}
         return {"n": self.n, "x": self.x / self.n, "y": self.y / self.n}
+
+
+def _float_sums(state, where: str) -> tuple[int, float, float]:
+    """[n, a, b]: a count and two float sums (TrigMoments, PolarCross)."""
+    n, a, b = state_list(state, 3, where)
+    return state_int(n, f"{where}[0]"), state_float(a, f"{where}[1]"), state_float(b, f"{where}[2]")

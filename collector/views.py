@@ -19,8 +19,12 @@ class Views:
     def __init__(self, get_ingestor: Callable[[], Ingestor], lock: threading.RLock | None = None,
                  clock: Callable[[], float] = time.time,
                  broker_status: Callable[[], dict] | None = None,
-                 range_results: Callable[[], dict] | None = None):
+                 range_results: Callable[[], dict] | None = None,
+                 extra: Callable[[], dict] | None = None):
+        """``extra``: more top-level fields for /api/channels (a shard's or the merge
+        view's ``shard``/``shards``, docs/SCALE_OUT.md)."""
         self._get = get_ingestor
+        self._extra = extra
         self._lock = lock or threading.RLock()
         self._clock = clock
         self._broker_status = broker_status or (lambda: {"connected": None, "since": None})
@@ -51,6 +55,7 @@ class Views:
                 "channels": {name: self._channel(ingestor, name, windows=False)
                              for name in sorted(ingestor.series)},
                 "range": self.range_json()["channels"],
+                **(self._extra() if self._extra is not None else {}),
             }
 
     def channel_json(self, name: str) -> dict | None:
@@ -104,6 +109,15 @@ class Views:
                       f"ldp_broker_connected {int(connected)}"]
         lines += ["# HELP ldp_agents_online Agents online.", "# TYPE ldp_agents_online gauge",
                   f"ldp_agents_online {document['agents_online']}"]
+        if "shards" in document:  # the merge view
+            lines += ["# HELP ldp_shard_state_age_seconds Age of each shard's latest state.",
+                      "# TYPE ldp_shard_state_age_seconds gauge"]
+            lines += [f'ldp_shard_state_age_seconds{{shard="{name}"}} {shard["age"]}'
+                      for name, shard in document["shards"].items() if shard["age"] is not None]
+            lines += ["# HELP ldp_shard_state_rejects_total Shard states rejected, by reason.",
+                      "# TYPE ldp_shard_state_rejects_total counter"]
+            lines += [f'ldp_shard_state_rejects_total{{reason="{r}"}} {n}'
+                      for r, n in sorted(document["shard_rejects"].items())]
         gauges = {
             "ldp_channel_count": ("Values accepted per channel.", lambda c: c["count"]),
             "ldp_channel_mean_estimate": (

@@ -24,19 +24,26 @@ from ..conftest import free_port
 
 
 class CollectorProcess:
-    def __init__(self, tmp_path, broker, *, checkpoint_seconds=2.0):
+    """``edge-collector <command>`` in a subprocess; ``name`` keeps several apart in one
+    directory, ``broker_lines`` and ``extra`` add configuration."""
+
+    def __init__(self, tmp_path, broker, *, checkpoint_seconds=2.0, name="collector",
+                 command="run", broker_lines=(), extra=()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.config = tmp_path / "collector.toml"
-        self.log = tmp_path / "collector.log"
+        self.command = command
+        self.config = tmp_path / f"{name}.toml"
+        self.log = tmp_path / f"{name}.log"
         self.config.write_text("\n".join([
             'fleet = "demo"',
             "[broker]", f"host = {toml_value(broker.host)}", f"port = {broker.port}",
+            *broker_lines,
             "[http]", 'host = "127.0.0.1"', f"port = {self.port}", "push_seconds = 0.5",
-            "[storage]", f"path = {toml_value(str(tmp_path / 'collector.sqlite'))}",
+            "[storage]", f"path = {toml_value(str(tmp_path / f'{name}.sqlite'))}",
             f"checkpoint_seconds = {checkpoint_seconds}",
             "[aggregates]", "window_seconds = 5",
             "[snapshots]", "interval_seconds = 1",
+            *extra,
         ]) + "\n")
         self.process = None
 
@@ -45,7 +52,7 @@ class CollectorProcess:
         env.setdefault("NUMBA_CACHE_DIR", str(REPO / ".venv" / "numba-cache"))
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "collector", "run", "--config", str(self.config)],
+                [sys.executable, "-m", "collector", self.command, "--config", str(self.config)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

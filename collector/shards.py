@@ -1,0 +1,552 @@
+"""Scale-out: collector shards on one shared subscription, and the merge view.
+
+See docs/SCALE_OUT.md for the topology and the failure modes.  Three parts:
+
+* ``ClaimBook``: exactly-once counting across shards.  The broker gives each
+  message to one shard, but a *copy* of a report (an agent re-sending its
+  spool after a restart, a replay) is a new message and may go to another
+  shard, whose own sequence tracker has never seen it.  So every shard holds
+  each new report, publishes a claim on its (agent, channel, seq) on
+  ``ldp/v1/<fleet>/_shards/<shard>/claims``, and applies it only once every
+  live peer has answered with a claims message that saw that claim.  Two
+  shards holding the same report keep it on the one whose name sorts first;
+  a report another shard has already applied is dropped as a duplicate.
+* ``encode_state`` / ``decode_state``: a shard's partial aggregates as
+  versioned JSON, retained on ``ldp/v1/<fleet>/_shards/<shard>/state``.
+  Nothing from the network is unpickled; every field is validated.
+* ``MergeView`` and ``MergeService`` (``edge-collector merge``): the latest
+  state of every shard, merged (``Ingestor.merge`` is exact), served through
+  the same ``Views`` and ``WebServer`` as a single collector.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import orjson
+
+from edge_agent.protocol import TOPIC_ROOT, range_result_subscription
+
+from .ingest import Ingestor, Report, SeqTracker
+from .series import NAME
+from .stats import StateError
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+MAX_STATE_BYTES = 64 << 20
+MAX_CLAIMS_BYTES = 16 << 20
+MAX_SEQS_PER_KEY = 100_000
+
+
+def shard_topic(fleet: str, shard: str, what: str) -> str:
+    """``ldp/v1/<fleet>/_shards/<shard>/<what>``, what = ``state`` or ``claims``."""
+    return f"{TOPIC_ROOT}/{fleet}/_shards/{shard}/{what}"
+
+
+def shard_of(topic: str, fleet: str, what: str) -> str | None:
+    """The shard name of a ``_shards`` topic of this fleet, or None."""
+    prefix, _, rest = topic.partition(f"{TOPIC_ROOT}/{fleet}/_shards/")
+    name, _, tail = rest.partition("/")
+    if prefix or tail != what or not NAME.match(name):
+        return None
+    return name
+
+
+# -- exactly once across shards ---------------------------------------------------------------
+
+@dataclass
+class Held:
+    report: Report
+    received: float  # when the shard journaled it (wall clock)
+    claimed_in: int | None = None  # the version of our first claims message naming it
+
+
+@dataclass
+class Peer:
+    version: int
+    seen: dict[str, int]  # shard -> the version of its claims this peer had read
+    applied: dict[tuple[str, str], set[int]]  # applied there, not yet in its checkpoint
+    pending: dict[tuple[str, str], set[int]]  # held there
+    heard: float  # our monotonic clock when it arrived
+    t: float  # the peer's wall clock when it published
+
+
+class ClaimBook:
+    """One shard's side of the claim exchange (module docstring, docs/SCALE_OUT.md).
+
+    A claims message says, per (agent, channel):
+
+    * ``floor`` and ``durable``: sequence numbers some shard has applied *and
+      checkpointed* (everything up to ``floor``, and the listed ones above it,
+      which this shard applied).  Receivers add them to their trackers.
+    * ``applied``: applied here since the last checkpoint.  A crash would
+      undo them (the journal replay holds them again), so receivers only
+      refrain from counting them, they do not record them as seen.
+    * ``held``: held here, waiting for the peers' answers.
+
+    Pickled with the ``Ingestor`` (it holds reports not yet applied); what it
+    learnt from peers is not pickled: their retained claims come again.
+    """
+
+    def __init__(self, shard: str, group: str, *, peer_timeout: float = 5.0):
+        self.shard, self.group = shard, group
+        self.held: dict[tuple[str, str, int], Held] = {}
+        self.fresh: dict[tuple[str, str], set[int]] = {}  # applied since the last checkpoint
+        self.durable: dict[tuple[str, str], tuple[int, list[int]]] = {}  # as last checkpointed
+        self.version = 0
+        self.configure(shard, group, peer_timeout=peer_timeout)
+
+    def configure(self, shard: str, group: str, *, peer_timeout: float,
+                  clock: Callable[[], float] = time.monotonic) -> None:
+        """(Re)start the transient side: after construction and after a restore."""
+        self.shard, self.group = shard, group
+        self.peer_timeout = peer_timeout
+        self.clock = clock
+        self.peers: dict[str, Peer] = {}
+        self.rejected = collections.Counter()
+        # Apply nothing before the peers' retained claims had time to arrive.
+        self.grace_until = clock() + peer_timeout
+
+    def __getstate__(self) -> dict:
+        return {"shard": self.shard, "group": self.group, "held": self.held,
+                "fresh": self.fresh, "durable": self.durable, "version": self.version}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.configure(self.shard, self.group, peer_timeout=5.0)
+
+    # -- the ingestor's side --
+    def is_claimed(self, report: Report) -> bool:
+        """Held here, or applied-not-checkpointed or held by any peer (live or not)."""
+        key, seq = (report.agent, report.channel), report.seq
+        return (*key, seq) in self.held or any(
+            seq in peer.pending.get(key, ()) or seq in peer.applied.get(key, ())
+            for peer in self.peers.values())
+
+    def hold(self, report: Report, received: float) -> None:
+        self.held[(report.agent, report.channel, report.seq)] = Held(report, received)
+
+    def accepted(self, report: Report) -> None:
+        self.fresh.setdefault((report.agent, report.channel), set()).add(report.seq)
+
+    def settle(self, trackers: dict[tuple[str, str], SeqTracker],
+               now: float | None = None) -> tuple[list[tuple[Report, float]], list[Report]]:
+        """Held reports to apply (with their arrival time) and to drop."""
+        now = self.clock() if now is None else now
+        live = [peer for peer in self.peers.values() if now - peer.heard <= self.peer_timeout]
+        ready = now >= self.grace_until
+        accept, drop = [], []
+        for key3, held in list(self.held.items()):
+            agent, channel, seq = key3
+            key = (agent, channel)
+            tracker = trackers.get(key)
+            if (tracker is not None and tracker.seen(seq)) or any(
+                    seq in peer.applied.get(key, ())
+                    or (name < self.shard and seq in peer.pending.get(key, ()))
+                    for name, peer in self.peers.items()):
+                drop.append(held.report)  # counted elsewhere, or held by a shard first in order
+            elif ready and held.claimed_in is not None and all(
+                    peer.seen.get(self.shard, -1) >= held.claimed_in for peer in live):
+                accept.append((held.report, held.received))
+            else:
+                continue
+            del self.held[key3]
+        return accept, drop
+
+    def held_since_before(self, t: float) -> bool:
+        """Whether something received before ``t`` (e.g. replayed at a restart) is held."""
+        return any(held.received < t for held in self.held.values())
+
+    # -- checkpoints --
+    def snapshot(self, trackers: dict[tuple[str, str], SeqTracker]) -> tuple[dict, dict]:
+        """Taken with the checkpoint, under the same lock; ``promote`` it once written."""
+        durable = {}
+        for key, tracker in trackers.items():
+            own = {seq for seq in (*self.durable.get(key, (0, ()))[1], *self.fresh.get(key, ()))
+                   if seq > tracker.floor}
+            if tracker.floor >= 0 or own:
+                durable[key] = (tracker.floor, sorted(own))
+        return durable, {key: set(seqs) for key, seqs in self.fresh.items()}
+
+    def promote(self, snapshot: tuple[dict, dict]) -> None:
+        """The checkpoint holding ``snapshot`` is written: publish it as durable."""
+        self.durable, written = snapshot
+        for key, seqs in written.items():
+            left = self.fresh.get(key, set()) - seqs
+            if left:
+                self.fresh[key] = left
+            else:
+                self.fresh.pop(key, None)
+
+    # -- messages --
+    def message(self, now: float) -> bytes:
+        """Our claims: [floor, durable, applied, held] per "agent/channel"."""
+        self.version = max(self.version + 1, time.time_ns())
+        pending: dict[tuple[str, str], list[int]] = {}
+        for (agent, channel, seq), held in self.held.items():
+            if held.claimed_in is None:
+                held.claimed_in = self.version
+            pending.setdefault((agent, channel), []).append(seq)
+        keys = {}
+        for key in self.durable.keys() | self.fresh.keys() | pending.keys():
+            floor, durable = self.durable.get(key, (-1, []))
+            keys[f"{key[0]}/{key[1]}"] = [floor, durable, sorted(self.fresh.get(key, ())),
+                                          sorted(pending.get(key, ()))]
+        return orjson.dumps({"v": STATE_VERSION, "type": "claims", "shard": self.shard,
+                             "group": self.group, "t": now, "version": self.version,
+                             "seen": {name: peer.version for name, peer in self.peers.items()},
+                             "keys": keys})
+
+    def receive(self, name: str, payload: bytes,
+                trackers: dict[tuple[str, str], SeqTracker]) -> str:
+        """A peer's claims: remember them, and record what it has checkpointed as seen."""
+        if name == self.shard:
+            return "own"
+        try:
+            parsed = self._parse(name, payload)
+        except StateError as exc:
+            self.rejected[str(exc).split(":", 1)[0]] += 1
+            log.warning("claims of shard %s rejected: %s", name, exc)
+            return "rejected"
+        if parsed is None:
+            return "other group"
+        peer, durable = parsed
+        known = self.peers.get(name)
+        if known is not None and peer.version < known.version:
+            return "stale"
+        self.peers[name] = peer
+        for key, (floor, seqs) in durable.items():
+            tracker = trackers.setdefault(key, SeqTracker())
+            tracker.advance(floor)
+            for seq in seqs:
+                tracker.add(seq)
+        return "accepted"
+
+    def _parse(self, name: str, payload: bytes):
+        if len(payload) > MAX_CLAIMS_BYTES:
+            raise StateError("oversized: claims message too large")
+        try:
+            message = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise StateError("json: claims are not JSON") from None
+        keys = {"v", "type", "shard", "group", "t", "version", "seen", "keys"}
+        if not isinstance(message, dict) or set(message) != keys or message["v"] != 1 \
+                or message["type"] != "claims" or message["shard"] != name:
+            raise StateError(f"schema: expected a version 1 claims message of {name}")
+        if message["group"] != self.group:
+            return None
+        version, seen, t = message["version"], message["seen"], message["t"]
+        if type(version) is not int or not isinstance(seen, dict) or not all(
+                isinstance(k, str) and type(v) is int for k, v in seen.items()):
+            raise StateError("schema: version and seen must be integers")
+        if isinstance(t, bool) or not isinstance(t, (int, float)):
+            raise StateError("schema: t must be a number")
+        if not isinstance(message["keys"], dict):
+            raise StateError("schema: keys must be an object")
+        durable, applied, pending = {}, {}, {}
+        for text, entry in message["keys"].items():
+            agent, _, channel = text.partition("/")
+            if not (NAME.match(agent) and NAME.match(channel) and isinstance(entry, list)
+                    and len(entry) == 4 and type(entry[0]) is int and entry[0] >= -1
+                    and all(isinstance(part, list) and len(part) <= MAX_SEQS_PER_KEY
+                            and all(type(s) is int and s >= 0 for s in part)
+                            for part in entry[1:])):
+                raise StateError(f"schema: bad claims entry {text[:140]!r}")
+            key = (agent, channel)
+            durable[key] = (entry[0], entry[1])
+            if entry[2]:
+                applied[key] = set(entry[2])
+            if entry[3]:
+                pending[key] = set(entry[3])
+        return Peer(version, seen, applied, pending, self.clock(), float(t)), durable
+
+    def peers_json(self) -> dict:
+        """What the claim exchange looks like from here (for the API)."""
+        mono = self.clock()
+        return {"held": len(self.held),
+                "peers": {name: {"t": peer.t, "heard_seconds_ago": mono - peer.heard,
+                                 "live": mono - peer.heard <= self.peer_timeout,
+                                 "held": sum(len(s) for s in peer.pending.values())}
+                          for name, peer in sorted(self.peers.items())},
+                "rejected": dict(self.rejected)}
+
+
+# -- the state a shard publishes ---------------------------------------------------------------
+
+def encode_state(ingestor: Ingestor, *, shard: str, group: str | None, every: float,
+                 now: float) -> bytes:
+    """The versioned JSON document of docs/SCALE_OUT.md ("Shard state")."""
+    document = {"v": STATE_VERSION, "type": "shard-state", "shard": shard, "group": group,
+                "t": now, "every": every, "state": ingestor.to_state()}
+    # The standard library keeps integers exact at any size (orjson stops at 64 bits).
+    return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+
+
+class ShardStateRejected(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+def decode_state(payload: bytes, *, shard: str, fleet: str, settings: dict,
+                 group: str | None = None) -> tuple[dict, Ingestor]:
+    """(envelope without the state, the shard's ``Ingestor``) or ``ShardStateRejected``."""
+    if len(payload) > MAX_STATE_BYTES:
+        raise ShardStateRejected("oversized", f"{len(payload)} bytes")
+    try:
+        document = json.loads(payload, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # also: integers beyond 4300 digits
+        raise ShardStateRejected("json", str(exc)[:200]) from None
+    keys = {"v", "type", "shard", "group", "t", "every", "state"}
+    if not isinstance(document, dict) or set(document) != keys:
+        raise ShardStateRejected("schema", f"expected the keys {sorted(keys)}")
+    if document["v"] != STATE_VERSION or document["type"] != "shard-state":
+        raise ShardStateRejected("version", f"state version {str(document['v'])[:20]}")
+    if document["shard"] != shard:
+        raise ShardStateRejected("topic", "the shard name differs from the topic's")
+    if group is not None and document["group"] != group:
+        raise ShardStateRejected("group", f"shard of group {str(document['group'])[:64]!r}")
+    for key in ("t", "every"):
+        value = document[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0:
+            raise ShardStateRejected("schema", f"{key} must be a finite number >= 0")
+    state = document.pop("state")
+    if not isinstance(state, dict) or state.get("fleet") != fleet:
+        raise ShardStateRejected("fleet", f"not a state of fleet {fleet!r}")
+    if state.get("settings") != settings:
+        raise ShardStateRejected("settings", f"aggregates settings {state.get('settings')!r}"
+                                             f" differ from ours {settings!r}"[:300])
+    try:
+        return document, Ingestor.from_state(state)
+    except StateError as exc:
+        raise ShardStateRejected("schema", str(exc)[:300]) from None
+    except (RecursionError, MemoryError, OverflowError, TypeError, ValueError,
+            AttributeError, KeyError, IndexError) as exc:
+        raise ShardStateRejected("schema", f"{type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+@dataclass
+class ShardEntry:
+    ingestor: Ingestor
+    t: float
+    every: float
+    received: float
+    size: int
+    group: str | None
+    error: str | None = None  # the last rejected payload's reason, while it is the newest
+
+
+@dataclass
+class MergeView:
+    """The latest valid state of each shard, merged on demand (cached)."""
+
+    fleet: str
+    settings: dict
+    group: str | None = None  # only shards of this group; None: any
+    exclude: str | None = None  # a shard serving the merged view merges itself live
+    clock: Callable[[], float] = time.time
+    shards: dict[str, ShardEntry] = field(default_factory=dict)
+    rejects: collections.Counter = field(default_factory=collections.Counter)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._lock = threading.RLock()
+        self._generation = 0
+        self._cache: tuple[int, Ingestor] | None = None
+        self.merge_seconds = 0.0
+
+    def update(self, topic: str, payload: bytes) -> str:
+        """A message on ``_shards/+/state``: 'accepted', 'removed', 'ignored' or
+        'rejected:<reason>'.  Never raises: a bad payload keeps the shard's last state."""
+        name = shard_of(topic, self.fleet, "state")
+        if name is None or name == self.exclude:
+            return "ignored"
+        if not payload:  # an operator cleared the retained state: forget the shard
+            with self._lock:
+                if self.shards.pop(name, None) is not None:
+                    log.warning("shard %s removed (its retained state was cleared)", name)
+                    self._generation += 1
+            return "removed"
+        try:
+            envelope, ingestor = decode_state(payload, shard=name, fleet=self.fleet,
+                                              settings=self.settings, group=self.group)
+        except ShardStateRejected as exc:
+            return self._reject(name, exc.reason, exc.detail)
+        except Exception as exc:  # defence in depth: the merge view must not die of a payload
+            return self._reject(name, "internal", type(exc).__name__)
+        with self._lock:
+            known = self.shards.get(name)
+            if known is not None and envelope["t"] < known.t:
+                return self._reject(name, "stale", "older than the state we hold")
+            self.shards[name] = ShardEntry(ingestor, envelope["t"], envelope["every"],
+                                           self.clock(), len(payload), envelope["group"])
+            self.errors.pop(name, None)
+            self._generation += 1
+        return "accepted"
+
+    def _reject(self, name: str, reason: str, detail: str) -> str:
+        with self._lock:
+            self.rejects[reason] += 1
+            self.errors[name] = f"{reason}: {detail}"[:300]
+        log.warning("state of shard %s rejected (%s): %s", name, reason, detail[:300])
+        return f"rejected:{reason}"
+
+    def ingestor(self, local: Ingestor | None = None) -> Ingestor:
+        """All shards merged (plus ``local``, a live ingestor, merged fresh each call)."""
+        with self._lock:
+            generation, entries = self._generation, sorted(self.shards.items())
+            cache = self._cache
+        if cache is None or cache[0] != generation:
+            started = time.perf_counter()
+            merged = Ingestor(fleet=self.fleet, bins=self.settings["bins"],
+                              window_seconds=self.settings["window_seconds"],
+                              keep_windows=self.settings["keep_windows"])
+            for _, entry in entries:
+                merged.merge(entry.ingestor)
+            self.merge_seconds = time.perf_counter() - started
+            cache = (generation, merged)
+            with self._lock:
+                if self._generation == generation:
+                    self._cache = cache
+        if local is None:
+            return cache[1]
+        merged = Ingestor(fleet=self.fleet, bins=self.settings["bins"],
+                          window_seconds=self.settings["window_seconds"],
+                          keep_windows=self.settings["keep_windows"])
+        return merged.merge(local).merge(cache[1])
+
+    def shards_json(self, local: dict | None = None) -> dict:
+        """``shards`` and ``shard_rejects`` for /api/channels (docs/API.md)."""
+        now = self.clock()
+        with self._lock:
+            shards = {name: {"t": e.t, "age": max(0.0, now - e.t), "received": e.received,
+                             "stale": now - e.t > 3 * e.every + 5, "group": e.group,
+                             "messages": e.ingestor.counters["messages"],
+                             "values": e.ingestor.counters["values"],
+                             "duplicates": e.ingestor.counters["duplicates"],
+                             "bytes": e.size, "error": self.errors.get(name)}
+                      for name, e in self.shards.items()}
+            for name, error in self.errors.items():
+                shards.setdefault(name, {"t": None, "age": None, "received": None,
+                                         "stale": True, "group": None, "messages": 0,
+                                         "values": 0, "duplicates": 0, "bytes": 0,
+                                         "error": error})
+            rejects = dict(self.rejects)
+        if local is not None:
+            shards.update(local)
+        return {"shards": dict(sorted(shards.items())), "shard_rejects": rejects}
+
+
+# -- edge-collector merge ------------------------------------------------------------------------
+
+class MergeService:
+    """Subscribes to every shard's retained state and serves the merged aggregates.
+
+    Stateless: a restart gets every shard's latest state again (retained)."""
+
+    def __init__(self, config, *, web: bool = True):
+        from .range import new_client
+        from .service import on_range_result, settings_of
+        from .views import Views
+
+        self.config = config
+        self.lock = threading.RLock()
+        self.view = MergeView(config.fleet, settings_of(config), group=config.broker.shared_group)
+        self.range_results: dict[str, dict[str, dict]] = {}
+        self._connected_since: float | None = None
+        self.views = Views(self.view.ingestor, self.lock, broker_status=self._broker,
+                           range_results=lambda: self.range_results,
+                           extra=self.view.shards_json)
+        broker = config.broker
+        self.client = new_client(broker, f"{broker.client_id}-merge")
+        self.client.reconnect_delay_set(min_delay=1, max_delay=30)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        states = shard_topic(config.fleet, "+", "state")
+        self.client.message_callback_add(states, lambda c, u, m: self.view.update(m.topic,
+                                                                                 m.payload))
+        self.client.message_callback_add(range_result_subscription(config.fleet),
+                                         lambda c, u, m: on_range_result(self.range_results, m))
+        self._stop = threading.Event()
+        self.web = None
+        if web:
+            from .web import WebServer
+
+            self.web = WebServer(self.views, host=config.http.host, port=config.http.port,
+                                 push_seconds=config.http.push_seconds)
+
+    def _broker(self) -> dict:
+        return {"connected": self.client.is_connected(), "since": self._connected_since}
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties=None):
+        if reason_code.is_failure:
+            log.error("broker refused the merge view: %s", reason_code)
+            return
+        self._connected_since = time.time()
+        client.subscribe([(shard_topic(self.config.fleet, "+", "state"), 1),
+                          (range_result_subscription(self.config.fleet), 1)])
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):
+        self._connected_since = time.time()
+        if not self._stop.is_set():
+            log.warning("merge view disconnected from the broker: %s", reason_code)
+
+    def start(self) -> None:
+        broker = self.config.broker
+        self.client.connect_async(broker.host, broker.port, broker.keepalive)
+        self.client.loop_start()
+        if self.web is not None:
+            self.web.start()
+        self._thread = threading.Thread(target=self._snapshots, name="merge-snapshots",
+                                        daemon=True)
+        self._thread.start()
+
+    def _snapshots(self) -> None:
+        """The merged aggregates as the retained snapshots a single collector publishes
+        (shards do not publish partial ones)."""
+        from .service import publish_snapshots
+
+        every = self.config.snapshots.interval_seconds
+        while every and not self._stop.wait(every):
+            try:
+                if self.client.is_connected() and self.view.shards:
+                    publish_snapshots(self.client, self.views, self.config.fleet)
+            except Exception:
+                log.exception("publishing merged snapshots failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.web is not None:
+            self.web.stop()
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def run_forever(self) -> int:
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        self.start()
+        try:
+            while not stop.wait(0.5):
+                pass
+        finally:
+            self.stop()
+        return 0
+
+
+__all__: list[Any] = ["ClaimBook", "MergeService", "MergeView", "decode_state", "encode_state",
+                      "shard_topic"]

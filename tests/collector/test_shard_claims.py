@@ -1,0 +1,211 @@
+"""Exactly-once counting across shards (collector.shards.ClaimBook), simulated in process.
+
+Three shards get the report stream round-robin, as Mosquitto's shared
+subscription does (a dead shard's share waits in its session).  Copies of
+reports (re-sends, replays) land on any shard.  Claims travel between the
+shards with random delays, retained for shards that restart, and shards
+crash: a restart loads the last checkpoint and replays the journal since.
+At the end the merged shards must equal one collector that saw everything.
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+
+import numpy as np
+import pytest
+
+from collector.ingest import Ingestor
+from collector.shards import ClaimBook
+from edge_agent import protocol
+from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM
+
+FLEET = "sim"
+TIMEOUT = 1.0
+STEP = 0.05
+LINEAR = ClassicalOGPM(epsilon=1.0, low=-2.0, high=2.0)
+CIRCULAR = CircularOGPM(epsilon=1.0)
+
+
+def report_stream(rng, *, agents=5, messages=60, copies=0.2):
+    """(topic, payload) in publication order: every report once, plus copies of
+    some of them re-published later (soon, as a re-send, or much later, a replay)."""
+    originals = []
+    for seq in range(messages):
+        for a in range(agents):
+            for channel, mechanism, kind in (("x", LINEAR, "linear"),
+                                             ("yaw", CIRCULAR, "circular")):
+                codes = rng.integers(0, mechanism.n_cells, rng.integers(1, 20)).tolist()
+                payload = protocol.report(agent=f"a{a}", channel=channel, kind=kind, seq=seq,
+                                          t=1000.0 + seq, dt=1.0,
+                                          mechanism=mechanism.describe(), codes=codes)
+                originals.append((protocol.data_topic(FLEET, f"a{a}", channel), payload))
+    stream = list(originals)
+    for message in originals:
+        if rng.random() < copies:
+            later = len(stream) if rng.random() < 0.3 else rng.integers(0, 40)
+            stream.insert(min(len(stream), stream.index(message) + 1 + int(later)), message)
+    return stream
+
+
+class Shard:
+    def __init__(self, name, clock):
+        self.name, self.clock = name, clock
+        self.ingestor = Ingestor(fleet=FLEET, bins=20, window_seconds=10, keep_windows=4)
+        self.ingestor.claims = ClaimBook(name, "g", peer_timeout=TIMEOUT)
+        self.ingestor.claims.configure(name, "g", peer_timeout=TIMEOUT, clock=clock)
+        self.saved, self.journal = pickle.dumps(self.ingestor), []
+        self.alive = True
+        self.reports = collections.deque()  # the broker's queue for this shard's session
+        self.claims = collections.deque()  # peers' claims messages on their way to us
+
+    def step(self, rng, now):
+        for _ in range(rng.integers(0, 4)):  # the network child journals, we ingest
+            if self.reports:
+                topic, payload = self.reports.popleft()
+                self.journal.append((topic, payload, now))
+                self.ingestor.ingest(topic, payload, now)
+        for _ in range(rng.integers(0, len(self.claims) + 1)):  # in order, some late
+            name, payload = self.claims.popleft()
+            assert self.ingestor.claims.receive(name, payload, self.ingestor.trackers) \
+                == "accepted"
+        self.ingestor.settle()
+
+    def checkpoint(self):
+        claims = self.ingestor.claims
+        snapshot = claims.snapshot(self.ingestor.trackers)
+        self.saved, self.journal = pickle.dumps(self.ingestor), []
+        claims.promote(snapshot)
+
+    def restart(self, retained):
+        """Last checkpoint plus the journal replayed; the peers' retained claims arrive."""
+        ingestor = pickle.loads(self.saved)
+        ingestor.claims.configure(self.name, "g", peer_timeout=TIMEOUT, clock=self.clock)
+        for topic, payload, received in self.journal:
+            ingestor.ingest(topic, payload, received)
+        self.ingestor, self.alive = ingestor, True
+        self.claims = collections.deque((name, payload) for name, payload in retained.items()
+                                        if name != self.name)
+
+
+def simulate(seed, *, crash=None, claims=True, shards=3, redispatch=False):
+    """crash: (shard index, step it dies, steps it stays dead) or None.
+
+    redispatch: when the shard dies, the broker gives what it had not acknowledged
+    (its last journaled reports, which it still has) and its queue to the others,
+    as EMQX may (MQTT 5 allows it); Mosquitto keeps both for the dead session."""
+    rng = np.random.default_rng(seed)
+    stream = report_stream(rng)
+    single = Ingestor(fleet=FLEET, bins=20, window_seconds=10, keep_windows=4)
+    for topic, payload in stream:
+        single.ingest(topic, payload, 0.0)
+    now = [0.0]
+    clock = lambda: now[0]  # noqa: E731
+    members = [Shard(f"s{i}", clock) for i in range(shards)]
+    if not claims:
+        for shard in members:
+            shard.ingestor.claims = None
+    retained: dict[str, bytes] = {}
+    position, step = 0, 0
+    single.counters["redispatched"] = 0  # copies only the shards see
+    while True:
+        step += 1
+        now[0] += STEP
+        for _ in range(rng.integers(0, 6)):  # round robin over all sessions, dead or not
+            if position < len(stream):
+                members[position % shards].reports.append(stream[position])
+                position += 1
+        if crash is not None:
+            index, at, down = crash
+            if step == at:
+                dead = members[index]
+                dead.alive = False
+                if redispatch:
+                    unacked = [(topic, payload) for topic, payload, _ in dead.journal[-10:]]
+                    single.counters["duplicates"] += len(unacked)
+                    single.counters["redispatched"] += len(unacked)
+                    others = [m for m in members if m is not dead]
+                    for i, message in enumerate(unacked + list(dead.reports)):
+                        others[i % len(others)].reports.append(message)
+                    dead.reports.clear()
+            elif step == at + down:
+                members[index].restart(retained)
+        for shard in members:
+            if not shard.alive:
+                continue
+            shard.step(rng, now[0])
+            if claims and rng.random() < 0.3:
+                payload = shard.ingestor.claims.message(now[0])
+                retained[shard.name] = payload
+                for other in members:
+                    if other is not shard and other.alive:
+                        other.claims.append((shard.name, payload))
+            if claims and rng.random() < 0.05:
+                shard.checkpoint()
+        done = position == len(stream) and all(
+            s.alive and not s.reports and (not claims or not s.ingestor.claims.held)
+            for s in members)
+        if done or step > 20_000:
+            break
+    merged = Ingestor(fleet=FLEET, bins=20, window_seconds=10, keep_windows=4)
+    for shard in members:
+        merged.merge(shard.ingestor)
+    return single, merged, step
+
+
+def assert_same(single, merged):
+    assert merged.counters["values"] == single.counters["values"]
+    assert merged.counters["messages"] == single.counters["messages"]
+    assert merged.counters["duplicates"] == single.counters["duplicates"]
+    for channel, by_identity in single.series.items():
+        assert merged.series[channel].keys() == by_identity.keys()
+        for identity, series in by_identity.items():
+            assert merged.series[channel][identity] == series
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_shards_count_each_report_once(seed):
+    single, merged, steps = simulate(seed)
+    assert steps < 20_000, "the shards never settled"
+    assert single.counters["duplicates"] > 20  # the stream does contain copies
+    assert_same(single, merged)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("down_steps", [5, 200])  # back before / long after peer_timeout
+def test_a_shard_crashing_and_restarting_loses_and_doubles_nothing(seed, down_steps):
+    single, merged, steps = simulate(seed, crash=(seed % 3, 150, down_steps))
+    assert steps < 20_000, "the shards never settled"
+    assert_same(single, merged)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_unacknowledged_reports_redispatched_to_other_shards_count_once(seed):
+    single, merged, steps = simulate(seed, crash=(seed % 3, 150, 200), redispatch=True)
+    assert steps < 20_000, "the shards never settled"
+    assert single.counters["redispatched"] > 0
+    assert_same(single, merged)  # the redispatched copies are all duplicates
+
+
+def test_without_claims_copies_on_other_shards_are_counted_twice():
+    """Why the claims exist: per-shard dedup alone over-counts copies."""
+    single, merged, _ = simulate(1, claims=False)
+    assert merged.counters["messages"] > single.counters["messages"]
+    assert merged.counters["duplicates"] < single.counters["duplicates"]
+
+
+def test_claims_survive_a_restore_and_refuse_hostile_messages():
+    book = ClaimBook("s1", "g")
+    book.version = 7
+    again = pickle.loads(pickle.dumps(book))
+    assert again.version == 7 and again.peers == {} and again.shard == "s1"
+    trackers = {}
+    for payload in (b"{", b"[]", b'{"v":1}', b"x" * (17 << 20)):
+        assert book.receive("s2", payload, trackers) == "rejected"
+    good = ClaimBook("s2", "g").message(1.0)
+    assert book.receive("s2", good, trackers) == "accepted"
+    assert book.receive("s3", good, trackers) == "rejected"  # s2's message on s3's topic
+    other_group = ClaimBook("s2", "h").message(1.0)
+    assert book.receive("s2", other_group, trackers) == "other group"
+    assert sum(book.rejected.values()) == 5

@@ -1,0 +1,340 @@
+"""Shard states: to_state/from_state round trips, the JSON document, hostile payloads, the merge view."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+
+from collector.ingest import Ingestor
+from collector.series import Series
+from collector.shards import MergeView, decode_state, encode_state, shard_topic
+from collector.stats import StateError
+from collector.views import Views
+from edge_agent import protocol
+from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
+
+from .test_stats import STATISTICS, _make_series, _message, _series_cases
+
+FLEET = "demo"
+SETTINGS = {"bins": 20, "window_seconds": 10.0, "keep_windows": 4}
+
+
+def _exactly(a, b) -> bool:
+    """Equal to the last bit (floats too), as loaded from JSON text."""
+    return json.dumps(a) == json.dumps(b)
+
+
+@pytest.mark.parametrize("name", STATISTICS)
+def test_statistic_round_trip_is_exact(name):
+    make, draw = STATISTICS[name]
+    stat = make()
+    stat.update(draw(np.random.default_rng(5), 700))
+    text = json.dumps(stat.to_state())  # through JSON text, as on the wire
+    again = type(stat).from_state(stat.params(), json.loads(text))
+    assert again == stat
+    assert _exactly(again.to_state(), stat.to_state())
+    empty = make()
+    assert type(empty).from_state(empty.params(), empty.to_state()) == empty
+
+
+@pytest.mark.parametrize("name", STATISTICS)
+def test_statistic_refuses_bad_sums(name):
+    make, draw = STATISTICS[name]
+    stat = make()
+    stat.update(draw(np.random.default_rng(6), 50))
+    state = stat.to_state()
+    bad = [None, "1", [], state + [0], [True] * len(state), [-1] * len(state)]
+    for value in bad:
+        with pytest.raises(StateError):
+            type(stat).from_state(stat.params(), value)
+
+
+def test_statistic_refuses_impossible_sums():
+    make, _ = STATISTICS["moments"]
+    moments = make()
+    with pytest.raises(StateError, match="inconsistent"):
+        type(moments).from_state(moments.params(), [2, 10, 5])  # sum > sum of squares
+    trig = STATISTICS["trig"][0]()
+    with pytest.raises(StateError, match="resultant"):
+        type(trig).from_state(trig.params(), [1, 3.0, 0.0])
+    bins = STATISTICS["bins-clip"][0]()
+    with pytest.raises(StateError, match="outside"):
+        type(bins).from_state(bins.params(), [[0] * 50, 3])  # clip has no outside values
+    with pytest.raises(StateError, match="list of 50"):
+        type(bins).from_state(bins.params(), [[0] * 49, 0])
+    with pytest.raises(StateError):
+        type(bins).from_state(bins.params(), [[2**63] + [0] * 49, 0])
+    with pytest.raises(StateError, match="finite"):
+        type(trig).from_state(trig.params(), [1, float("nan"), 0.0])
+
+
+@pytest.mark.parametrize("name", list(_series_cases()))
+def test_series_round_trip(name):
+    spec, case = _series_cases()[name]
+    rng = np.random.default_rng(3)
+    series = _make_series(spec)
+    for i in range(12):
+        series.update(agent=f"agent-{i % 3}", t=7.0 * i,
+                      codes=_message(case, spec["mechanism"], rng, 40))
+    state = json.loads(json.dumps(series.to_state()))
+    again = Series.from_state(state, bins=50, window_seconds=10, keep_windows=5)
+    assert again == series
+    assert _exactly(again.get(windows=True), series.get(windows=True))
+    assert _exactly(again.to_state(), series.to_state())
+
+
+def _series_state():
+    series = _make_series(_series_cases()["linear-ogpm"][0])
+    rng = np.random.default_rng(1)
+    for i in range(4):
+        series.update(agent="w1", t=3.0 * i, codes=rng.integers(0, 1 << 16, 30))
+    return series.to_state()
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda s: s.update(kind="circular"), "circular channel with mechanism ogpm"),
+    (lambda s: s.update(kind="spiral"), "kind"),
+    (lambda s: s.update(channel="_x"), "channel"),
+    (lambda s: s["mechanism"].update(epsilon=-1), "mechanism"),
+    (lambda s: s.update(mechanism="ogpm"), "mechanism"),
+    (lambda s: s.update(fields=["a", "b"]), "vector"),
+    (lambda s: s.update(agents=["ok", "../x"]), "agents"),
+    (lambda s: s.update(messages=-1), "messages"),
+    (lambda s: s["total"]["value"]["count"].__setitem__(0, 999), "counts"),
+    (lambda s: s["total"]["value"]["raw"][0].__setitem__(0, 10**6), "counts"),
+    (lambda s: s["total"].pop("value"), "blocks"),
+    (lambda s: s["windows"].append(s["windows"][0]), "windows"),
+    (lambda s: s["windows"].extend([[100 + i, s["windows"][0][1]] for i in range(5)]),
+     "at most 5"),
+    (lambda s: s["windows"][0].__setitem__(0, 1.5), "start"),
+    (lambda s: s.update(extra=1), "keys"),
+])
+def test_series_refuses_malformed_states(mutate, match):
+    state = _series_state()
+    Series.from_state(copy.deepcopy(state), bins=50, window_seconds=10, keep_windows=5)
+    mutate(state)
+    with pytest.raises(StateError, match=match):
+        Series.from_state(state, bins=50, window_seconds=10, keep_windows=5)
+
+
+# -- whole ingestors --------------------------------------------------------------------------
+
+def fill(ingestor: Ingestor, rng, agents=range(4), seqs=range(6)) -> Ingestor:
+    linear = ClassicalOGPM(epsilon=1.0, low=-2, high=2)
+    polar = PolarOGPM(epsilon=5.0, radius_max=2.0)
+    vector = UnbiasedOGPM(epsilon=0.5, low=-1, high=1)
+    for a in agents:
+        agent = f"w{a}"
+        ingestor.ingest(protocol.status_topic(FLEET, agent),
+                        protocol.status(agent=agent, state="online", t=5.0), 5.0)
+        for seq in seqs:
+            t = 100.0 + 7 * seq
+            messages = {
+                "x": dict(kind="linear", mechanism=linear.describe(),
+                          codes=rng.integers(0, linear.n_cells, 25).tolist()),
+                "yaw": dict(kind="circular", mechanism=CircularOGPM(epsilon=1).describe(),
+                            codes=rng.integers(0, 1 << 16, 25).tolist()),
+                "p": dict(kind="polar", mechanism=polar.describe(),
+                          codes=[rng.integers(0, 1 << 16, 9).tolist(),
+                                 rng.integers(0, 1 << 16, 9).tolist()]),
+                "acc": dict(kind="vector", mechanism=vector.describe(), fields=["u", "v"],
+                            strategy={"k": 1, "d": 2, "epsilon": 0.5},
+                            codes=[rng.integers(0, vector.n_cells, 5).tolist(),
+                                   rng.integers(0, vector.n_cells, 4).tolist()]),
+            }
+            for channel, message in messages.items():
+                ingestor.ingest(protocol.data_topic(FLEET, agent, channel),
+                                protocol.report(agent=agent, channel=channel, seq=seq, t=t,
+                                                dt=1.0, **message), t)
+        ingestor.ingest(protocol.data_topic(FLEET, agent, "x"), b"{broken", 200.0)
+    return ingestor
+
+
+def new(**settings) -> Ingestor:
+    return Ingestor(fleet=FLEET, **{**SETTINGS, "bins": SETTINGS["bins"], **settings})
+
+
+def test_ingestor_round_trip_gives_the_same_api_document():
+    rng = np.random.default_rng(2)
+    ingestor = fill(new(), rng)
+    ingestor.ingest(protocol.data_topic(FLEET, "w1", "x"),  # a second series of x
+                    protocol.report(agent="w1", channel="x", kind="linear", seq=50, t=300.0,
+                                    dt=1, mechanism=ClassicalOGPM(epsilon=2, low=-2,
+                                                                  high=2).describe(),
+                                    codes=[5, 6]), 300.0)
+    again = Ingestor.from_state(json.loads(json.dumps(ingestor.to_state())))
+    clock = lambda: 1000.0  # noqa: E731
+    assert _exactly(Views(lambda: again, clock=clock).channels_json(),
+                    Views(lambda: ingestor, clock=clock).channels_json())
+    assert list(again.dead_letters) == list(ingestor.dead_letters)
+    assert again.latest == ingestor.latest and again.latest_at == ingestor.latest_at
+
+
+def test_merged_states_equal_one_ingestor_that_saw_everything():
+    whole = fill(new(), np.random.default_rng(4))
+    parts = [new(), new()]
+    rng = np.random.default_rng(4)
+    # the same messages, agents w0 and w2 to one part, w1 and w3 to the other
+    fill(parts[0], rng, agents=[0])
+    fill(parts[1], rng, agents=[1])
+    fill(parts[0], rng, agents=[2])
+    fill(parts[1], rng, agents=[3])
+    merged = new()
+    for part in parts:
+        merged.merge(Ingestor.from_state(json.loads(json.dumps(part.to_state()))))
+    clock = lambda: 1000.0  # noqa: E731
+    a = Views(lambda: merged, clock=clock).channels_json()
+    b = Views(lambda: whole, clock=clock).channels_json()
+    assert a["ingest"] == b["ingest"] and a["agents"] == b["agents"]
+    for name in ("x", "p", "acc"):  # integer sums: equal to the last bit
+        assert _exactly(a["channels"][name], b["channels"][name])
+    yaw_a, yaw_b = a["channels"]["yaw"], b["channels"]["yaw"]  # float sums: rounding order
+    assert yaw_a["histogram"] == yaw_b["histogram"] and yaw_a["count"] == yaw_b["count"]
+    assert math.isclose(yaw_a["circular_mean"], yaw_b["circular_mean"], rel_tol=1e-12)
+
+
+def _document(ingestor=None, **changes) -> dict:
+    ingestor = ingestor or fill(new(), np.random.default_rng(9), agents=[0, 1], seqs=range(3))
+    document = json.loads(encode_state(ingestor, shard="s1", group="g", every=5.0, now=50.0))
+    document.update(changes)
+    return document
+
+
+def _payload(document) -> bytes:
+    return json.dumps(document).encode()
+
+
+def _decode(payload: bytes):
+    return decode_state(payload, shard="s1", fleet=FLEET, settings=SETTINGS, group="g")
+
+
+def test_state_document_decodes():
+    envelope, ingestor = _decode(_payload(_document()))
+    assert envelope == {"v": 1, "type": "shard-state", "shard": "s1", "group": "g", "t": 50.0,
+                        "every": 5.0}
+    assert ingestor.counters["messages"] == 2 * 3 * 4
+
+
+def _set(path, value):
+    def mutate(document):
+        target = document
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return mutate
+
+
+HOSTILE = {
+    "not json": (lambda d: None, b"\x80{", "json"),
+    "nan": (lambda d: None, b'{"v": NaN}', "json"),
+    "huge integer": (lambda d: None, b'{"v": 1' + b"0" * 5000 + b"}", "json"),
+    "deep nesting": (lambda d: None, b"[" * 100_000 + b"]" * 100_000, "json"),
+    "not an object": (lambda d: None, b"[1, 2]", "schema"),
+    "version 2": (_set(["v"], 2), None, "version"),
+    "other shard's name": (_set(["shard"], "s2"), None, "topic"),
+    "other group": (_set(["group"], "h"), None, "group"),
+    "other fleet": (_set(["state", "fleet"], "prod"), None, "fleet"),
+    "other bins": (_set(["state", "settings", "bins"], 50), None, "settings"),
+    "negative t": (_set(["t"], -1), None, "schema"),
+    "counters off": (_set(["state", "counters", "values"], 1), None, "schema"),
+    "agent's messages off": (_set(["state", "agents", "w0", "messages"], 999), None, "schema"),
+    "bool count": (_set(["state", "counters", "messages"], True), None, "schema"),
+    "a bin count changed": (
+        lambda d: d["state"]["series"][0]["total"]["value"]["raw"][0].__setitem__(3, 10**6),
+        None, "schema"),
+    "latest out of range": (_set(["state", "latest", "x"], [99, None]), None, "schema"),
+    "latest of another channel": (_set(["state", "latest", "x"], [1, None]), None, "schema"),
+    "series twice": (lambda d: d["state"]["series"].append(d["state"]["series"][0]),
+                     None, "schema"),
+    "mechanism junk": (_set(["state", "series", 0, "mechanism"], {"name": "x" * 10**5}),
+                       None, "schema"),
+    "dead letter junk": (_set(["state", "dead_letters"], [{"t": 1}]), None, "schema"),
+    "status not an object": (_set(["state", "agents", "w0", "status"], 3), None, "schema"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_states_are_rejected_with_a_reason(case):
+    mutate, raw, reason = HOSTILE[case]
+    if raw is None:
+        document = _document()
+        mutate(document)
+        raw = _payload(document)
+    with pytest.raises(Exception) as caught:
+        _decode(raw)
+    assert type(caught.value).__name__ == "ShardStateRejected"
+    assert caught.value.reason == reason, caught.value.detail
+
+
+def test_merge_view_keeps_the_last_good_state_and_counts_rejects():
+    clock = [1000.0]
+    view = MergeView(FLEET, SETTINGS, group="g", clock=lambda: clock[0])
+    topic = shard_topic(FLEET, "s1", "state")
+    good = _document()
+    assert view.update(topic, _payload(good)) == "accepted"
+    before = Views(view.ingestor, clock=lambda: clock[0]).channels_json()
+    for case, (mutate, raw, reason) in HOSTILE.items():
+        if raw is None:
+            document = copy.deepcopy(good)
+            mutate(document)
+            raw = _payload(document)
+        assert view.update(topic, raw) == f"rejected:{reason}", case
+    assert view.update(topic, _payload(dict(good, t=40.0))) == "rejected:stale"
+    assert view.update(shard_topic("other", "s1", "state"), _payload(good)) == "ignored"
+    assert view.update(f"ldp/v1/{FLEET}/_shards/s1/claims", _payload(good)) == "ignored"
+    after = Views(view.ingestor, clock=lambda: clock[0]).channels_json()
+    assert after == before  # nothing changed the aggregates
+    shards = view.shards_json()
+    assert sum(shards["shard_rejects"].values()) == len(HOSTILE) + 1
+    assert shards["shards"]["s1"]["messages"] == good["state"]["counters"]["messages"]
+    assert shards["shards"]["s1"]["error"].startswith("stale")
+    # A newer good state replaces it and clears the error; an empty retained message
+    # (the operator cleared the topic) removes the shard.
+    assert view.update(topic, _payload(dict(good, t=60.0))) == "accepted"
+    assert view.shards_json()["shards"]["s1"]["error"] is None
+    assert view.update(topic, b"") == "removed"
+    assert view.ingestor().counters["messages"] == 0
+
+
+def test_merge_view_merges_shards_and_reports_freshness():
+    clock = [1000.0]
+    view = MergeView(FLEET, SETTINGS, group="g", clock=lambda: clock[0])
+    rng = np.random.default_rng(12)
+    parts = [fill(new(), rng, agents=[a]) for a in range(3)]
+    for i, part in enumerate(parts):
+        payload = encode_state(part, shard=f"s{i}", group="g", every=5.0, now=990.0 + i)
+        assert view.update(shard_topic(FLEET, f"s{i}", "state"), payload) == "accepted"
+    merged = view.ingestor()
+    assert merged.counters["messages"] == sum(p.counters["messages"] for p in parts)
+    assert view.ingestor() is merged  # cached until a state changes
+    clock[0] = 1100.0
+    shards = view.shards_json()["shards"]
+    assert list(shards) == ["s0", "s1", "s2"]
+    assert shards["s2"]["age"] == pytest.approx(108.0) and shards["s2"]["stale"]
+    document = Views(view.ingestor, extra=view.shards_json).channels_json()
+    assert set(document["shards"]) == {"s0", "s1", "s2"} and document["shard_rejects"] == {}
+    metrics = Views(view.ingestor, extra=view.shards_json).metrics_text()
+    assert 'ldp_shard_state_age_seconds{shard="s0"} 110.0' in metrics
+
+
+def test_merge_takes_the_series_reported_most_recently_whatever_the_order():
+    def one(epsilon, received):
+        ingestor = new()
+        ingestor.ingest(protocol.data_topic(FLEET, "w1", "x"),
+                        protocol.report(agent="w1", channel="x", kind="linear", seq=received,
+                                        t=100.0, dt=1, codes=[1, 2],
+                                        mechanism=ClassicalOGPM(epsilon=epsilon, low=0,
+                                                                high=1).describe()), received)
+        return ingestor
+
+    for order in ([one(1.0, 10), one(2.0, 20)], [one(2.0, 20), one(1.0, 10)]):
+        merged = new()
+        for part in order:
+            merged.merge(part)
+        document = Views(lambda: merged).channels_json()["channels"]["x"]
+        assert document["mechanism"]["epsilon"] == 2.0
+        assert [s["mechanism"]["epsilon"] for s in document["other_series"]] == [1.0]
