@@ -109,6 +109,46 @@ def test_rotation_replaces_only_that_entry(tmp_path):
     assert entries(passwd) == {"dev-b": before["dev-b"]}
 
 
+@pytest.mark.parametrize("blocked", ["secrets-dir-is-a-file", "one-secret-is-a-directory"])
+def test_failed_secret_write_leaves_the_password_file_alone(tmp_path, blocked):
+    # Rotation must not revoke a password whose replacement was never saved:
+    # the secret files are written (all or none) before the password file.
+    # (A file or directory in the way, not chmod: root can write anywhere.)
+    passwd, secrets_dir = tmp_path / "passwd", tmp_path / "secrets"
+    assert make_credentials(passwd, secrets_dir, "dev-a", "dev-b").returncode == 0
+    before = passwd.read_bytes()
+    old_a = (secrets_dir / "dev-a.password").read_text()
+    if blocked == "secrets-dir-is-a-file":
+        target = tmp_path / "not-a-dir"
+        target.write_text("")
+    else:
+        target = secrets_dir
+        (secrets_dir / "dev-b.password").unlink()
+        (secrets_dir / "dev-b.password").mkdir()
+    result = make_credentials(passwd, target, "dev-a", "dev-b")
+    assert passwd.read_bytes() == before
+    assert result.returncode == 1, result.stderr
+    assert "cannot write the passwords" in result.stderr and "not changed" in result.stderr
+    # The old passwords still match the broker's hashes, and no temporary file is left.
+    assert check_hash(entries(passwd)["dev-a"],
+                      (secrets_dir / "dev-a.password").read_text().strip())
+    assert (secrets_dir / "dev-a.password").read_text() == old_a
+    assert sorted(p.name for p in secrets_dir.iterdir()) == ["dev-a.password",
+                                                            "dev-b.password"]
+    assert result.stdout == ""
+
+
+def test_failed_password_file_update_is_reported(tmp_path):
+    # The other failure: the secrets are written but the password file cannot
+    # be replaced (here a directory stands where it should be).
+    passwd = tmp_path / "passwd"
+    passwd.mkdir()
+    result = make_credentials(passwd, tmp_path / "secrets", "dev-a")
+    assert result.returncode == 1
+    assert f"cannot update {passwd}" in result.stderr and "run it again" in result.stderr
+    assert result.stdout == "" and passwd.is_dir()
+
+
 def test_new_password_file_is_not_world_readable(tmp_path):
     passwd = tmp_path / "new" / "passwd"
     assert make_credentials(passwd, tmp_path / "secrets", "dev-a").returncode == 0
