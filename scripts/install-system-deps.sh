@@ -22,9 +22,27 @@ if ! command -v apt-get >/dev/null 2>&1; then
   exit 0
 fi
 echo "install-system-deps: installing ${packages[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq >/dev/null 2>&1 || true
-# policy-rc.d stops the packages from starting system services in containers.
-$sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null \
+
+# Debian's maintainer scripts ask /usr/sbin/policy-rc.d whether they may start
+# services, and exit status 101 means no: without it, installing mosquitto
+# starts and enables the system broker on port 1883 (the tests start their
+# own).  Written only when there is none (container images often ship one,
+# which is then left alone) and removed again on exit, so the host ends up
+# as it was.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ] && [ ! -L "$policy" ]; then
+  # Anything at $policy from here on is ours: remove it however we exit.
+  trap '$sudo rm -f "$policy"' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM HUP
+  printf '#!/bin/sh\n# Temporary, from edge-ldp scripts/install-system-deps.sh: no service starts.\nexit 101\n' \
+    | $sudo tee "$policy" >/dev/null && $sudo chmod 0755 "$policy" \
+    || echo "install-system-deps: cannot write $policy; apt may start the system's mosquitto" >&2
+fi
+
+# sudo's env_reset drops an exported DEBIAN_FRONTEND: pass it through env.
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 || true
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  "${packages[@]}" >/dev/null \
   || echo "install-system-deps: apt-get install ${packages[*]} failed" >&2
 exit 0
