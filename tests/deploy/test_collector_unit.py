@@ -212,6 +212,35 @@ def test_sample_config_paths_match_the_unit(unit):
     assert config["http"]["port"] >= 1024
 
 
+def uncomment_examples(text: str) -> str:
+    """The sample with every commented-out ``key = value`` line and table header
+    (``# [t]``, ``# [[t]]``) turned on, as an operator enabling them would."""
+    example = re.compile(r"^# ?(\[\[?[A-Za-z0-9_.]+\]\]?(\s+#.*)?"
+                         r"|[A-Za-z_][A-Za-z0-9_]*\s*=\s*\S.*)$")
+    return "\n".join(m.group(1) if (m := example.match(line)) else line
+                     for line in text.splitlines())
+
+
+def test_sample_config_with_every_example_enabled_is_valid():
+    # Each commented example must sit in the table it belongs to: a [broker]
+    # key below "# [broker.tls]" would, once both are uncommented, land in
+    # [broker.tls] and make the config invalid.
+    from collector.config import parse_collector_config
+
+    text = SAMPLE_CONFIG.read_text()
+    enabled = uncomment_examples(text)
+    assert "\n[broker.tls]\n" in enabled and "\nshared_group = " in enabled  # it did something
+    config = tomllib.loads(enabled)
+    assert config["broker"]["shared_group"] == "collectors"
+    assert set(config["broker"]["tls"]) == {"ca"}
+    parse_collector_config(config)
+    # The check can fail: shared_group below the TLS header ends up in [broker.tls].
+    line = next(l for l in text.splitlines() if l.startswith("# shared_group"))
+    moved = text.replace(line + "\n", "").replace(
+        '# ca = "/etc/edge-collector/ca.crt"\n', '# ca = "/etc/edge-collector/ca.crt"\n' + line + "\n")
+    assert "shared_group" in tomllib.loads(uncomment_examples(moved))["broker"]["tls"]
+
+
 def test_restart_policy_matches_the_config_exit_code(unit):
     from collector.cli import EXIT_CONFIG
 
