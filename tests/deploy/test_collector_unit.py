@@ -211,16 +211,22 @@ def test_bad_config_exits_78_so_systemd_does_not_restart(tmp_path, unit):
     assert "storage.checkpoint_seconds" in result.stderr
 
 
-def test_collector_imports_numba_and_needs_the_cache_dir(tmp_path, unit):
+def test_collector_imports_numba_and_uses_the_cache_dir_at_import(tmp_path, unit):
     # Why the unit sets NUMBA_CACHE_DIR: with the code read-only (as under
     # ProtectSystem=strict) numba's cache=True needs a writable directory, and
-    # the collector does import the numba kernels.
+    # the collector does import the numba kernels, whose cache numba sets up in
+    # NUMBA_CACHE_DIR as soon as they are defined: at import, before any run.
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
     env.update(environment(unit), PYTHONPATH=str(REPO))
-    env["NUMBA_CACHE_DIR"] = str(tmp_path / "cache" / "numba")  # the unit's, moved here
-    code = ("import sys, collector.service; "
-            "print('numba' in sys.modules, 'edge_agent.mechanisms' in sys.modules)")
+    cache_dir = tmp_path / "cache" / "numba"
+    env["NUMBA_CACHE_DIR"] = str(cache_dir)  # the unit's, moved here
+    code = ("import sys, collector.service, numba; "
+            "print('numba' in sys.modules, 'edge_agent.mechanisms' in sys.modules); "
+            "print(numba.config.CACHE_DIR)")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "True"]
+    imported, used = result.stdout.splitlines()
+    assert imported.split() == ["True", "True"]
+    assert used == str(cache_dir)
+    assert cache_dir.is_dir() and any(cache_dir.iterdir()), "import did not touch the cache"
