@@ -37,6 +37,7 @@ from .stats import StateError, state_float, state_int, state_list
 
 MAX_PAYLOAD_BYTES = 1 << 20  # far above a 500-value batch (~4 kB)
 MAX_CODES = 100_000
+MAX_SPAN = 1 << 16  # sequence numbers a tracker spans before giving up on old gaps (8 kB)
 DEAD_LETTERS = 200
 REPORT_KEYS = {"v", "agent", "channel", "kind", "seq", "t", "dt", "mechanism", "codes"}
 OPTIONAL_KEYS = {"fields", "strategy"}
@@ -177,41 +178,65 @@ def parse_report(topic: str, payload: bytes, fleet: str) -> Report:
 class SeqTracker:
     """Which sequence numbers of one (agent, channel) have been counted.
 
-    Everything up to ``floor`` is seen; ``above`` holds the seen numbers past a
-    gap (QoS 1 re-sends can arrive after newer messages).  A gap that stays
-    open for ``max_pending`` later messages is given up on (the agent's spool
-    may have dropped it), so memory stays bounded.
+    ``floor``: every number up to it was counted here.  Numbers past a gap
+    (QoS 1 re-sends can arrive after newer ones; a shard sees only its share)
+    are bits of ``bits``: bit i stands for ``base + 1 + i``.  A bitmap keeps
+    memory at one bit per number whatever the gaps: a shard's tracker is
+    about two thirds gaps.  Once the numbers span more than ``MAX_SPAN``, the
+    oldest gaps are given up on (the agent's spool may have dropped them):
+    numbers up to ``skipped`` then count as seen here, so a late copy of one
+    is dropped.  The give-up is local: ``counted`` (what a shard tells its
+    peers it has) never includes it.
     """
 
-    def __init__(self, max_pending: int = 10_000):
+    def __init__(self):
         self.floor = -1
-        self.above: set[int] = set()
-        self.max_pending = max_pending
+        self.skipped = -1
+        self.bits = 0
+
+    def __setstate__(self, state: dict) -> None:
+        if "above" in state:  # a checkpoint from before the bitmap: floor + a set
+            above = state.pop("above")
+            state.pop("max_pending", None)
+            state["bits"] = sum(1 << (seq - state["floor"] - 1) for seq in above)
+            state["skipped"] = -1
+        self.__dict__.update(state)
+
+    @property
+    def base(self) -> int:
+        return max(self.floor, self.skipped)
 
     def seen(self, seq: int) -> bool:
-        return seq <= self.floor or seq in self.above
+        base = self.base
+        return seq <= base or (self.bits >> (seq - base - 1)) & 1 == 1
+
+    def counted(self, seq: int) -> bool:
+        """Seen and not merely given up on."""
+        return seq <= self.floor or (seq > self.skipped and self.seen(seq))
 
     def add(self, seq: int) -> None:
-        self.above.add(seq)
-        self._compact()
+        base = self.base
+        if seq <= base:
+            return
+        self.bits |= 1 << (seq - base - 1)
+        if self.bits & 1:
+            self._fold()
+        if self.bits.bit_length() > MAX_SPAN:
+            # Give up on the oldest eighth of the span at once (amortised shifting).
+            shift = MAX_SPAN // 8
+            self.skipped = self.base + shift
+            self.bits >>= shift
+            self._fold()
 
-    def advance(self, floor: int) -> None:
-        """Everything up to ``floor`` counts as seen (another shard's knowledge)."""
-        if floor > self.floor:
-            self.floor = floor
-            self.above = {seq for seq in self.above if seq > floor}
-            self._compact()
-
-    def _compact(self) -> None:
-        while self.floor + 1 in self.above:
-            self.floor += 1
-            self.above.discard(self.floor)
-        if len(self.above) > self.max_pending:
-            self.floor = min(self.above)
-            self.above.discard(self.floor)
-            while self.floor + 1 in self.above:
-                self.floor += 1
-                self.above.discard(self.floor)
+    def _fold(self) -> None:
+        """Leading seen numbers join ``floor`` or, past a give-up, ``skipped``."""
+        ones = ((self.bits ^ (self.bits + 1)).bit_length() - 1)  # trailing one bits
+        if ones:
+            self.bits >>= ones
+            if self.floor >= self.skipped:
+                self.floor += ones
+            else:
+                self.skipped += ones
 
 
 @dataclass
@@ -277,7 +302,7 @@ class Ingestor:
         agent.last_seen = now
         tracker = self.trackers.setdefault((report.agent, report.channel), SeqTracker())
         if tracker.seen(report.seq) or (
-                self.claims is not None and self.claims.is_claimed(report)):
+                self.claims is not None and self.claims.is_held(report)):
             return self._duplicate(report)
         if self.claims is not None:
             self.claims.hold(report, now)

@@ -224,7 +224,15 @@ class CollectorService:
                 client.message_callback_add(
                     topics[-1], lambda c, u, m: self.merge_view.update(m.topic, m.payload))
         client.on_connect = lambda c, *_: c.subscribe([(topic, 1) for topic in topics])
+        if self.shard is not None:
+            client.on_subscribe = self._on_subscribed
         return client
+
+    def _on_subscribed(self, client, userdata, mid, reason_codes, properties=None) -> None:
+        # Peers are heard from only now: a replay or a slow connect must not have used up
+        # the wait for them, or held reports would be applied unanswered.
+        with self.lock:
+            self.ingestor.claims.restart_grace()
 
     # -- scale-out (docs/SCALE_OUT.md) ----------------------------------------------------------
     def _on_claims(self, client, userdata, message) -> None:
@@ -234,7 +242,8 @@ class CollectorService:
         if name is None:
             return
         with self.lock:
-            self.ingestor.claims.receive(name, message.payload, self.ingestor.trackers)
+            self.ingestor.claims.receive(name, message.payload, self.ingestor.trackers,
+                                         retained=bool(message.retain))
         self._claims_arrived.set()
 
     def _shard_json(self) -> dict:
@@ -258,7 +267,7 @@ class CollectorService:
         from .shards import shard_topic
 
         with self.lock:
-            payload = self.ingestor.claims.message(self.clock())
+            payload = self.ingestor.claims.message(self.clock(), self.ingestor.trackers)
         self.publisher.publish(shard_topic(self.config.fleet, self.shard, "claims"), payload,
                                qos=1, retain=True)
 
@@ -380,13 +389,13 @@ class CollectorService:
     def checkpoint(self) -> None:
         with self.lock:
             claims = self.ingestor.claims
-            snapshot = claims.snapshot(self.ingestor.trackers) if claims is not None else None
+            written = claims.snapshot() if claims is not None else None
             state = pickle.dumps(self.ingestor, protocol=pickle.HIGHEST_PROTOCOL)
             position = self.position
         self.store.checkpoint(state, position)
-        if snapshot is not None:
+        if written is not None:
             with self.lock:  # only now may peers record these as seen (docs/SCALE_OUT.md)
-                claims.promote(snapshot)
+                claims.promote(written)
 
     def publish_snapshots(self) -> None:
         publish_snapshots(self.publisher, self.views, self.config.fleet)

@@ -25,6 +25,7 @@ import collections
 import json
 import logging
 import math
+import secrets
 import signal
 import threading
 import time
@@ -42,6 +43,9 @@ from .stats import StateError
 log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
+CLAIMS_VERSION = 2  # 1: durable floors and lists (replaced: a dead peer's gaps made them grow)
+PEER_TIMEOUT = 5.0  # the default of [shard] peer_timeout_seconds
+RECENT = 4  # a shard announces what it checkpointed for RECENT peer timeouts
 MAX_STATE_BYTES = 64 << 20
 MAX_CLAIMS_BYTES = 16 << 20
 MAX_SEQS_PER_KEY = 100_000
@@ -72,11 +76,13 @@ class Held:
 
 @dataclass
 class Peer:
+    incarnation: str  # new at every start of the peer: its versions count from 0 again
     version: int
-    seen: dict[str, int]  # shard -> the version of its claims this peer had read
-    applied: dict[tuple[str, str], set[int]]  # applied there, not yet in its checkpoint
+    seen: dict[str, tuple[str, int]]  # shard -> (incarnation, version) of its claims read
     pending: dict[tuple[str, str], set[int]]  # held there
-    heard: float  # our monotonic clock when it arrived
+    have: dict[tuple[str, str], set[int]]  # of the numbers its peers hold: counted there
+    applied: dict[tuple[str, str], set[int]]  # applied there, not yet in its checkpoint
+    heard: float  # our monotonic clock when it last spoke live (-inf: only retained so far)
     t: float  # the peer's wall clock when it published
 
 
@@ -85,58 +91,73 @@ class ClaimBook:
 
     A claims message says, per (agent, channel):
 
-    * ``floor`` and ``durable``: sequence numbers some shard has applied *and
-      checkpointed* (everything up to ``floor``, and the listed ones above it,
-      which this shard applied).  Receivers add them to their trackers.
-    * ``applied``: applied here since the last checkpoint.  A crash would
-      undo them (the journal replay holds them again), so receivers only
-      refrain from counting them, they do not record them as seen.
-    * ``held``: held here, waiting for the peers' answers.
+    * ``held``: the sequence numbers held here, waiting for the peers' answers;
+    * ``have``: of the numbers the peers hold, those this shard has counted
+      (its tracker's ``counted``: never a give-up);
+    * ``applied``: applied here since the last checkpoint.  A crash would undo
+      them (the journal replay holds them again), so peers only refrain from
+      counting them; they do not record them as seen;
+    * ``durable``: checkpointed here in the last ``RECENT`` peer timeouts.
+      Peers record them in their trackers, so that a copy arriving while this
+      shard is dead is still dropped.  Only recent ones: a list of everything
+      past a gap would grow for as long as a dead peer's share is missing.
 
-    Pickled with the ``Ingestor`` (it holds reports not yet applied); what it
-    learnt from peers is not pickled: their retained claims come again.
+    A shard applies a held report once every live peer has answered a claims
+    message naming it (its ``seen`` shows our version) and none has it;
+    two holders keep it on the one whose name sorts first.  No floor is ever
+    sent: a tracker's give-up is local, and a peer told to skip a gap would
+    drop the reports its broker session still holds for it.
+
+    Pickled with the ``Ingestor`` (it holds reports not yet applied); the rest
+    is per incarnation: the peers' claims come again.
     """
 
-    def __init__(self, shard: str, group: str, *, peer_timeout: float = 5.0):
-        self.shard, self.group = shard, group
+    def __init__(self, shard: str, group: str, *, peer_timeout: float = PEER_TIMEOUT):
         self.held: dict[tuple[str, str, int], Held] = {}
-        self.fresh: dict[tuple[str, str], set[int]] = {}  # applied since the last checkpoint
-        self.durable: dict[tuple[str, str], tuple[int, list[int]]] = {}  # as last checkpointed
-        self.version = 0
         self.configure(shard, group, peer_timeout=peer_timeout)
 
     def configure(self, shard: str, group: str, *, peer_timeout: float,
                   clock: Callable[[], float] = time.monotonic) -> None:
-        """(Re)start the transient side: after construction and after a restore."""
+        """Start an incarnation: after construction and after a restore."""
         self.shard, self.group = shard, group
         self.peer_timeout = peer_timeout
         self.clock = clock
+        # Versions count from 0 in each incarnation: no wall clock, which can step back.
+        self.incarnation = secrets.token_hex(8)
+        self.version = 0
         self.peers: dict[str, Peer] = {}
         self.rejected = collections.Counter()
-        # Apply nothing before the peers' retained claims had time to arrive.
-        self.grace_until = clock() + peer_timeout
+        # What was applied before a restore is in the checkpoint (durable), unannounced.
+        self.fresh: dict[tuple[str, str], set[int]] = {}
+        self.durable: collections.deque = collections.deque()  # (monotonic, key, seq)
+        for held in self.held.values():  # claims of an earlier incarnation were never answered
+            held.claimed_in = None
+        self.restart_grace()
+
+    def restart_grace(self) -> None:
+        """Apply nothing until live peers had time to speak (call when subscribed)."""
+        self.grace_until = self.clock() + self.peer_timeout
 
     def __getstate__(self) -> dict:
-        return {"shard": self.shard, "group": self.group, "held": self.held,
-                "fresh": self.fresh, "durable": self.durable, "version": self.version}
+        return {"shard": self.shard, "group": self.group, "held": self.held}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self.configure(self.shard, self.group, peer_timeout=5.0)
+        self.held = state["held"]
+        self.configure(state["shard"], state["group"], peer_timeout=PEER_TIMEOUT)
 
     # -- the ingestor's side --
-    def is_claimed(self, report: Report) -> bool:
-        """Held here, or applied-not-checkpointed or held by any peer (live or not)."""
-        key, seq = (report.agent, report.channel), report.seq
-        return (*key, seq) in self.held or any(
-            seq in peer.pending.get(key, ()) or seq in peer.applied.get(key, ())
-            for peer in self.peers.values())
+    def is_held(self, report: Report) -> bool:
+        return (report.agent, report.channel, report.seq) in self.held
 
     def hold(self, report: Report, received: float) -> None:
         self.held[(report.agent, report.channel, report.seq)] = Held(report, received)
 
     def accepted(self, report: Report) -> None:
         self.fresh.setdefault((report.agent, report.channel), set()).add(report.seq)
+
+    def _answered(self, peer: Peer, version: int) -> bool:
+        incarnation, seen = peer.seen.get(self.shard, ("", -1))
+        return incarnation == self.incarnation and seen >= version
 
     def settle(self, trackers: dict[tuple[str, str], SeqTracker],
                now: float | None = None) -> tuple[list[tuple[Report, float]], list[Report]]:
@@ -150,12 +171,12 @@ class ClaimBook:
             key = (agent, channel)
             tracker = trackers.get(key)
             if (tracker is not None and tracker.seen(seq)) or any(
-                    seq in peer.applied.get(key, ())
+                    seq in peer.have.get(key, ()) or seq in peer.applied.get(key, ())
                     or (name < self.shard and seq in peer.pending.get(key, ()))
                     for name, peer in self.peers.items()):
                 drop.append(held.report)  # counted elsewhere, or held by a shard first in order
             elif ready and held.claimed_in is not None and all(
-                    peer.seen.get(self.shard, -1) >= held.claimed_in for peer in live):
+                    self._answered(peer, held.claimed_in) for peer in live):
                 accept.append((held.report, held.received))
             else:
                 continue
@@ -167,20 +188,15 @@ class ClaimBook:
         return any(held.received < t for held in self.held.values())
 
     # -- checkpoints --
-    def snapshot(self, trackers: dict[tuple[str, str], SeqTracker]) -> tuple[dict, dict]:
+    def snapshot(self) -> dict[tuple[str, str], set[int]]:
         """Taken with the checkpoint, under the same lock; ``promote`` it once written."""
-        durable = {}
-        for key, tracker in trackers.items():
-            own = {seq for seq in (*self.durable.get(key, (0, ()))[1], *self.fresh.get(key, ()))
-                   if seq > tracker.floor}
-            if tracker.floor >= 0 or own:
-                durable[key] = (tracker.floor, sorted(own))
-        return durable, {key: set(seqs) for key, seqs in self.fresh.items()}
+        return {key: set(seqs) for key, seqs in self.fresh.items()}
 
-    def promote(self, snapshot: tuple[dict, dict]) -> None:
-        """The checkpoint holding ``snapshot`` is written: publish it as durable."""
-        self.durable, written = snapshot
+    def promote(self, written: dict[tuple[str, str], set[int]]) -> None:
+        """The checkpoint holding ``written`` is on disk: announce those as durable."""
+        now = self.clock()
         for key, seqs in written.items():
+            self.durable.extend((now, key, seq) for seq in sorted(seqs))
             left = self.fresh.get(key, set()) - seqs
             if left:
                 self.fresh[key] = left
@@ -188,27 +204,40 @@ class ClaimBook:
                 self.fresh.pop(key, None)
 
     # -- messages --
-    def message(self, now: float) -> bytes:
-        """Our claims: [floor, durable, applied, held] per "agent/channel"."""
-        self.version = max(self.version + 1, time.time_ns())
-        pending: dict[tuple[str, str], list[int]] = {}
+    def message(self, now: float, trackers: dict[tuple[str, str], SeqTracker]) -> bytes:
+        """Our claims: [held, have, applied, durable] per "agent/channel" (class docstring)."""
+        self.version += 1
+        keys: dict[tuple[str, str], tuple[list[int], ...]] = collections.defaultdict(
+            lambda: ([], [], [], []))
         for (agent, channel, seq), held in self.held.items():
             if held.claimed_in is None:
                 held.claimed_in = self.version
-            pending.setdefault((agent, channel), []).append(seq)
-        keys = {}
-        for key in self.durable.keys() | self.fresh.keys() | pending.keys():
-            floor, durable = self.durable.get(key, (-1, []))
-            keys[f"{key[0]}/{key[1]}"] = [floor, durable, sorted(self.fresh.get(key, ())),
-                                          sorted(pending.get(key, ()))]
-        return orjson.dumps({"v": STATE_VERSION, "type": "claims", "shard": self.shard,
-                             "group": self.group, "t": now, "version": self.version,
-                             "seen": {name: peer.version for name, peer in self.peers.items()},
-                             "keys": keys})
+            keys[agent, channel][0].append(seq)
+        for peer in self.peers.values():
+            for key, seqs in peer.pending.items():
+                tracker = trackers.get(key)
+                if tracker is not None:
+                    keys[key][1].extend(seq for seq in seqs if tracker.counted(seq))
+        for key, seqs in self.fresh.items():
+            keys[key][2].extend(seqs)
+        horizon = self.clock() - RECENT * self.peer_timeout
+        while self.durable and self.durable[0][0] < horizon:
+            self.durable.popleft()
+        for _, key, seq in self.durable:
+            keys[key][3].append(seq)
+        return orjson.dumps({
+            "v": CLAIMS_VERSION, "type": "claims", "shard": self.shard, "group": self.group,
+            "t": now, "incarnation": self.incarnation, "version": self.version,
+            "seen": {name: [peer.incarnation, peer.version] for name, peer in self.peers.items()},
+            "keys": {f"{agent}/{channel}": [sorted(set(part)) for part in parts]
+                     for (agent, channel), parts in keys.items() if any(parts)}})
 
-    def receive(self, name: str, payload: bytes,
-                trackers: dict[tuple[str, str], SeqTracker]) -> str:
-        """A peer's claims: remember them, and record what it has checkpointed as seen."""
+    def receive(self, name: str, payload: bytes, trackers: dict[tuple[str, str], SeqTracker],
+                *, retained: bool = False) -> str:
+        """A peer's claims: remember them, and record what it checkpointed as seen.
+
+        A retained message (delivered when we subscribe) tells what the peer last
+        said, not that it is alive: only a live message makes it live."""
         if name == self.shard:
             return "own"
         try:
@@ -221,12 +250,14 @@ class ClaimBook:
             return "other group"
         peer, durable = parsed
         known = self.peers.get(name)
-        if known is not None and peer.version < known.version:
+        if known is not None and known.incarnation == peer.incarnation \
+                and peer.version < known.version:
             return "stale"
+        if retained:
+            peer.heard = known.heard if known is not None else -math.inf
         self.peers[name] = peer
-        for key, (floor, seqs) in durable.items():
+        for key, seqs in durable.items():
             tracker = trackers.setdefault(key, SeqTracker())
-            tracker.advance(floor)
             for seq in seqs:
                 tracker.add(seq)
         return "accepted"
@@ -238,42 +269,49 @@ class ClaimBook:
             message = orjson.loads(payload)
         except orjson.JSONDecodeError:
             raise StateError("json: claims are not JSON") from None
-        keys = {"v", "type", "shard", "group", "t", "version", "seen", "keys"}
-        if not isinstance(message, dict) or set(message) != keys or message["v"] != 1 \
-                or message["type"] != "claims" or message["shard"] != name:
-            raise StateError(f"schema: expected a version 1 claims message of {name}")
+        keys = {"v", "type", "shard", "group", "t", "incarnation", "version", "seen", "keys"}
+        if not isinstance(message, dict) or set(message) != keys \
+                or message["v"] != CLAIMS_VERSION or message["type"] != "claims" \
+                or message["shard"] != name:
+            raise StateError(f"schema: expected a version {CLAIMS_VERSION} claims message of "
+                             f"{name}")
         if message["group"] != self.group:
             return None
-        version, seen, t = message["version"], message["seen"], message["t"]
-        if type(version) is not int or not isinstance(seen, dict) or not all(
-                isinstance(k, str) and type(v) is int for k, v in seen.items()):
-            raise StateError("schema: version and seen must be integers")
-        if isinstance(t, bool) or not isinstance(t, (int, float)):
-            raise StateError("schema: t must be a number")
+        incarnation, version, seen, t = (message["incarnation"], message["version"],
+                                         message["seen"], message["t"])
+        if not (isinstance(incarnation, str) and 0 < len(incarnation) <= 64
+                and type(version) is int and version >= 0 and isinstance(seen, dict)
+                and all(isinstance(k, str) and isinstance(v, list) and len(v) == 2
+                        and isinstance(v[0], str) and type(v[1]) is int
+                        for k, v in seen.items())):
+            raise StateError("schema: incarnation, version and seen are malformed")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise StateError("schema: t must be a finite number")
         if not isinstance(message["keys"], dict):
             raise StateError("schema: keys must be an object")
-        durable, applied, pending = {}, {}, {}
+        parts = ({}, {}, {}, {})  # held, have, applied, durable
         for text, entry in message["keys"].items():
             agent, _, channel = text.partition("/")
             if not (NAME.match(agent) and NAME.match(channel) and isinstance(entry, list)
-                    and len(entry) == 4 and type(entry[0]) is int and entry[0] >= -1
+                    and len(entry) == len(parts)
                     and all(isinstance(part, list) and len(part) <= MAX_SEQS_PER_KEY
                             and all(type(s) is int and s >= 0 for s in part)
-                            for part in entry[1:])):
+                            for part in entry)):
                 raise StateError(f"schema: bad claims entry {text[:140]!r}")
-            key = (agent, channel)
-            durable[key] = (entry[0], entry[1])
-            if entry[2]:
-                applied[key] = set(entry[2])
-            if entry[3]:
-                pending[key] = set(entry[3])
-        return Peer(version, seen, applied, pending, self.clock(), float(t)), durable
+            for into, seqs in zip(parts, entry):
+                if seqs:
+                    into[agent, channel] = set(seqs)
+        pending, have, applied, durable = parts
+        peer = Peer(incarnation, version, {k: (v[0], v[1]) for k, v in seen.items()},
+                    pending, have, applied, self.clock(), float(t))
+        return peer, durable
 
     def peers_json(self) -> dict:
         """What the claim exchange looks like from here (for the API)."""
         mono = self.clock()
         return {"held": len(self.held),
-                "peers": {name: {"t": peer.t, "heard_seconds_ago": mono - peer.heard,
+                "peers": {name: {"t": peer.t, "heard_seconds_ago": mono - peer.heard
+                                 if math.isfinite(peer.heard) else None,
                                  "live": mono - peer.heard <= self.peer_timeout,
                                  "held": sum(len(s) for s in peer.pending.values())}
                           for name, peer in sorted(self.peers.items())},

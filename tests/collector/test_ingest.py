@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from collector import ingest
 from collector.ingest import Ingestor, SeqTracker, parse_report, Rejected
 from collector.store import CollectorStore
 from edge_agent import protocol
@@ -124,14 +125,38 @@ def test_duplicates_and_out_of_order_redeliveries():
     assert ingestor.counters["messages"] == 4 and ingestor.counters["duplicates"] == 3
     assert ingestor.counters["values"] == 12
     tracker = ingestor.trackers[("w1", "ax")]
-    assert tracker.floor == 3 and not tracker.above
+    assert tracker.floor == 3 and tracker.bits == 0
 
 
-def test_seq_tracker_memory_is_bounded():
-    tracker = SeqTracker(max_pending=100)
+def test_seq_tracker_memory_is_bounded(monkeypatch):
+    monkeypatch.setattr(ingest, "MAX_SPAN", 128)
+    tracker = SeqTracker()
     for seq in range(1, 500):  # seq 0 never arrives (dropped by the agent's spool cap)
         tracker.add(seq)
-    assert len(tracker.above) <= 100 and tracker.floor >= 398
+    assert tracker.bits.bit_length() <= 128 and tracker.skipped >= 498 and tracker.bits == 0
+    assert tracker.seen(0)  # given up on: a late copy of 0 would be dropped here
+    assert not tracker.counted(0)  # ... but it is not something this tracker counted
+    assert tracker.floor == -1
+    tracker.add(501)
+    assert tracker.counted(501) and not tracker.seen(500)
+
+
+def test_seq_tracker_matches_a_plain_set():
+    """Bitmap bookkeeping against the obvious model, with gaps and re-sends."""
+    rng = np.random.default_rng(3)
+    tracker, model = SeqTracker(), set()
+    for seq in rng.permutation(3000)[:2000].tolist() + list(range(0, 3000, 7)):
+        assert tracker.seen(seq) == (seq in model)
+        tracker.add(seq)
+        model.add(seq)
+    assert all(tracker.seen(s) == (s in model) == tracker.counted(s) for s in range(3100))
+    assert tracker.floor == min(set(range(3001)) - model) - 1
+
+
+def test_seq_tracker_loads_checkpoints_of_the_set_form():
+    old = SeqTracker.__new__(SeqTracker)
+    old.__setstate__({"floor": 4, "above": {6, 9}, "max_pending": 10_000})
+    assert [s for s in range(12) if old.seen(s)] == [0, 1, 2, 3, 4, 6, 9]
 
 
 def test_agents_cannot_touch_each_others_series_or_seqs():
