@@ -267,6 +267,16 @@ class Ingestor:
         self.dead_letters: collections.deque = collections.deque(maxlen=DEAD_LETTERS)
         self.claims = None  # a shard's collector.shards.ClaimBook
 
+    @classmethod
+    def from_settings(cls, fleet: str, settings: dict) -> "Ingestor":
+        """An empty ingestor with the aggregates ``settings`` of a shard state."""
+        return cls(fleet=fleet, bins=settings["bins"], window_seconds=settings["window_seconds"],
+                   keep_windows=settings["keep_windows"])
+
+    def settings(self) -> dict:
+        return {"bins": self.bins, "window_seconds": self.window_seconds,
+                "keep_windows": self.keep_windows}
+
     def __setstate__(self, state: dict) -> None:
         # Checkpoints written before shards existed lack the newer attributes.
         self.__dict__.update({"latest_at": {}, "claims": None, **state})
@@ -408,7 +418,10 @@ class Ingestor:
             mine.duplicates += stats.duplicates
             mine.rejects += stats.rejects
             mine.last_seen = max(filter(None, (mine.last_seen, stats.last_seen)), default=None)
-            if stats.online is not None:
+            # The newest status wins, whatever the merge order: a retired shard's frozen
+            # state must not override what the live shards heard since.
+            if stats.online is not None and (
+                    mine.online is None or _status_time(stats) >= _status_time(mine)):
                 mine.online, mine.status = stats.online, stats.status
         self.counters.update(other.counters)
         self.rejects.update(other.rejects)
@@ -429,8 +442,7 @@ class Ingestor:
                 series.append(one.to_state())
         return {
             "fleet": self.fleet,
-            "settings": {"bins": self.bins, "window_seconds": self.window_seconds,
-                         "keep_windows": self.keep_windows},
+            "settings": self.settings(),
             "counters": {key: self.counters[key] for key in COUNTERS},
             "rejects": dict(self.rejects),
             "agents": {name: {"messages": a.messages, "values": a.values,
@@ -497,6 +509,7 @@ class Ingestor:
         if not isinstance(letters, list) or len(letters) > DEAD_LETTERS or not all(
                 isinstance(d, dict) and set(d) == DEAD_LETTER_KEYS
                 and isinstance(d["t"], (int, float)) and not isinstance(d["t"], bool)
+                and math.isfinite(d["t"])
                 and all(isinstance(d[k], str) and len(d[k]) <= 1024 for k in DEAD_LETTER_KEYS
                         if k != "t") for d in letters):
             raise StateError(f"dead_letters: expected at most {DEAD_LETTERS} dead letters")
@@ -541,9 +554,17 @@ DEAD_LETTER_KEYS = {"t", "topic", "reason", "detail", "payload"}
 def _int_map(value, where: str) -> dict[str, int]:
     if not isinstance(value, dict) or len(value) > 256:
         raise StateError(f"{where}: expected an object of counts")
-    if not all(isinstance(k, str) and 0 < len(k) <= 64 for k in value):
-        raise StateError(f"{where}: keys must be 1-64 characters")
+    # Names only: reject reasons become Prometheus label values (views.py).
+    if not all(isinstance(k, str) and NAME.match(k) for k in value):
+        raise StateError(f"{where}: keys must be names of 1-64 letters, digits, '.', '_', '-'")
     return {k: state_int(v, f"{where}.{k}") for k, v in value.items()}
+
+
+def _status_time(stats: AgentStats) -> float:
+    """When the agent published its status (its own clock), else -inf."""
+    t = stats.status.get("t")
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) \
+        and math.isfinite(t) else -math.inf
 
 
 def _copy(series: Series) -> Series:

@@ -46,7 +46,8 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 # Use the affine bias inversion only when the reconstruction puts less than this
 # share of the data where E[M(x)] stops being affine (near OGPM's domain ends).
 AFFINE_EDGE_MASS = 0.02
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # agents, channels, fields
+# Agents, channels, fields, shards.  \Z, not $: "$" also matches before a final newline.
+NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 KINDS = ("linear", "circular", "polar", "vector")
 
 
@@ -365,10 +366,17 @@ def _load_block(block, state, where: str) -> None:
         statistic.load_state(state[name], f"{where}.{name}")
     n = block.count.n
     for name, statistic in zip(block.STATE_NAMES, block._statistics()):
-        seen = (int(statistic.counts.sum()) + statistic.outside_count
+        # Python integers: an int64 sum of hostile bins could wrap around to n.
+        seen = (sum(statistic.counts.tolist()) + statistic.outside_count
                 if isinstance(statistic, BinCounts) else statistic.n)
         if seen != n:
             raise StateError(f"{where}.{name}: counts {seen} values, the block {n}")
+        if isinstance(statistic, CodeMoments):
+            # Codes lie in [0, n_cells): sums beyond that are not from reports, and
+            # absurd ones would overflow floats when the mean is read.
+            top = block.mechanism.n_cells - 1
+            if statistic.sum > n * top or statistic.sum_sq > n * top * top:
+                raise StateError(f"{where}.{name}: sums beyond {n} codes of at most {top}")
 
 
 def _component_key(description: dict, component) -> str:

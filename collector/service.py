@@ -53,9 +53,7 @@ def aggregates_topic(fleet: str, channel: str) -> str:
 
 
 def new_ingestor(config: CollectorConfig) -> Ingestor:
-    return Ingestor(fleet=config.fleet, bins=config.aggregates.histogram_bins,
-                    window_seconds=config.aggregates.window_seconds,
-                    keep_windows=config.aggregates.keep_windows)
+    return Ingestor.from_settings(config.fleet, settings_of(config))
 
 
 def settings_of(config: CollectorConfig) -> dict:
@@ -72,11 +70,15 @@ def shard_setup(config: CollectorConfig, ingestor: Ingestor) -> None:
     name, group = config.shard_name, config.broker.shared_group
     timeout = config.shard.peer_timeout_seconds
     if name is None:
-        if ingestor.claims is not None:  # no longer a shard: apply what it held
+        if ingestor.claims is not None:  # no longer a shard: settle what it held alone
             held = list(ingestor.claims.held.values())
             ingestor.claims = None
             for entry in held:
-                ingestor._accept(entry.report, entry.received)
+                tracker = ingestor.trackers.get((entry.report.agent, entry.report.channel))
+                if tracker is not None and tracker.seen(entry.report.seq):
+                    ingestor._duplicate(entry.report)
+                else:
+                    ingestor._accept(entry.report, entry.received)
     elif ingestor.claims is None:
         ingestor.claims = ClaimBook(name, group, peer_timeout=timeout)
     else:

@@ -385,7 +385,6 @@ class ShardEntry:
     received: float
     size: int
     group: str | None
-    error: str | None = None  # the last rejected payload's reason, while it is the newest
 
 
 @dataclass
@@ -405,7 +404,6 @@ class MergeView:
         self._lock = threading.RLock()
         self._generation = 0
         self._cache: tuple[int, Ingestor] | None = None
-        self.merge_seconds = 0.0
 
     def update(self, topic: str, payload: bytes) -> str:
         """A message on ``_shards/+/state``: 'accepted', 'removed', 'ignored' or
@@ -449,23 +447,16 @@ class MergeView:
             generation, entries = self._generation, sorted(self.shards.items())
             cache = self._cache
         if cache is None or cache[0] != generation:
-            started = time.perf_counter()
-            merged = Ingestor(fleet=self.fleet, bins=self.settings["bins"],
-                              window_seconds=self.settings["window_seconds"],
-                              keep_windows=self.settings["keep_windows"])
+            merged = Ingestor.from_settings(self.fleet, self.settings)
             for _, entry in entries:
                 merged.merge(entry.ingestor)
-            self.merge_seconds = time.perf_counter() - started
             cache = (generation, merged)
             with self._lock:
                 if self._generation == generation:
                     self._cache = cache
         if local is None:
             return cache[1]
-        merged = Ingestor(fleet=self.fleet, bins=self.settings["bins"],
-                          window_seconds=self.settings["window_seconds"],
-                          keep_windows=self.settings["keep_windows"])
-        return merged.merge(local).merge(cache[1])
+        return Ingestor.from_settings(self.fleet, self.settings).merge(local).merge(cache[1])
 
     def shards_json(self, local: dict | None = None) -> dict:
         """``shards`` and ``shard_rejects`` for /api/channels (docs/API.md)."""

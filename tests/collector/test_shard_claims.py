@@ -278,3 +278,22 @@ def test_a_peer_that_restarts_with_an_older_clock_is_heard():
     restarted = ClaimBook("s2", "g")
     assert book.receive("s2", restarted.message(0.5, {}), {}) == "accepted"
     assert book.peers["s2"].incarnation == restarted.incarnation
+
+
+def test_leaving_shard_mode_settles_held_reports_against_the_tracker():
+    """A shard restarted as a single collector applies what it held, except copies
+    of reports it had already counted."""
+    from collector.config import parse_collector_config
+    from collector.service import shard_setup
+
+    ingestor = Ingestor(fleet=FLEET, bins=20, window_seconds=10, keep_windows=4)
+    ingestor.claims = ClaimBook("s1", "g")
+    first, second = report_stream(np.random.default_rng(0), copies=0)[:2]
+    ingestor.claims.hold(parse_report(*first, FLEET), 1.0)
+    ingestor.claims.hold(parse_report(*second, FLEET), 1.0)
+    report = parse_report(*first, FLEET)
+    ingestor.trackers.setdefault((report.agent, report.channel), ingest.SeqTracker()).add(
+        report.seq)  # counted already: the held one is a copy
+    shard_setup(parse_collector_config({"fleet": FLEET}), ingestor)
+    assert ingestor.claims is None
+    assert ingestor.counters["messages"] == 1 and ingestor.counters["duplicates"] == 1

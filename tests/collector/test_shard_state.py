@@ -228,6 +228,12 @@ def _set(path, value):
     return mutate
 
 
+def _wrapping_bins(counts: list) -> None:
+    """Four bins of 2**62 more: an int64 sum wraps around to the true total."""
+    counts[4] += sum(counts[:4])
+    counts[:4] = [2**62] * 4
+
+
 HOSTILE = {
     "not json": (lambda d: None, b"\x80{", "json"),
     "nan": (lambda d: None, b'{"v": NaN}', "json"),
@@ -254,6 +260,16 @@ HOSTILE = {
                        None, "schema"),
     "dead letter junk": (_set(["state", "dead_letters"], [{"t": 1}]), None, "schema"),
     "status not an object": (_set(["state", "agents", "w0", "status"], 3), None, "schema"),
+    # Consistent with themselves, but no reports could give them; served, they would
+    # break every /api/channels call (float overflow) or wrap int64 bin sums.
+    "sums beyond the grid": (
+        lambda d: d["state"]["series"][0]["total"]["value"].__setitem__(
+            "moments", [d["state"]["series"][0]["total"]["value"]["moments"][0],
+                        10**400, 10**800]), None, "schema"),
+    "bins that wrap int64": (lambda d: _wrapping_bins(
+        d["state"]["series"][0]["total"]["value"]["raw"][0]), None, "schema"),
+    "reject reason with a newline": (_set(["state", "rejects"], {"schema\n": 1}), None,
+                                     "schema"),
 }
 
 
@@ -338,3 +354,30 @@ def test_merge_takes_the_series_reported_most_recently_whatever_the_order():
         document = Views(lambda: merged).channels_json()["channels"]["x"]
         assert document["mechanism"]["epsilon"] == 2.0
         assert [s["mechanism"]["epsilon"] for s in document["other_series"]] == [1.0]
+
+
+def test_merge_keeps_the_newest_status_whatever_the_shard_order():
+    """A retired shard's frozen state says an agent is online; a live shard heard it
+    go offline since.  The newest status must win, not the shard that sorts last."""
+    def one(state, t):
+        ingestor = new()
+        topic = f"{protocol.TOPIC_ROOT}/{FLEET}/w1/status"
+        ingestor.ingest(topic, json.dumps({"state": state, "t": t}).encode(), t)
+        return ingestor
+
+    for order in ([one("online", 10.0), one("offline", 20.0)],
+                  [one("offline", 20.0), one("online", 10.0)]):
+        merged = new()
+        for part in order:
+            merged.merge(part)
+        assert merged.agents["w1"].online is False and merged.agents["w1"].status["t"] == 20.0
+
+
+def test_a_dead_letter_time_beyond_floats_is_rejected():
+    document = _document()
+    document["state"]["dead_letters"] = [{"t": 123456789.5, "topic": "a", "reason": "b",
+                                          "detail": "c", "payload": "d"}]
+    raw = _payload(document).replace(b"123456789.5", b"1e400")  # parses as inf
+    with pytest.raises(Exception) as caught:
+        _decode(raw)
+    assert caught.value.reason == "schema" and "dead_letters" in caught.value.detail
