@@ -145,6 +145,14 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
                 break
     finally:
         time.sleep(0.1)  # let paho send the last acks
+        with lock:  # what arrived meanwhile: a retired shard's session (and queue) ends now
+            store.commit()
+            batch, buffer[:] = list(buffer), []
+        for mid, qos in batch:
+            if qos > 0:
+                client.ack(mid, qos)
+        if batch:
+            time.sleep(0.1)
         if settings.get("end_session") and v5:  # a retired shard: the broker drops the session
             ended = Properties(PacketTypes.DISCONNECT)
             ended.SessionExpiryInterval = 0

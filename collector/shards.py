@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 CLAIMS_VERSION = 2  # 1: durable floors and lists (replaced: a dead peer's gaps made them grow)
 PEER_TIMEOUT = 5.0  # the default of [shard] peer_timeout_seconds
-RECENT = 4  # a shard announces what it checkpointed for RECENT peer timeouts
+REPEATS = 2  # each applied number goes out in this many claims messages
 MAX_STATE_BYTES = 64 << 20
 MAX_CLAIMS_BYTES = 16 << 20
 MAX_SEQS_PER_KEY = 100_000
@@ -76,14 +76,17 @@ class Held:
 
 @dataclass
 class Peer:
-    incarnation: str  # new at every start of the peer: its versions count from 0 again
+    incarnation: str  # new at every start of the peer: its versions count from 1 again
     version: int
     seen: dict[str, tuple[str, int]]  # shard -> (incarnation, version) of its claims read
     pending: dict[tuple[str, str], set[int]]  # held there
     have: dict[tuple[str, str], set[int]]  # of the numbers its peers hold: counted there
-    applied: dict[tuple[str, str], set[int]]  # applied there, not yet in its checkpoint
+    durable: int  # everything it announced as applied up to this version is checkpointed
     heard: float  # our monotonic clock when it last spoke live (-inf: only retained so far)
     t: float  # the peer's wall clock when it published
+    # Announced as applied and not yet durable; collected over its messages.
+    applied: dict[tuple[str, str], set[int]] = field(default_factory=dict)
+    announced: collections.deque = field(default_factory=collections.deque)  # (version, key, seq)
 
 
 class ClaimBook:
@@ -94,13 +97,18 @@ class ClaimBook:
     * ``held``: the sequence numbers held here, waiting for the peers' answers;
     * ``have``: of the numbers the peers hold, those this shard has counted
       (its tracker's ``counted``: never a give-up);
-    * ``applied``: applied here since the last checkpoint.  A crash would undo
-      them (the journal replay holds them again), so peers only refrain from
-      counting them; they do not record them as seen;
-    * ``durable``: checkpointed here in the last ``RECENT`` peer timeouts.
-      Peers record them in their trackers, so that a copy arriving while this
-      shard is dead is still dropped.  Only recent ones: a list of everything
-      past a gap would grow for as long as a dead peer's share is missing.
+    * ``applied``: newly applied here, each in ``REPEATS`` messages.
+
+    and once, ``durable``: the newest version whose ``applied`` numbers are
+    all in a checkpoint written to disk.  Peers collect a shard's applied
+    numbers and refrain from counting them.  Once durable they record them
+    in their trackers, so that a copy arriving while this shard is dead is
+    still dropped.  Before that they must not: a crash undoes what was not
+    checkpointed (the journal replay holds it again), and a peer that had
+    recorded it would make the restarted shard drop it.
+
+    No list grows with history: a list of everything past a gap would grow for
+    as long as a dead peer's share is missing.
 
     A shard applies a held report once every live peer has answered a claims
     message naming it (its ``seen`` shows our version) and none has it;
@@ -122,14 +130,15 @@ class ClaimBook:
         self.shard, self.group = shard, group
         self.peer_timeout = peer_timeout
         self.clock = clock
-        # Versions count from 0 in each incarnation: no wall clock, which can step back.
+        # Versions count from 1 in each incarnation: no wall clock, which can step back.
         self.incarnation = secrets.token_hex(8)
         self.version = 0
+        self.durable = 0
         self.peers: dict[str, Peer] = {}
         self.rejected = collections.Counter()
-        # What was applied before a restore is in the checkpoint (durable), unannounced.
-        self.fresh: dict[tuple[str, str], set[int]] = {}
-        self.durable: collections.deque = collections.deque()  # (monotonic, key, seq)
+        # (first version, key, seq) to announce as applied; what a restore brings back is
+        # in the checkpoint already, so it is never announced (peers need not wait on it).
+        self.news: collections.deque = collections.deque()
         for held in self.held.values():  # claims of an earlier incarnation were never answered
             held.claimed_in = None
         self.restart_grace()
@@ -153,7 +162,7 @@ class ClaimBook:
         self.held[(report.agent, report.channel, report.seq)] = Held(report, received)
 
     def accepted(self, report: Report) -> None:
-        self.fresh.setdefault((report.agent, report.channel), set()).add(report.seq)
+        self.news.append((self.version + 1, (report.agent, report.channel), report.seq))
 
     def _answered(self, peer: Peer, version: int) -> bool:
         incarnation, seen = peer.seen.get(self.shard, ("", -1))
@@ -188,27 +197,23 @@ class ClaimBook:
         return any(held.received < t for held in self.held.values())
 
     # -- checkpoints --
-    def snapshot(self) -> dict[tuple[str, str], set[int]]:
-        """Taken with the checkpoint, under the same lock; ``promote`` it once written."""
-        return {key: set(seqs) for key, seqs in self.fresh.items()}
+    def snapshot(self) -> int:
+        """Taken with the checkpoint, under the same lock; ``promote`` it once written.
 
-    def promote(self, written: dict[tuple[str, str], set[int]]) -> None:
-        """The checkpoint holding ``written`` is on disk: announce those as durable."""
-        now = self.clock()
-        for key, seqs in written.items():
-            self.durable.extend((now, key, seq) for seq in sorted(seqs))
-            left = self.fresh.get(key, set()) - seqs
-            if left:
-                self.fresh[key] = left
-            else:
-                self.fresh.pop(key, None)
+        Whatever our messages up to now announced as applied was applied before
+        this moment, so it is in the checkpoint."""
+        return self.version
+
+    def promote(self, version: int) -> None:
+        """The checkpoint taken at ``snapshot() == version`` is on disk."""
+        self.durable = max(self.durable, version)
 
     # -- messages --
     def message(self, now: float, trackers: dict[tuple[str, str], SeqTracker]) -> bytes:
-        """Our claims: [held, have, applied, durable] per "agent/channel" (class docstring)."""
+        """Our claims: [held, have, applied] per "agent/channel" (class docstring)."""
         self.version += 1
         keys: dict[tuple[str, str], tuple[list[int], ...]] = collections.defaultdict(
-            lambda: ([], [], [], []))
+            lambda: ([], [], []))
         for (agent, channel, seq), held in self.held.items():
             if held.claimed_in is None:
                 held.claimed_in = self.version
@@ -218,16 +223,14 @@ class ClaimBook:
                 tracker = trackers.get(key)
                 if tracker is not None:
                     keys[key][1].extend(seq for seq in seqs if tracker.counted(seq))
-        for key, seqs in self.fresh.items():
-            keys[key][2].extend(seqs)
-        horizon = self.clock() - RECENT * self.peer_timeout
-        while self.durable and self.durable[0][0] < horizon:
-            self.durable.popleft()
-        for _, key, seq in self.durable:
-            keys[key][3].append(seq)
+        while self.news and self.news[0][0] <= self.version - REPEATS:
+            self.news.popleft()
+        for _, key, seq in self.news:
+            keys[key][2].append(seq)
         return orjson.dumps({
             "v": CLAIMS_VERSION, "type": "claims", "shard": self.shard, "group": self.group,
             "t": now, "incarnation": self.incarnation, "version": self.version,
+            "durable": self.durable,
             "seen": {name: [peer.incarnation, peer.version] for name, peer in self.peers.items()},
             "keys": {f"{agent}/{channel}": [sorted(set(part)) for part in parts]
                      for (agent, channel), parts in keys.items() if any(parts)}})
@@ -248,18 +251,29 @@ class ClaimBook:
             return "rejected"
         if parsed is None:
             return "other group"
-        peer, durable = parsed
+        peer, applied = parsed
         known = self.peers.get(name)
-        if known is not None and known.incarnation == peer.incarnation \
-                and peer.version < known.version:
-            return "stale"
+        if known is not None and known.incarnation == peer.incarnation:
+            if peer.version < known.version:
+                return "stale"
+            peer.applied, peer.announced = known.applied, known.announced
+        # A new incarnation starts empty: what the old one had not checkpointed was undone.
+        for key, seqs in applied.items():
+            mine = peer.applied.setdefault(key, set())
+            for seq in seqs - mine:
+                mine.add(seq)
+                peer.announced.append((peer.version, key, seq))
+        while peer.announced and peer.announced[0][0] <= peer.durable:
+            _, key, seq = peer.announced.popleft()
+            trackers.setdefault(key, SeqTracker()).add(seq)
+            mine = peer.applied.get(key)
+            if mine is not None:
+                mine.discard(seq)
+                if not mine:
+                    del peer.applied[key]
         if retained:
             peer.heard = known.heard if known is not None else -math.inf
         self.peers[name] = peer
-        for key, seqs in durable.items():
-            tracker = trackers.setdefault(key, SeqTracker())
-            for seq in seqs:
-                tracker.add(seq)
         return "accepted"
 
     def _parse(self, name: str, payload: bytes):
@@ -269,7 +283,8 @@ class ClaimBook:
             message = orjson.loads(payload)
         except orjson.JSONDecodeError:
             raise StateError("json: claims are not JSON") from None
-        keys = {"v", "type", "shard", "group", "t", "incarnation", "version", "seen", "keys"}
+        keys = {"v", "type", "shard", "group", "t", "incarnation", "version", "durable", "seen",
+                "keys"}
         if not isinstance(message, dict) or set(message) != keys \
                 or message["v"] != CLAIMS_VERSION or message["type"] != "claims" \
                 or message["shard"] != name:
@@ -277,19 +292,21 @@ class ClaimBook:
                              f"{name}")
         if message["group"] != self.group:
             return None
-        incarnation, version, seen, t = (message["incarnation"], message["version"],
-                                         message["seen"], message["t"])
+        incarnation, version, durable, seen, t = (
+            message["incarnation"], message["version"], message["durable"], message["seen"],
+            message["t"])
         if not (isinstance(incarnation, str) and 0 < len(incarnation) <= 64
-                and type(version) is int and version >= 0 and isinstance(seen, dict)
+                and type(version) is int and type(durable) is int and 0 <= durable < version
+                and isinstance(seen, dict)
                 and all(isinstance(k, str) and isinstance(v, list) and len(v) == 2
                         and isinstance(v[0], str) and type(v[1]) is int
                         for k, v in seen.items())):
-            raise StateError("schema: incarnation, version and seen are malformed")
+            raise StateError("schema: incarnation, version, durable and seen are malformed")
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
             raise StateError("schema: t must be a finite number")
         if not isinstance(message["keys"], dict):
             raise StateError("schema: keys must be an object")
-        parts = ({}, {}, {}, {})  # held, have, applied, durable
+        parts = ({}, {}, {})  # held, have, applied
         for text, entry in message["keys"].items():
             agent, _, channel = text.partition("/")
             if not (NAME.match(agent) and NAME.match(channel) and isinstance(entry, list)
@@ -301,10 +318,10 @@ class ClaimBook:
             for into, seqs in zip(parts, entry):
                 if seqs:
                     into[agent, channel] = set(seqs)
-        pending, have, applied, durable = parts
+        pending, have, applied = parts
         peer = Peer(incarnation, version, {k: (v[0], v[1]) for k, v in seen.items()},
-                    pending, have, applied, self.clock(), float(t))
-        return peer, durable
+                    pending, have, durable, self.clock(), float(t))
+        return peer, applied
 
     def peers_json(self) -> dict:
         """What the claim exchange looks like from here (for the API)."""

@@ -229,13 +229,14 @@ def test_claims_survive_a_restore_and_refuse_hostile_messages():
     assert again.incarnation != book.incarnation and again.version == 0 and again.peers == {}
     hostile = [b"{", b"[]", b'{"v":1}', b"x" * (17 << 20),
                _claims(v=1),  # the old format with durable floors
-               _claims(keys={"a0/x": [[1], [2], [3]]}),
-               _claims(keys={"a0/x": [[-1], [], [], []]}),
-               _claims(keys={"a0/x": [[True], [], [], []]}),
-               _claims(keys={"a 0/x": [[1], [], [], []]}),
-               _claims(keys={"a0/x": [list(range(MAX_SEQS_PER_KEY + 1)), [], [], []]}),
+               _claims(keys={"a0/x": [[1], [2], [3], [4]]}),
+               _claims(keys={"a0/x": [[-1], [], []]}),
+               _claims(keys={"a0/x": [[True], [], []]}),
+               _claims(keys={"a 0/x": [[1], [], []]}),
+               _claims(keys={"a0/x": [list(range(MAX_SEQS_PER_KEY + 1)), [], []]}),
                _claims(seen={"s1": 3}),
                _claims(version=-1),
+               _claims(durable=5),  # durable must be older than the message
                _claims(t="now")]
     for payload in hostile:
         assert book.receive("s2", payload, {}) == "rejected"
