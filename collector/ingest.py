@@ -37,7 +37,7 @@ from .stats import StateError, state_float, state_int, state_list
 
 MAX_PAYLOAD_BYTES = 1 << 20  # far above a 500-value batch (~4 kB)
 MAX_CODES = 100_000
-MAX_SPAN = 1 << 16  # sequence numbers a tracker spans before giving up on old gaps (8 kB)
+MAX_SPAN = 1 << 17  # sequence numbers a tracker spans before giving up on old gaps (16 kB)
 DEAD_LETTERS = 200
 REPORT_KEYS = {"v", "agent", "channel", "kind", "seq", "t", "dt", "mechanism", "codes"}
 OPTIONAL_KEYS = {"fields", "strategy"}
