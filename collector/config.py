@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -16,6 +15,7 @@ from edge_agent.config import (
     Name,
     _Model,
     format_validation_error,
+    read_toml,
 )
 
 
@@ -163,14 +163,7 @@ def parse_collector_config(data: dict) -> CollectorConfig:
 
 
 def load_collector_config(path: str | Path) -> CollectorConfig:
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_collector_config(data)
+    return parse_collector_config(read_toml(path))
 
 
 __all__ = ["CollectorConfig", "ConfigError", "load_collector_config", "parse_collector_config"]

@@ -22,7 +22,6 @@ import json
 import math
 import re
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 import orjson

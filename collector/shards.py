@@ -337,11 +337,12 @@ class ClaimBook:
 
 # -- the state a shard publishes ---------------------------------------------------------------
 
-def encode_state(ingestor: Ingestor, *, shard: str, group: str | None, every: float,
+def encode_state(state: dict, *, shard: str, group: str | None, every: float,
                  now: float) -> bytes:
-    """The versioned JSON document of docs/SCALE_OUT.md ("Shard state")."""
+    """The versioned JSON document of docs/SCALE_OUT.md ("Shard state") around an
+    ``Ingestor.to_state()``: a copy, so it can be encoded outside the ingest lock."""
     document = {"v": STATE_VERSION, "type": "shard-state", "shard": shard, "group": group,
-                "t": now, "every": every, "state": ingestor.to_state()}
+                "t": now, "every": every, "state": state}
     # The standard library keeps integers exact at any size (orjson stops at 64 bits).
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
 

@@ -436,12 +436,16 @@ def parse_config(data: dict[str, Any]) -> AgentConfig:
         raise ConfigError(format_validation_error(exc)) from None
 
 
-def load_config(path: str | Path) -> AgentConfig:
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file's contents, or ``ConfigError`` saying why not (agent and collector)."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_config(data)
+
+
+def load_config(path: str | Path) -> AgentConfig:
+    return parse_config(read_toml(path))

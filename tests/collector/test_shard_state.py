@@ -199,7 +199,7 @@ def test_merged_states_equal_one_ingestor_that_saw_everything():
 
 def _document(ingestor=None, **changes) -> dict:
     ingestor = ingestor or fill(new(), np.random.default_rng(9), agents=[0, 1], seqs=range(3))
-    document = json.loads(encode_state(ingestor, shard="s1", group="g", every=5.0, now=50.0))
+    document = json.loads(encode_state(ingestor.to_state(), shard="s1", group="g", every=5.0, now=50.0))
     document.update(changes)
     return document
 
@@ -322,7 +322,7 @@ def test_merge_view_merges_shards_and_reports_freshness():
     rng = np.random.default_rng(12)
     parts = [fill(new(), rng, agents=[a]) for a in range(3)]
     for i, part in enumerate(parts):
-        payload = encode_state(part, shard=f"s{i}", group="g", every=5.0, now=990.0 + i)
+        payload = encode_state(part.to_state(), shard=f"s{i}", group="g", every=5.0, now=990.0 + i)
         assert view.update(shard_topic(FLEET, f"s{i}", "state"), payload) == "accepted"
     merged = view.ingestor()
     assert merged.counters["messages"] == sum(p.counters["messages"] for p in parts)
