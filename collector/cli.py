@@ -138,29 +138,31 @@ def _domain_from_api(config: CollectorConfig, channel: str) -> tuple[float, floa
 @click.option("--http-port", default=8080, show_default=True, type=click.IntRange(1, 65535),
               help="dashboard and API port")
 @click.option("--broker", default=None, metavar="HOST:PORT",
-              help="use this running broker (default: $BROKER, else a private Mosquitto if "
-                   "installed, else the embedded amqtt broker)")
+              help="use this running broker, which must speak MQTT 5 (default: $BROKER, else "
+                   "a private Mosquitto if installed, else the embedded amqtt broker)")
 @click.option("--embedded", is_flag=True, help="use the embedded broker even if Mosquitto "
                                                "is installed")
 @click.option("--workdir", default=None, type=click.Path(file_okay=False),
-              help="keep configs, state and logs here (default: a temporary directory)")
+              help="keep configs, state and logs here, a new or empty directory (default: a "
+                   "temporary directory)")
 def demo(agents, duration, http_port, broker, embedded, workdir) -> None:
-    """Broker, collector, dashboard and a fleet of simulated wearables, in one command."""
-    from .demo import parse_broker, run_demo
+    """Broker, collector, dashboard and a fleet of simulated wearables, in one command.
 
-    if broker is not None:
-        try:
-            parse_broker(broker)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc).split(": ", 1)[1], param_hint="--broker")
+    Ctrl-C, SIGTERM or SIGHUP stops everything it started.
+    """
+    from .demo import DemoError, run_demo
+
     try:
         code = run_demo(agents=agents, duration=duration, http_port=http_port, broker=broker,
                         workdir=workdir, embedded=embedded)
+    except DemoError as exc:  # found before anything started
+        click.echo(f"edge-collector demo: {exc}", err=True)
+        code = 2
     except RuntimeError as exc:
         click.echo(f"demo failed: {exc}", err=True)
         code = 1
-    except KeyboardInterrupt:  # during start-up: what was started has been stopped
-        code = 130
+    except KeyboardInterrupt as exc:  # during start-up: what was started has been stopped
+        code = 128 + getattr(exc, "signum", 2)  # 130 for Ctrl-C, 143 for SIGTERM
     sys.exit(code)
 
 

@@ -1,7 +1,7 @@
 """``edge-collector demo``: a broker, the collector with its dashboard, and a simulated fleet.
 
-What runs (all as child processes of this one, all stopped on Ctrl-C or after
-``--duration``):
+What runs (all as child processes of this one, all stopped on Ctrl-C, SIGTERM,
+SIGHUP or after ``--duration``):
 
 * a broker: the one given with ``--broker HOST:PORT`` (or ``BROKER``), else
   a private Mosquitto on a free port if ``mosquitto`` is installed, else the
@@ -17,13 +17,14 @@ What runs (all as child processes of this one, all stopped on Ctrl-C or after
   estimate next to truth.  Real agents never do this.
 
 Nothing needs root.  Configs, state and logs go to ``--workdir`` (default: a
-temporary directory, removed at the end).
+temporary directory, removed at the end); an existing one must be empty.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -111,6 +112,27 @@ report_interval = 0.25
 """
 
 
+# SIGTERM and SIGHUP (a closed terminal) stop the demo as Ctrl-C does: the children
+# run in their own sessions, so nobody else stops them.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class DemoError(ValueError):
+    """A bad option or environment found before anything started (the CLI exits 2)."""
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: handled wherever Ctrl-C is."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum, frame) -> None:
+    raise Stopped(signum)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -125,11 +147,29 @@ def port_open(host: str, port: int) -> bool:
         return False
 
 
-def parse_broker(text: str) -> tuple[str, int]:
+def port_free(host: str, port: int) -> bool:
+    """Whether the collector could listen on host:port (it sets SO_REUSEADDR as here,
+    so a port in TIME_WAIT counts as free and only a listener counts as taken)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def parse_broker(text: str, source: str = "--broker") -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--broker: must be HOST:PORT, got {text!r}")
+        raise DemoError(f"{source}: must be HOST:PORT, got {text!r}")
     return host, int(port)
+
+
+def toml_str(value) -> str:
+    """A TOML basic string: JSON's escapes are TOML's (non-ASCII is kept as is,
+    since JSON would write astral characters as surrogate pairs, which TOML refuses)."""
+    return json.dumps(str(value), ensure_ascii=False)
 
 
 class Demo:
@@ -148,12 +188,19 @@ class Demo:
         env = dict(os.environ)
         # compiled kernels survive the demo's temporary directory
         env.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "edge-ldp" / "numba"))
-        log = (self.workdir / f"{name}.log").open("ab")
-        process = subprocess.Popen([sys.executable, *args] if args[0] == "-m" else args,
-                                   stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   cwd=self.workdir, start_new_session=True)
+        with (self.workdir / f"{name}.log").open("ab") as log:  # the child has its own copy
+            process = subprocess.Popen([sys.executable, *args] if args[0] == "-m" else args,
+                                       stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       cwd=self.workdir, start_new_session=True)
         self.processes.append((name, process))
         return process
+
+    def _log_tail(self, name: str, lines: int = 20) -> str:
+        try:
+            text = (self.workdir / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
 
     def _start_broker(self) -> tuple[str, int, str, str]:
         """(host, port, MQTT version, description)."""
@@ -184,44 +231,54 @@ class Demo:
         while not predicate():
             for name, process in self.processes:
                 if process.poll() is not None:
-                    log = (self.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"{name} exited ({process.returncode}):\n{log}")
+                    raise RuntimeError(f"{name} exited ({process.returncode}):\n"
+                                       f"{self._log_tail(name)}")
             if time.monotonic() > deadline:
                 raise RuntimeError(failure)
             time.sleep(0.2)
 
     def _write_configs(self, host: str, port: int, version: str) -> tuple[Path, Path]:
+        # Someone else's broker: client ids of our own (two demos must not take each
+        # other's connections, nor the range client a real collector's
+        # "edge-collector-range") and no session left behind there.
+        suffix = f"-{secrets.token_hex(4)}" if self.broker_text else ""
+        expiry = "session_expiry_seconds = 0\n" if self.broker_text else ""
         agent = self.workdir / "agent.toml"
+        # Each agent spends 10 eps per tick (the channels below) at 4 ticks/s: 40 eps/s,
+        # 144,000 per hour, plus range discovery's 1 eps per side, min and max once a
+        # minute (120 per hour).  A budget of 1e6 per hour never runs out, so "until
+        # Ctrl-C" means it (and the truth stays exact: nothing is refused).
         agent.write_text(f"""agent_id = "wearable"
 fleet = "demo"
 batch_seconds = 1.0
 [broker]
-host = "{host}"
+host = {toml_str(host)}
 port = {port}
 [privacy]
 budget_epsilon = 1000000.0
-budget_period = "1d"
-state_dir = "{self.workdir / 'agents'}"
+budget_period = "1h"
+state_dir = {toml_str(self.workdir / 'agents')}
 range_epsilon_max = 2.0
 """ + DEMO_CHANNELS)
         collector = self.workdir / "collector.toml"
         collector.write_text(f"""fleet = "demo"
 [broker]
-host = "{host}"
+host = {toml_str(host)}
 port = {port}
-mqtt_version = "{version}"
-client_id = "demo-collector"
-[http]
+mqtt_version = {toml_str(version)}
+client_id = "demo-collector{suffix}"
+{expiry}[http]
 host = "127.0.0.1"
 port = {self.http_port}
 [storage]
-path = "{self.workdir / 'collector.sqlite'}"
+path = {toml_str(self.workdir / 'collector.sqlite')}
 checkpoint_seconds = 5
 [aggregates]
 window_seconds = 10
 [snapshots]
 interval_seconds = 5
 [range_discovery]
+client_id = "demo-range{suffix}"
 coordinator = true
 epsilon = 1.0
 strategy = "split"
@@ -237,7 +294,11 @@ every_seconds = 60
 
     # -- the run ----------------------------------------------------------------------------
     def run(self) -> int:
+        """0 when stopped as asked, 1 when a child exited on its own; Ctrl-C, SIGTERM or
+        SIGHUP during start-up raise KeyboardInterrupt after everything is stopped."""
         with ExitStack() as stack:
+            for signum in STOP_SIGNALS[1:]:
+                stack.callback(signal.signal, signum, signal.signal(signum, _raise_stopped))
             stack.callback(self.stop)
             host, port, version, what = self._start_broker()
             agent_config, collector_config = self._write_configs(host, port, version)
@@ -254,34 +315,50 @@ every_seconds = 60
                                f"API: {self.url}/api/channels   logs: {self.workdir}")
             self.console.print("Ctrl-C stops everything." if not self.duration
                                else f"Running for {self.duration:g} s.")
-            self._summary_loop()
-        return 0
+            try:
+                self._summary_loop()
+            except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP: a requested stop
+                pass
+            return self._check_children()
+
+    def _exited(self) -> bool:
+        return any(process.poll() is not None for _, process in self.processes)
 
     def _summary_loop(self) -> None:
-        deadline = time.monotonic() + self.duration if self.duration else float("inf")
+        """Until the duration is over or a child exits; the view every `interval` s."""
+        now = time.monotonic()
+        deadline = now + self.duration if self.duration else float("inf")
         live = self.console.is_terminal
         interval = 2.0 if live else 10.0
-        try:
+        next_view = now if live else now + interval  # a log gets no empty first table
+        with ExitStack() as stack:
             if live:
                 from rich.live import Live
 
-                with Live(render(None), console=self.console, auto_refresh=False) as view:
-                    while time.monotonic() < deadline:
+                view = stack.enter_context(Live(render(None), console=self.console,
+                                                auto_refresh=False))
+            while (now := time.monotonic()) < deadline and not self._exited():
+                if now >= next_view:
+                    if live:
                         view.update(self._view(), refresh=True)
-                        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-            else:
-                while time.monotonic() < deadline:
-                    time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-                    self.console.print(self._view())
-        except KeyboardInterrupt:
-            pass
-        self._check_children()
+                    else:
+                        self.console.print(self._view())
+                    next_view = now + interval
+                time.sleep(max(0.0, min(0.5, next_view - now, deadline - now)))
+            if not live and not self._exited():
+                self.console.print(self._view())  # the final state
 
-    def _check_children(self) -> None:
+    def _check_children(self) -> int:
+        """1 (and the end of its log, which may be in a directory about to be
+        removed) for every child that exited on its own; else 0."""
+        code = 0
         for name, process in self.processes:
             if process.poll() is not None:
-                self.console.print(f"[red]{name} exited early ({process.returncode}); see "
-                                   f"{self.workdir / (name + '.log')}[/]")
+                self.console.print(f"[red]{name} exited early ({process.returncode}); "
+                                   f"the end of {name}.log:[/]", highlight=False)
+                self.console.print(self._log_tail(name), markup=False, highlight=False)
+                code = 1
+        return code
 
     def _view(self):
         from rich.console import Group
@@ -300,41 +377,71 @@ every_seconds = 60
             return None
 
     def stop(self) -> None:
-        """The fleet first (it flushes), then the collector (it checkpoints), then the broker."""
-        for name, process in reversed(self.processes):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(40)
-                except subprocess.TimeoutExpired:
+        """The fleet first (it flushes), then the collector (it checkpoints), then the
+        broker.  Ctrl-C, SIGTERM and SIGHUP are ignored meanwhile: a second one must
+        not leave the rest running; whatever does not stop in time is killed."""
+        previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOP_SIGNALS}
+        try:
+            deadline = time.monotonic() + 40
+            for _, process in reversed(self.processes):
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+                    try:
+                        process.wait(max(1.0, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        pass
+        finally:
+            for _, process in self.processes:
+                if process.poll() is None:
                     process.kill()
-                    process.wait(10)
+                    process.wait()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def _number(x) -> str:
+    return f"{x:.4f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "–"
 
 
 def truth_table(document: dict, truth: dict) -> Table:
-    """Estimates next to the simulation's true means (linear channels)."""
+    """Estimates next to the simulation's true means (linear channels); "–" for
+    whatever the collector cannot tell yet."""
     table = Table(title="estimate vs simulated truth (linear channels)", show_edge=False)
     for column in ("channel", "estimate", "95% interval", "truth", "raw mean of reports"):
         table.add_column(column, justify="right" if column != "channel" else "left")
     for name, channel in document.get("channels", {}).items():
         mean, true = channel.get("mean"), truth.get(name, {}).get("mean")
-        if not isinstance(mean, dict) or true is None or mean.get("estimate") is None:
+        if not isinstance(mean, dict) or true is None:
             continue
-        low, high = mean.get("ci95") or (None, None)
-        table.add_row(name, f"{mean['estimate']:.4f}",
-                      f"[{low:.4f}, {high:.4f}]" if low is not None else "–",
-                      f"{true:.4f}", f"{mean['raw']:.4f}")
+        ci = mean.get("ci95")
+        low, high = ci if isinstance(ci, (list, tuple)) and len(ci) == 2 else (None, None)
+        interval = f"[{_number(low)}, {_number(high)}]" if low is not None else "–"
+        table.add_row(name, _number(mean.get("estimate")), interval, _number(true),
+                      _number(mean.get("raw")))
     return table
 
 
 def run_demo(*, agents: int, duration: float, http_port: int, broker: str | None,
              workdir: str | None, embedded: bool = False) -> int:
-    broker = broker or os.environ.get("BROKER") or None
+    """Raises DemoError (nothing started) for a bad BROKER or --broker, an HTTP port in
+    use or a non-empty --workdir."""
+    if broker is None and os.environ.get("BROKER"):
+        broker = os.environ["BROKER"]
+        parse_broker(broker, "BROKER")
+    elif broker is not None:
+        parse_broker(broker)
+    if not port_free("127.0.0.1", http_port):
+        raise DemoError(f"port {http_port} is in use; pass --http-port "
+                        f'(make demo DEMO_ARGS="--http-port {http_port + 1}")')
+    options = dict(agents=agents, duration=duration, http_port=http_port, broker=broker,
+                   embedded=embedded)
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="edge-ldp-demo-") as tmp:
-            return Demo(agents=agents, duration=duration, http_port=http_port, broker=broker,
-                        workdir=Path(tmp), embedded=embedded).run()
+            return Demo(workdir=Path(tmp), **options).run()
     path = Path(workdir)
+    # An earlier run's collector.sqlite would be mixed with a fresh truth.json; refusing
+    # loses nothing, clearing could delete someone's files.
+    if path.exists() and any(path.iterdir()):
+        raise DemoError(f"--workdir {workdir} is not empty; pass a new or empty directory")
     path.mkdir(parents=True, exist_ok=True)
-    return Demo(agents=agents, duration=duration, http_port=http_port, broker=broker,
-                workdir=path.resolve(), embedded=embedded).run()
+    return Demo(workdir=path.resolve(), **options).run()
