@@ -30,7 +30,17 @@ test: $(STAMP) system-deps
 # Broker (a private Mosquitto if installed, else the embedded amqtt), collector,
 # dashboard and 24 simulated wearables; no root needed.  Ctrl-C stops it all.
 # Options: make demo DEMO_ARGS="--agents 100 --http-port 8081 --broker host:1883"
-demo: $(STAMP)
+# The demo needs only the package and amqtt, not the test and bench tools: its own
+# stamp in the same venv.  A venv `make test` set up has everything already (and a
+# later `make test` still installs the test extras: its stamp is not this one).
+DEMO_STAMP := $(VENV)/.demo-stamp
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[demo]'
+	touch $@
+
+demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 	$(PY) -m collector demo $(DEMO_ARGS)
 
 # The agent's footprint is measured in a venv with only the runtime dependencies,
