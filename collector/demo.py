@@ -298,7 +298,9 @@ every_seconds = 60
         SIGHUP during start-up raise KeyboardInterrupt after everything is stopped."""
         with ExitStack() as stack:
             for signum in STOP_SIGNALS[1:]:
-                stack.callback(signal.signal, signum, signal.signal(signum, _raise_stopped))
+                if signal.getsignal(signum) is not signal.SIG_IGN:  # under nohup, stay
+                    stack.callback(signal.signal, signum,
+                                   signal.signal(signum, _raise_stopped))
             stack.callback(self.stop)
             host, port, version, what = self._start_broker()
             agent_config, collector_config = self._write_configs(host, port, version)

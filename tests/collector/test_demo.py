@@ -146,8 +146,11 @@ def test_ctrl_c_twice_stops_the_demo_and_everything_it_started(tmp_path):
     assert not os.path.exists(tmp_path / "truth.tmp")
 
 
-def test_default_broker_is_a_private_mosquitto_and_sigterm_stops_everything(tmp_path):
-    """The path `make demo` takes where Mosquitto is installed (as `make test` makes sure)."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_default_broker_is_a_private_mosquitto_and_a_signal_stops_everything(tmp_path, signum):
+    """The path `make demo` takes where Mosquitto is installed (as `make test` makes
+    sure); SIGTERM (systemd, kill, a container stopping) or SIGHUP (the terminal
+    closed) stops everything, as Ctrl-C does."""
     if find_mosquitto() is None:
         pytest.fail("mosquitto is not installed: run `make test` (it installs it with apt) "
                     "or `apt-get install mosquitto`")
@@ -161,7 +164,7 @@ def test_default_broker_is_a_private_mosquitto_and_sigterm_stops_everything(tmp_
                           and all(c["count"] > 0 for c in api(port)["channels"].values()),
                           60), (tmp_path / "collector.log").read_text()[-2000:]
         assert not api(port)["ingest"]["rejects"]
-        demo.send_signal(signal.SIGTERM)  # as from systemd, kill or a closing container
+        demo.send_signal(signum)
         output, _ = demo.communicate(timeout=90)
     finally:
         if demo.poll() is None:
