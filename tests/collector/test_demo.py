@@ -217,7 +217,6 @@ def test_generated_configs(tmp_path):
     assert collector.storage.path == workdir / "collector.sqlite"
     # "until Ctrl-C" runs indefinitely: a period's spending stays well inside the budget
     per_second = sum(c.epsilon / c.report_interval for c in agent.channels)
-    assert per_second == 40
     assert 2 * per_second * agent.privacy.period_seconds < agent.privacy.budget_epsilon
 
     # someone else's broker: own client ids, no session left there
