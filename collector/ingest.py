@@ -21,6 +21,7 @@ once fleet-wide; ``settle()`` applies or drops what is held.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -266,6 +267,7 @@ class Ingestor:
         self.rejects = collections.Counter()  # by reason
         self.dead_letters: collections.deque = collections.deque(maxlen=DEAD_LETTERS)
         self.claims = None  # a shard's collector.shards.ClaimBook
+        self._batch: dict[int, tuple[Series, list]] | None = None  # see batch()
 
     @classmethod
     def from_settings(cls, fleet: str, settings: dict) -> "Ingestor":
@@ -277,9 +279,29 @@ class Ingestor:
         return {"bins": self.bins, "window_seconds": self.window_seconds,
                 "keep_windows": self.keep_windows}
 
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_batch"}
+
     def __setstate__(self, state: dict) -> None:
         # Checkpoints written before shards existed lack the newer attributes.
-        self.__dict__.update({"latest_at": {}, "claims": None, **state})
+        self.__dict__.update({"latest_at": {}, "claims": None, **state, "_batch": None})
+
+    @contextlib.contextmanager
+    def batch(self):
+        """Messages ingested inside are checked, deduplicated and counted one by one
+        as always, but their codes reach the statistics together at the end, one
+        summary per series and window (``Series.update_many``): most of a
+        message's aggregation cost is numpy's fixed cost per call."""
+        if self._batch is not None:  # already batching
+            yield
+            return
+        self._batch = {}
+        try:
+            yield
+        finally:
+            batch, self._batch = self._batch, None
+            for series, messages in batch.values():
+                series.update_many(messages)
 
     # -- messages -------------------------------------------------------------------------
     def classify(self, topic: str) -> str:
@@ -340,7 +362,12 @@ class Ingestor:
 
     def _accept(self, report: Report, now: float) -> None:
         series = self._series_for(report, now)
-        values = series.update(agent=report.agent, t=report.t, codes=report.codes)
+        if self._batch is None:
+            values = series.update(agent=report.agent, t=report.t, codes=report.codes)
+        else:
+            values = series.values_in(report.codes)
+            self._batch.setdefault(id(series), (series, []))[1].append(
+                (report.agent, report.t, report.codes))
         self.trackers.setdefault((report.agent, report.channel), SeqTracker()).add(report.seq)
         if self.claims is not None:
             self.claims.accepted(report)

@@ -97,9 +97,11 @@ def restore(config: CollectorConfig, store: CollectorStore) -> tuple[Ingestor, i
                              f"{config.fleet!r}: use another storage.path")
     shard_setup(config, ingestor)
     position = upto
-    for row_id, topic, payload, received in journal:
-        ingestor.ingest(topic, payload, received)
-        position = row_id
+    for first in range(0, len(journal), READ_BATCH):  # batches bound the codes held at once
+        with ingestor.batch():
+            for row_id, topic, payload, received in journal[first:first + READ_BATCH]:
+                ingestor.ingest(topic, payload, received)
+                position = row_id
     if state is not None or journal:
         log.info("restored %d message(s): checkpoint plus %d journaled",
                  ingestor.counters["messages"], len(journal))
@@ -306,7 +308,7 @@ class CollectorService:
 
     def settle(self) -> None:
         self._claims_arrived.clear()
-        with self.lock:
+        with self.lock, self.ingestor.batch():
             self.ingestor.settle()
 
     # -- range discovery (only on the designated coordinator) ----------------------------------
@@ -377,7 +379,7 @@ class CollectorService:
         rows = self.store.read_journal(self.position, READ_BATCH)
         if not rows:
             return 0
-        with self.lock:
+        with self.lock, self.ingestor.batch():
             for row_id, topic, payload, received in rows:
                 if self.ingestor.ingest(topic, payload, received) not in ("status", "ignored"):
                     self.last_report = received
