@@ -31,9 +31,9 @@ import numpy as np
 import orjson
 
 from edge_agent.mechanisms import from_description
-from edge_agent.protocol import PROTOCOL_VERSION, TOPIC_ROOT
+from edge_agent.protocol import NAME, PROTOCOL_VERSION, TOPIC_ROOT, kind_problem
 
-from .series import NAME, Series, describe_key, kind_problem, series_identity
+from .series import Series, describe_key, series_identity
 from .stats import StateError, state_float, state_int, state_list
 
 MAX_PAYLOAD_BYTES = 1 << 20  # far above a 500-value batch (~4 kB)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from functools import lru_cache
 from typing import Any
 
@@ -28,6 +27,7 @@ import numpy as np
 import orjson
 
 from edge_agent.mechanisms import from_description
+from edge_agent.protocol import NAME, kind_problem
 
 from . import ems
 from .stats import (
@@ -46,8 +46,6 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 # Use the affine bias inversion only when the reconstruction puts less than this
 # share of the data where E[M(x)] stops being affine (near OGPM's domain ends).
 AFFINE_EDGE_MASS = 0.02
-# Agents, channels, fields, shards.  \Z, not $: "$" also matches before a final newline.
-NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 KINDS = ("linear", "circular", "polar", "vector")
 
 
@@ -61,42 +59,6 @@ def series_identity(channel: str, kind: str, key: str, fields: list[str] | None,
     """What makes two reports belong to one aggregation series (hashable, cheap)."""
     return (channel, kind, key, tuple(fields) if fields is not None else None,
             tuple(sorted(strategy.items())) if strategy is not None else None)
-
-
-def kind_problem(kind, mechanism, fields, strategy) -> tuple[str, str] | None:
-    """Why a series identity is impossible, as (reason, detail), or None.
-
-    ``mechanism`` is the built mechanism; the same rules hold for reports
-    (``ingest.parse_report``) and for series loaded from a shard state.
-    """
-    if kind in ("linear", "circular"):
-        expected = "ogpm-circular" if kind == "circular" else None
-        if (expected and mechanism.name != expected) or (
-                not expected and mechanism.name in ("ogpm-circular", "ogpm-polar")):
-            return "kind", f"{kind} channel with mechanism {mechanism.name}"
-        if fields is not None or strategy is not None:
-            return "schema", "fields/strategy are for vector channels"
-    elif kind == "polar":
-        if mechanism.name != "ogpm-polar" or fields is not None or strategy is not None:
-            return "kind", "polar channel needs mechanism ogpm-polar"
-    elif kind == "vector":
-        if mechanism.name in ("ogpm-circular", "ogpm-polar"):
-            return "kind", "vector channels use a linear mechanism"
-        if not (isinstance(fields, list) and 2 <= len(fields) <= 64
-                and all(isinstance(f, str) and NAME.match(f) for f in fields)
-                and len(set(fields)) == len(fields)):
-            return "schema", "vector fields must be 2-64 distinct names"
-        if not (isinstance(strategy, dict) and set(strategy) == {"k", "d", "epsilon"}
-                and type(strategy["k"]) is int and type(strategy["d"]) is int
-                and strategy["d"] == len(fields) and 1 <= strategy["k"] <= strategy["d"]
-                and isinstance(strategy["epsilon"], (int, float))
-                and not isinstance(strategy["epsilon"], bool)
-                and math.isclose(strategy["epsilon"] / strategy["k"], mechanism.epsilon,
-                                 rel_tol=1e-9)):
-            return "schema", "vector strategy must be {k, d, epsilon} matching fields"
-    else:
-        return "schema", f"unknown kind {kind!r}"
-    return None
 
 
 @lru_cache(maxsize=256)

@@ -34,10 +34,9 @@ from typing import Any, Callable
 
 import orjson
 
-from edge_agent.protocol import TOPIC_ROOT, range_result_subscription
+from edge_agent.protocol import NAME, TOPIC_ROOT, range_result_subscription
 
 from .ingest import Ingestor, Report, SeqTracker
-from .series import NAME
 from .stats import StateError
 
 log = logging.getLogger(__name__)

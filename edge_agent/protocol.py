@@ -15,11 +15,16 @@ the parameters of the mechanism that produced them, and counts.
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any
 
 PROTOCOL_VERSION = 1
 TOPIC_ROOT = "ldp/v1"
 STATUS = "status"
+# Agents, channels, fields, fleets, shards.  \Z, not $: "$" also matches before a final
+# newline.
+NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 def data_topic(fleet: str, agent: str, channel: str) -> str:
@@ -105,3 +110,39 @@ def range_join(*, agent: str, run: str, accept: bool, reason: str | None = None)
 def range_answer(*, agent: str, run: str, round: int, z: int) -> bytes:
     return encode({"v": PROTOCOL_VERSION, "type": "answer", "agent": agent, "run": run,
                    "round": round, "z": z})
+
+
+def kind_problem(kind, mechanism, fields, strategy) -> tuple[str, str] | None:
+    """Why a series identity is impossible, as (reason, detail), or None.
+
+    ``mechanism`` is the built mechanism; the same rules hold for reports
+    (``collector.ingest.parse_report``) and for series loaded from a shard state.
+    """
+    if kind in ("linear", "circular"):
+        expected = "ogpm-circular" if kind == "circular" else None
+        if (expected and mechanism.name != expected) or (
+                not expected and mechanism.name in ("ogpm-circular", "ogpm-polar")):
+            return "kind", f"{kind} channel with mechanism {mechanism.name}"
+        if fields is not None or strategy is not None:
+            return "schema", "fields/strategy are for vector channels"
+    elif kind == "polar":
+        if mechanism.name != "ogpm-polar" or fields is not None or strategy is not None:
+            return "kind", "polar channel needs mechanism ogpm-polar"
+    elif kind == "vector":
+        if mechanism.name in ("ogpm-circular", "ogpm-polar"):
+            return "kind", "vector channels use a linear mechanism"
+        if not (isinstance(fields, list) and 2 <= len(fields) <= 64
+                and all(isinstance(f, str) and NAME.match(f) for f in fields)
+                and len(set(fields)) == len(fields)):
+            return "schema", "vector fields must be 2-64 distinct names"
+        if not (isinstance(strategy, dict) and set(strategy) == {"k", "d", "epsilon"}
+                and type(strategy["k"]) is int and type(strategy["d"]) is int
+                and strategy["d"] == len(fields) and 1 <= strategy["k"] <= strategy["d"]
+                and isinstance(strategy["epsilon"], (int, float))
+                and not isinstance(strategy["epsilon"], bool)
+                and math.isclose(strategy["epsilon"] / strategy["k"], mechanism.epsilon,
+                                 rel_tol=1e-9)):
+            return "schema", "vector strategy must be {k, d, epsilon} matching fields"
+    else:
+        return "schema", f"unknown kind {kind!r}"
+    return None
