@@ -130,28 +130,28 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
         client.connect_async(settings["host"], settings["port"], settings["keepalive"])
     client.loop_start()
     interval = settings["ack_interval"]
+
+    def commit_then_ack() -> int:
+        with lock:
+            store.commit()  # durable first ...
+            batch, buffer[:] = list(buffer), []
+        for mid, qos in batch:  # ... then acknowledged
+            if qos > 0:
+                client.ack(mid, qos)
+        return len(batch)
+
     try:
         while True:
             stopping = stop.wait(interval) or os.getppid() != parent_pid
             if store.backlog() > settings.get("max_backlog", MAX_BACKLOG) and not stopping:
                 continue  # hold the acks: the broker will pause at RECEIVE_MAXIMUM
-            with lock:
-                store.commit()  # durable first ...
-                batch, buffer[:] = list(buffer), []
-            for mid, qos in batch:  # ... then acknowledged
-                if qos > 0:
-                    client.ack(mid, qos)
+            commit_then_ack()
             if stopping:
                 break
     finally:
         time.sleep(0.1)  # let paho send the last acks
-        with lock:  # what arrived meanwhile: a retired shard's session (and queue) ends now
-            store.commit()
-            batch, buffer[:] = list(buffer), []
-        for mid, qos in batch:
-            if qos > 0:
-                client.ack(mid, qos)
-        if batch:
+        # What arrived meanwhile: a retired shard's session (and queue) ends now.
+        if commit_then_ack():
             time.sleep(0.1)
         if settings.get("end_session") and v5:  # a retired shard: the broker drops the session
             ended = Properties(PacketTypes.DISCONNECT)
