@@ -24,7 +24,7 @@ from rich.console import Console
 
 from collector.cli import main as collector_cli
 from collector.config import load_collector_config
-from collector.demo import Demo, truth_table
+from collector.demo import Demo, port_open, truth_table
 from edge_agent.config import load_config
 
 from ..agent.e2e import REPO
@@ -55,14 +55,6 @@ def api(port: int) -> dict:
         return json.loads(response.read())
 
 
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 def processes_in(workdir) -> list[str]:
     """The processes running in workdir: the demo starts every child there (the
     embedded broker's command line does not name the directory, its cwd does)."""
@@ -78,8 +70,8 @@ def processes_in(workdir) -> list[str]:
 
 def assert_all_stopped(workdir, http_port: int) -> None:
     broker_port = tomllib.loads((workdir / "collector.toml").read_text())["broker"]["port"]
-    assert not port_open(broker_port), "the broker still listens after the demo ended"
-    assert not port_open(http_port), "the collector still answers after the demo ended"
+    assert not port_open("127.0.0.1", broker_port), "the broker still listens"
+    assert not port_open("127.0.0.1", http_port), "the collector still answers"
     assert processes_in(workdir) == []
 
 
