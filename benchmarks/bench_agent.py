@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
+
+from tests.support import AgentProcess, Mosquitto, write_agent_config
 
 from .machine import describe_machine
 
-CHANNELS = """
+CHANNELS = tomllib.loads("""
 [[channels]]
 name = "accel_x"
 source = "imu"
@@ -99,13 +99,7 @@ kind = "linear"
 mechanism = "laplace"
 epsilon = 1.0
 domain = [-2.0, 2.0]
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+""")["channels"]
 
 
 def first_batch_committed(path: Path) -> bool:
@@ -139,31 +133,21 @@ def main():
                         help="interpreter of the agent (e.g. a venv with only runtime deps)")
     parser.add_argument("--markdown", help="also write the table to this file")
     args = parser.parse_args()
-    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, Mosquitto(Path(tmp)) as broker:
         tmp = Path(tmp)
-        port = free_port()
-        (tmp / "mosquitto.conf").write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
-        broker = subprocess.Popen([mosquitto, "-c", str(tmp / "mosquitto.conf")],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        config = tmp / "agent.toml"
-        config.write_text(
-            f'agent_id = "bench"\nfleet = "bench"\nbatch_seconds = 1.0\n'
-            f'[broker]\nhost = "127.0.0.1"\nport = {port}\n'
-            f'[privacy]\nbudget_epsilon = 1e9\nstate_dir = "{tmp / "state"}"\n'
-            f'[[sources]]\nname = "imu"\ntype = "synthetic"\nrate_hz = {args.rate_hz}\n'
-            + CHANNELS)
-        env = dict(os.environ)
-        env.setdefault("NUMBA_CACHE_DIR", str(Path.cwd() / ".venv" / "numba-cache"))
+        config = write_agent_config(
+            tmp / "agent.toml", broker=broker, agent_id="bench", fleet="bench",
+            batch_seconds=1.0, budget=1e9, state_dir=tmp / "state",
+            sources=[{"name": "imu", "type": "synthetic", "rate_hz": args.rate_hz}],
+            channels=CHANNELS)
         start = time.monotonic()
-        agent = subprocess.Popen([args.python, "-m", "edge_agent", "--log-level", "WARNING",
-                                  "run", "--config", str(config)], env=env,
-                                 stderr=subprocess.PIPE, text=True)
+        agent = AgentProcess(config, tmp / "agent.log", python=args.python,
+                             log_level="WARNING").start()
         try:
             # Warm-up is over once the first batch is in the ledger.
             while not first_batch_committed(tmp / "state" / "state.sqlite"):
-                if agent.poll() is not None:
-                    raise SystemExit(f"the agent exited: {agent.stderr.read()}")
+                if not agent.running():
+                    raise SystemExit(f"the agent exited: {agent.output()}")
                 time.sleep(0.05)
             first_batch = time.monotonic() - start
             time.sleep(3.0)
@@ -176,10 +160,7 @@ def main():
             rss1, cpu1 = proc_sample(agent.pid)
             elapsed = time.monotonic() - t0
         finally:
-            agent.terminate()
-            agent.wait(60)
-            broker.terminate()
-            broker.wait(10)
+            agent.terminate(60)
     values_per_second = args.rate_hz * 10
     table = "\n".join([
         f"Machine: {describe_machine()}; agent interpreter: {args.python}",

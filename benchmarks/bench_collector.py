@@ -36,8 +36,8 @@ from collector.config import parse_collector_config
 from collector.service import CollectorService
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM
+from tests.support import Mosquitto, MqttClient, collector_config, free_port
 
-from .broker import free_port, local_mosquitto
 from .machine import describe_machine
 
 FLEET = "bench"
@@ -56,33 +56,25 @@ def make_messages(count: int, batch: int, agents: int = 20) -> list[tuple[str, b
     return messages
 
 
-def persistent_session(port: int, client_id: str) -> None:
+def persistent_session(broker: Mosquitto, client_id: str) -> None:
     """Create the offline session the messages will be queued for."""
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                         protocol=mqtt.MQTTv5)
-    properties = Properties(PacketTypes.CONNECT)
-    properties.SessionExpiryInterval = 3600
-    client.connect("127.0.0.1", port, clean_start=False, properties=properties)
-    client.loop_start()
-    client.subscribe(protocol.data_subscription(FLEET), qos=1).__class__  # noqa: B018
-    time.sleep(0.3)
-    client.disconnect()
-    client.loop_stop()
+    client = MqttClient(broker, client_id=client_id, persistent=True).connect()
+    client.subscribe(protocol.data_subscription(FLEET))
+    client.close()
 
 
-def publish_all(port: int, messages) -> None:
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-    client.max_inflight_messages_set(1000)
-    client.connect("127.0.0.1", port)
-    client.loop_start()
-    infos = [client.publish(topic, payload, qos=1) for topic, payload in messages]
-    for info in infos:
-        info.wait_for_publish(60)
-    client.disconnect()
-    client.loop_stop()
+def publish_all(broker: Mosquitto, messages) -> None:
+    client = MqttClient(broker)
+    client.client.max_inflight_messages_set(1000)
+    client.connect()
+    for topic, payload in messages:
+        client.publish(topic, payload)
+    client.flush(60 + len(messages) / 100)
+    client.close()
 
 
 def drain_bare(port: int, count: int) -> float:
+    """A paho subscriber that only counts: the baseline, kept free of any bookkeeping."""
     done = threading.Event()
     received = [0]
     started = [0.0]
@@ -108,23 +100,21 @@ def drain_bare(port: int, count: int) -> float:
     return elapsed
 
 
-def collector_config(port: int, path: Path, http_port: int = 0):
-    return parse_collector_config({
-        "fleet": FLEET,
-        "broker": {"host": "127.0.0.1", "port": port, "client_id": "collector"},
-        "http": {"host": "127.0.0.1", "port": http_port},
-        "storage": {"path": str(path), "checkpoint_seconds": 10},
-        "snapshots": {"interval_seconds": 0},
-    })
+def bench_collector_config(broker: Mosquitto, path: Path, http_port: int = 0):
+    return parse_collector_config(collector_config(
+        broker, fleet=FLEET, broker_settings={"client_id": "collector"},
+        http={"host": "127.0.0.1", "port": http_port},
+        storage={"path": str(path), "checkpoint_seconds": 10},
+        snapshots={"interval_seconds": 0}))
 
 
-def drain_collector(port: int, count: int, path: Path) -> tuple[float, float]:
+def drain_collector(broker: Mosquitto, count: int, path: Path) -> tuple[float, float]:
     """Seconds from start() and from the network process's subscription to the last message.
 
     The first includes spawning the network process (a one-off at service
     start); the second is the steady-state drain comparable to the bare client.
     """
-    service = CollectorService(collector_config(port, path), web=False)
+    service = CollectorService(bench_collector_config(broker, path), web=False)
     started = time.perf_counter()
     service.start()
     while service.ingestor.counters["messages"] < count:
@@ -135,16 +125,14 @@ def drain_collector(port: int, count: int, path: Path) -> tuple[float, float]:
     return elapsed, finished_wall - subscribed_at
 
 
-def latency(port: int, path: Path, trials: int) -> list[float]:
+def latency(broker: Mosquitto, path: Path, trials: int) -> list[float]:
     http_port = free_port()
-    service = CollectorService(collector_config(port, path, http_port), web=True)
+    service = CollectorService(bench_collector_config(broker, path, http_port), web=True)
     service.start()
     deadline = time.monotonic() + 10
     while not service.connected and time.monotonic() < deadline:
         time.sleep(0.01)
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
-    client.connect("127.0.0.1", port)
-    client.loop_start()
+    client = MqttClient(broker, v5=False).connect()
     mech = ClassicalOGPM(epsilon=1.0, low=-2.0, high=2.0)
     url = f"http://127.0.0.1:{http_port}/api/channels"
     samples = []
@@ -152,14 +140,14 @@ def latency(port: int, path: Path, trials: int) -> list[float]:
         payload = protocol.report(agent="lat", channel="y", kind="linear", seq=seq, t=time.time(),
                                   dt=1.0, mechanism=mech.describe(), codes=[1, 2, 3])
         started = time.perf_counter()
-        client.publish(protocol.data_topic(FLEET, "lat", "y"), payload, qos=1)
+        client.publish(protocol.data_topic(FLEET, "lat", "y"), payload)
         while True:
             with urllib.request.urlopen(url) as response:
                 document = json.loads(response.read())
             if document["channels"].get("y", {}).get("count", 0) >= 3 * (seq + 1):
                 break
         samples.append(time.perf_counter() - started)
-    client.loop_stop()
+    client.close()
     service.stop()
     return samples
 
@@ -172,15 +160,16 @@ def main():
     args = parser.parse_args()
     messages = make_messages(args.messages, args.batch)
     values = args.messages * args.batch
-    with tempfile.TemporaryDirectory() as tmp, local_mosquitto(Path(tmp)) as port:
+    with tempfile.TemporaryDirectory() as tmp, \
+            Mosquitto(Path(tmp), max_queued_messages=0, verbose=True) as broker:
         tmp = Path(tmp)
-        persistent_session(port, "bare")
-        publish_all(port, messages)
-        bare = drain_bare(port, args.messages)
-        persistent_session(port, "collector")
-        publish_all(port, messages)
-        ours_total, ours = drain_collector(port, args.messages, tmp / "state.sqlite")
-        lat = latency(port, tmp / "latency.sqlite", args.latency_trials)
+        persistent_session(broker, "bare")
+        publish_all(broker, messages)
+        bare = drain_bare(broker.port, args.messages)
+        persistent_session(broker, "collector")
+        publish_all(broker, messages)
+        ours_total, ours = drain_collector(broker, args.messages, tmp / "state.sqlite")
+        lat = latency(broker, tmp / "latency.sqlite", args.latency_trials)
     print(f"Machine: {describe_machine()}\n")
     print(f"{args.messages:,} reports of {args.batch} codes ({values:,} values), queued on a "
           "local Mosquitto, drained by:\n")

@@ -16,32 +16,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from tests.support import AX_CHANNEL, FleetProcess, Mosquitto, write_agent_config
+
 from .machine import describe_machine
 
-CHANNEL = """
-[[channels]]
-name = "accel_x"
-source = "imu"
-field = "accel_x"
-kind = "linear"
-epsilon = 1.0
-domain = [-2.0, 2.0]
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+CHANNEL = {**AX_CHANNEL, "name": "accel_x"}
 
 
 def state(path: Path) -> tuple[int, int] | None:
@@ -78,32 +63,21 @@ def proc_sample(pid: int) -> tuple[float, float, float]:
 
 
 def measure(count: int, args) -> dict:
-    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, Mosquitto(Path(tmp)) as broker:
         tmp = Path(tmp)
-        port = free_port()
-        (tmp / "mosquitto.conf").write_text(
-            f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 0\n")
-        broker = subprocess.Popen([mosquitto, "-c", str(tmp / "mosquitto.conf")],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        config = tmp / "fleet.toml"
-        config.write_text(
-            f'agent_id = "sim"\nfleet = "bench"\nbatch_seconds = 1.0\n'
-            f'[broker]\nhost = "127.0.0.1"\nport = {port}\n'
-            f'[privacy]\nbudget_epsilon = 1e9\nstate_dir = "{tmp / "state"}"\n'
-            f'[[sources]]\nname = "imu"\ntype = "synthetic"\nrate_hz = {args.rate_hz}\n'
-            + CHANNEL)
-        env = dict(os.environ)
-        env.setdefault("NUMBA_CACHE_DIR", str(Path.cwd() / ".venv" / "numba-cache"))
+        config = write_agent_config(
+            tmp / "fleet.toml", broker=broker, agent_id="sim", fleet="bench",
+            batch_seconds=1.0, budget=1e9, state_dir=tmp / "state",
+            sources=[{"name": "imu", "type": "synthetic", "rate_hz": args.rate_hz}],
+            channels=[CHANNEL])
         db = tmp / "state" / "state.sqlite"
         start = stop = time.monotonic()
-        fleet = subprocess.Popen([args.python, "-m", "edge_agent", "--log-level", "WARNING",
-                                  "fleet", "--config", str(config), "--count", str(count)],
-                                 env=env, stderr=subprocess.PIPE, text=True)
+        fleet = FleetProcess(config, tmp / "fleet.log", count, python=args.python,
+                             log_level="WARNING").start()
         try:
             while not (state(db) or (0, 0))[0]:
-                if fleet.poll() is not None:
-                    raise SystemExit(f"the fleet exited: {fleet.stderr.read()}")
+                if not fleet.running():
+                    raise SystemExit(f"the fleet exited: {fleet.output()}")
                 time.sleep(0.2)
             first_batch = time.monotonic() - start
             time.sleep(args.settle)
@@ -130,11 +104,8 @@ def measure(count: int, args) -> dict:
             elapsed = time.monotonic() - t0
             stop = time.monotonic()
         finally:
-            fleet.terminate()
-            code = fleet.wait(600)
+            code = fleet.terminate(600)
             stopped = time.monotonic() - stop
-            broker.terminate()
-            broker.wait(10)
     return {"count": count, "first_batch": first_batch, "rss": rss0, "peak": peak,
             "anon": anon0, "anon_peak": anon_peak,
             "cpu": 100 * (cpu1 - cpu0) / elapsed,

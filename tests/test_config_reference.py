@@ -7,7 +7,6 @@ import re
 import sys
 import types
 import typing
-from pathlib import Path
 from typing import Annotated, Literal
 
 import pytest
@@ -15,14 +14,14 @@ from pydantic import BaseModel, Field
 
 from collector.config import CollectorConfig
 from edge_agent.config import AgentConfig
+from tests.support import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ROOT / "docs" / "CONFIG_REFERENCE.md"
+REFERENCE = REPO / "docs" / "CONFIG_REFERENCE.md"
 
 
 def _load_generator():
     spec = importlib.util.spec_from_file_location(
-        "gen_config_reference", ROOT / "scripts" / "gen_config_reference.py")
+        "gen_config_reference", REPO / "scripts" / "gen_config_reference.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)

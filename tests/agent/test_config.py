@@ -7,8 +7,7 @@ import copy
 import pytest
 
 from edge_agent.config import ConfigError, load_config, parse_config, parse_period
-
-from .e2e import REPO
+from tests.support import REPO
 
 BASE = {
     "agent_id": "w1", "fleet": "demo",

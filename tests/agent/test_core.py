@@ -13,7 +13,7 @@ from edge_agent.config import parse_config
 from edge_agent.readings import Readings
 from edge_agent.sources.base import Source
 from edge_agent.state import StateStore
-from edge_agent.transport import FakeTransport
+from tests.support import AX_CHANNEL, FakeTransport, agent_config
 
 DAY = 86400.0
 
@@ -41,16 +41,9 @@ class ScriptedSource(Source):
 
 
 def make_config(tmp_path, budget=5.0, period="1d", **channel):
-    ch = {"name": "ax", "source": "imu", "field": "accel_x", "kind": "linear", "epsilon": 1.0,
-          "domain": [-2, 2]}
-    ch.update(channel)
-    return parse_config({
-        "agent_id": "w1", "fleet": "demo", "batch_seconds": 1.0,
-        "privacy": {"budget_epsilon": budget, "budget_period": period,
-                    "state_dir": str(tmp_path)},
-        "sources": [{"name": "imu", "type": "synthetic"}],
-        "channels": [ch],
-    })
+    """One linear channel ``ax`` (changed by ``channel``), a small budget, 1 s batches."""
+    return parse_config(agent_config(state_dir=tmp_path, budget=budget, period=period,
+                                     batch_seconds=1.0, channels=[{**AX_CHANNEL, **channel}]))
 
 
 def messages(store):

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-import subprocess
-import sys
 import time
 from collections import defaultdict
 
@@ -15,8 +13,14 @@ import numpy as np
 import pytest
 
 from edge_agent.mechanisms import from_description
-
-from .e2e import REPO, AgentProcess, Subscriber, write_config
+from tests.support import (
+    REPO,
+    AgentProcess,
+    Mosquitto,
+    Subscriber,
+    run_module,
+    write_agent_config,
+)
 
 SCHEMA = json.loads((REPO / "docs" / "protocol.schema.json").read_text())
 
@@ -80,7 +84,7 @@ def write_recording(path, n, rng):
 def test_csv_replay_end_to_end_estimates_match_the_data(tmp_path, mosquitto):
     n = 3000
     roll, ax, ay = write_recording(tmp_path / "rec.csv", n, np.random.default_rng(3))
-    config = write_config(
+    config = write_agent_config(
         tmp_path / "agent.toml", broker=mosquitto, state_dir=tmp_path / "state",
         sources=[{"name": "phone", "type": "csv", "path": str(tmp_path / "rec.csv"),
                   "pace": "fast", "derive": ["horizontal"],
@@ -151,10 +155,10 @@ SYNTHETIC_CHANNELS = [
 
 
 def test_synthetic_wearable_streams_for_ten_seconds(tmp_path, mosquitto):
-    config = write_config(tmp_path / "agent.toml", broker=mosquitto,
-                          state_dir=tmp_path / "state",
-                          sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50}],
-                          channels=SYNTHETIC_CHANNELS)
+    config = write_agent_config(tmp_path / "agent.toml", broker=mosquitto,
+                                state_dir=tmp_path / "state",
+                                sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50}],
+                                channels=SYNTHETIC_CHANNELS)
     subscriber = Subscriber(mosquitto, "ldp/v1/demo/#")
     agent = AgentProcess(config, tmp_path / "agent.log").start()
     assert subscriber.wait_for(lambda: len(subscriber.reports("accel_x")) >= 5, 60), \
@@ -176,8 +180,7 @@ def test_synthetic_wearable_streams_for_ten_seconds(tmp_path, mosquitto):
     # The persisted ledger holds exactly the epsilon of what was published.
     spent, _ = ledger(tmp_path / "state")
     assert spent == pytest.approx(counts["accel_x"] * (1 + 1 + 3 + 2))
-    budget = subprocess.run([sys.executable, "-m", "edge_agent", "budget", "--config",
-                             str(config), "--json"], capture_output=True, text=True, cwd=REPO)
+    budget = run_cli("budget", "--config", str(config), "--json")
     assert budget.returncode == 0, budget.stderr
     current = [p for p in json.loads(budget.stdout)["periods"] if p["current"]][0]
     assert current["spent"] == pytest.approx(spent)
@@ -195,17 +198,15 @@ def test_synthetic_wearable_streams_for_ten_seconds(tmp_path, mosquitto):
 # -- failures: broker restarts and agent kills lose nothing --------------------------------------
 
 def test_broker_outage_loses_nothing(tmp_path):
-    from tests.conftest import Mosquitto
-
     work = tmp_path / "broker"
     work.mkdir()
     broker = Mosquitto(work, extra_conf=f"persistence true\npersistence_location {work}/\n"
                                         "autosave_interval 1\n").start()
     try:
-        config = write_config(tmp_path / "agent.toml", broker=broker,
-                              state_dir=tmp_path / "state",
-                              sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50}],
-                              channels=SYNTHETIC_CHANNELS[:2])
+        config = write_agent_config(tmp_path / "agent.toml", broker=broker,
+                                    state_dir=tmp_path / "state",
+                                    sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50}],
+                                    channels=SYNTHETIC_CHANNELS[:2])
         # A persistent session: the broker queues for the subscriber across its restart.
         subscriber = Subscriber(broker, "ldp/v1/demo/+/+", client_id="outage-test")
         agent = AgentProcess(config, tmp_path / "agent.log").start()
@@ -229,10 +230,10 @@ def test_broker_outage_loses_nothing(tmp_path):
 
 
 def test_agent_killed_and_restarted_continues_seq_and_budget(tmp_path, mosquitto):
-    config = write_config(tmp_path / "agent.toml", broker=mosquitto,
-                          state_dir=tmp_path / "state",
-                          sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50}],
-                          channels=SYNTHETIC_CHANNELS[:2])
+    config = write_agent_config(tmp_path / "agent.toml", broker=mosquitto,
+                                state_dir=tmp_path / "state",
+                                sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50}],
+                                channels=SYNTHETIC_CHANNELS[:2])
     subscriber = Subscriber(mosquitto, "ldp/v1/demo/+/+")
     agent = AgentProcess(config, tmp_path / "agent.log").start()
     assert subscriber.wait_for(lambda: len(subscriber.reports("accel_x")) >= 10, 60)
@@ -254,9 +255,9 @@ def test_agent_killed_and_restarted_continues_seq_and_budget(tmp_path, mosquitto
 
 # -- configuration on the command line ---------------------------------------------------------
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "edge_agent", *args], capture_output=True,
-                          text=True, cwd=REPO)
+def run_cli(*args, timeout=120):
+    """An ``edge-agent`` command run to completion."""
+    return run_module("edge_agent", *args, timeout=timeout)
 
 
 def test_check_config_prints_effective_config_and_rejects_bad_ones(tmp_path):

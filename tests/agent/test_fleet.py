@@ -4,11 +4,8 @@ and N virtual agents against a real Mosquitto with a real paho subscriber."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import textwrap
 import time
 from collections import defaultdict
@@ -24,10 +21,17 @@ from edge_agent.fleet import FleetService, check_fleet, virtual_agent_ids
 from edge_agent.readings import Readings
 from edge_agent.sources import CsvSource
 from edge_agent.state import StateStore
-from edge_agent.transport import FakeTransport
+from tests.support import (
+    AX_CHANNEL,
+    REPO,
+    FakeTransport,
+    FleetProcess,
+    Subscriber,
+    agent_config,
+    write_agent_config,
+)
 
-from .e2e import REPO, Subscriber, write_config
-from .test_e2e_agent import check_messages
+from .test_e2e_agent import check_messages, run_cli
 
 T0 = 1_700_000_000.0
 
@@ -143,17 +147,18 @@ def test_csv_stride_arguments_are_checked(tmp_path):
 
 # -- the service: one transaction per batch, shared mechanisms -------------------------------
 
+FLEET_CHANNELS = [
+    AX_CHANNEL,
+    {"name": "yaw", "source": "imu", "field": "yaw", "kind": "circular", "epsilon": 0.5},
+]
+
+
 def fleet_config(tmp_path, *, sources=None, channels=None, budget=1e6, agent_id="w1"):
-    return parse_config({
-        "agent_id": agent_id, "fleet": "demo", "batch_seconds": 0.05,
-        "privacy": {"budget_epsilon": budget, "state_dir": str(tmp_path / "state")},
-        "sources": sources or [{"name": "imu", "type": "synthetic", "rate_hz": 50}],
-        "channels": channels or [
-            {"name": "ax", "source": "imu", "field": "accel_x", "kind": "linear",
-             "epsilon": 1.0, "domain": [-2, 2]},
-            {"name": "yaw", "source": "imu", "field": "yaw", "kind": "circular",
-             "epsilon": 0.5}],
-    })
+    """A 50 Hz synthetic IMU on FLEET_CHANNELS in 0.05 s batches unless said otherwise."""
+    return parse_config(agent_config(
+        state_dir=tmp_path / "state", agent_id=agent_id, budget=budget, batch_seconds=0.05,
+        sources=sources or [{"name": "imu", "type": "synthetic", "rate_hz": 50}],
+        channels=channels or FLEET_CHANNELS))
 
 
 def count_transactions(store: StateStore) -> list[str]:
@@ -273,11 +278,6 @@ def test_fleet_config_errors_name_the_key_and_range(tmp_path):
         check_fleet(fleet_config(tmp_path), 0)
 
 
-def run_cli(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "edge_agent", *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=timeout)
-
-
 def test_cli_count_range_and_fleet_config_errors(tmp_path):
     config = REPO / "configs" / "agent.toml"
     for bad in ("0", "100001", "-3"):
@@ -285,7 +285,7 @@ def test_cli_count_range_and_fleet_config_errors(tmp_path):
         assert result.returncode == 2
         assert f"Invalid value for '--count': {bad} is not in the range 1<=x<=100000" \
             in result.stderr
-    mqtt = write_config(
+    mqtt = write_agent_config(
         tmp_path / "mqtt.toml", broker=SimpleNamespace(host="127.0.0.1", port=1883),
         state_dir=tmp_path / "state",
         sources=[{"name": "imu", "type": "synthetic"},
@@ -299,29 +299,6 @@ def test_cli_count_range_and_fleet_config_errors(tmp_path):
 
 
 # -- end to end: a real process, a real Mosquitto, a real paho subscriber --------------------
-
-class FleetProcess:
-    def __init__(self, config: Path, log: Path, count: int, *extra: str):
-        env = dict(os.environ)
-        env.setdefault("NUMBA_CACHE_DIR", str(REPO / ".venv" / "numba-cache"))
-        self.log = log
-        with log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "edge_agent", "fleet", "--config", str(config),
-                 "--count", str(count), *extra],
-                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-
-    def wait(self, timeout: float) -> int:
-        return self.process.wait(timeout)
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
 
 def ledgers(state_dir) -> dict[str, tuple[float, int]]:
     db = sqlite3.connect(f"file:{state_dir}/state.sqlite?mode=ro", uri=True)
@@ -349,25 +326,18 @@ def statuses_per_agent(subscriber) -> dict[str, list[str]]:
     return states
 
 
-FLEET_CHANNELS = [
-    {"name": "ax", "source": "imu", "field": "accel_x", "kind": "linear", "epsilon": 1.0,
-     "domain": [-2.0, 2.0]},
-    {"name": "yaw", "source": "imu", "field": "yaw", "kind": "circular", "epsilon": 0.5},
-]
-
-
 def test_fleet_of_50_synthetic_agents_end_to_end(tmp_path, mosquitto):
     count, rate, duration = 50, 20, 3.0
-    config = write_config(
+    config = write_agent_config(
         tmp_path / "fleet.toml", broker=mosquitto, state_dir=tmp_path / "state",
         sources=[{"name": "imu", "type": "synthetic", "rate_hz": rate, "duration": duration}],
         channels=FLEET_CHANNELS, batch_seconds=0.5)
     subscriber = Subscriber(mosquitto, "ldp/v1/demo/#")
-    fleet = FleetProcess(config, tmp_path / "fleet.log", count)
+    fleet = FleetProcess(config, tmp_path / "fleet.log", count).start()
     try:
         assert fleet.wait(120) == 0, fleet.output()  # finite sources: exits by itself
     finally:
-        fleet.close()
+        fleet.kill()
     ids = virtual_agent_ids("w1", count)
     expected = int(rate * duration)
     spent = ledgers(tmp_path / "state")
@@ -403,18 +373,18 @@ def test_fleet_of_50_synthetic_agents_end_to_end(tmp_path, mosquitto):
 def test_csv_fleet_splits_the_rows(tmp_path, mosquitto):
     n_rows, count = 103, 4
     path = write_rows(tmp_path, n_rows)
-    config = write_config(
+    config = write_agent_config(
         tmp_path / "fleet.toml", broker=mosquitto, state_dir=tmp_path / "state",
         sources=[{"name": "rec", "type": "csv", "path": str(path), "pace": "fast",
                   "columns": {"ax": "x"}}],
         channels=[{"name": "ax", "source": "rec", "field": "ax", "kind": "linear",
                    "epsilon": 1.0, "domain": [0.0, 200.0]}])
     subscriber = Subscriber(mosquitto, "ldp/v1/demo/#")
-    fleet = FleetProcess(config, tmp_path / "fleet.log", count)
+    fleet = FleetProcess(config, tmp_path / "fleet.log", count).start()
     try:
         assert fleet.wait(120) == 0, fleet.output()
     finally:
-        fleet.close()
+        fleet.kill()
     assigned = {f"w1-{i}": len(range(i, n_rows, count)) for i in range(count)}
     assert assigned == {"w1-0": 26, "w1-1": 26, "w1-2": 26, "w1-3": 25}
     assert subscriber.wait_for(lambda: sum(
@@ -432,12 +402,12 @@ def test_csv_fleet_splits_the_rows(tmp_path, mosquitto):
 
 def test_keep_running_stays_connected_until_sigterm(tmp_path, mosquitto):
     count = 5
-    config = write_config(
+    config = write_agent_config(
         tmp_path / "fleet.toml", broker=mosquitto, state_dir=tmp_path / "state",
         sources=[{"name": "imu", "type": "synthetic", "rate_hz": 20, "duration": 0.5}],
         channels=FLEET_CHANNELS[:1])
     subscriber = Subscriber(mosquitto, "ldp/v1/demo/#")
-    fleet = FleetProcess(config, tmp_path / "fleet.log", count, "--keep-running")
+    fleet = FleetProcess(config, tmp_path / "fleet.log", count, "--keep-running").start()
     try:
         assert subscriber.wait_for(
             lambda: "staying connected until SIGTERM" in fleet.output(), 60), fleet.output()
@@ -452,7 +422,7 @@ def test_keep_running_stays_connected_until_sigterm(tmp_path, mosquitto):
         fleet.process.send_signal(signal.SIGTERM)
         assert fleet.wait(30) == 0, fleet.output()
     finally:
-        fleet.close()
+        fleet.kill()
     assert subscriber.wait_for(lambda: all(
         statuses_per_agent(subscriber)[a][-1] == "offline"
         for a in virtual_agent_ids("w1", count)), 10)
@@ -473,12 +443,12 @@ def test_agent_service_default_still_exits_when_sources_end(tmp_path):
 
 def test_crash_fires_the_connections_last_will_only(tmp_path, mosquitto):
     count = 3
-    config = write_config(
+    config = write_agent_config(
         tmp_path / "fleet.toml", broker=mosquitto, state_dir=tmp_path / "state",
         sources=[{"name": "imu", "type": "synthetic", "rate_hz": 20}],
         channels=FLEET_CHANNELS[:1])
     subscriber = Subscriber(mosquitto, "ldp/v1/demo/+/status")
-    fleet = FleetProcess(config, tmp_path / "fleet.log", count)
+    fleet = FleetProcess(config, tmp_path / "fleet.log", count).start()
     try:
         ids = virtual_agent_ids("w1", count)
         assert subscriber.wait_for(lambda: set(statuses_per_agent(subscriber)) >= set(ids),
@@ -486,7 +456,7 @@ def test_crash_fires_the_connections_last_will_only(tmp_path, mosquitto):
         fleet.process.kill()  # no clean shutdown: only the broker's last will speaks
         fleet.wait(10)
     finally:
-        fleet.close()
+        fleet.kill()
     assert subscriber.wait_for(lambda: "w1" in statuses_per_agent(subscriber), 10)
     will = [s for s in subscriber.statuses() if s["agent"] == "w1"]
     assert will == [{"v": 1, "agent": "w1", "state": "offline",

@@ -40,21 +40,17 @@ from edge_agent.sources import csv_source as csv_module
 from edge_agent.sources.derive import apply_derive, horizontal, tilt, wrap_2pi, wrap_pi
 from edge_agent.sources.i2c import ACCEL_XOUT_H, PWR_MGMT_1, decode_block
 from edge_agent.sources.synthetic import stable_seed
+from tests.support import REPO, wait_until
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 MOTIONSENSE = DATA / "motionsense_sample.csv"
-ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000.0
 PI = math.pi
 
 
-def wait_for(condition, timeout=10.0, interval=0.01):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return False
+def wait_for(condition, timeout=10.0):
+    """``wait_until`` at this module's pace: sources are polled every 10 ms, for 10 s."""
+    return wait_until(condition, timeout, interval=0.01)
 
 
 _STARTED: list = []
@@ -228,7 +224,7 @@ class TestSynthetic:
         code = "from edge_agent.sources.synthetic import stable_seed; print(stable_seed('a', 'b'))"
         seeds = {
             subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": salt},
+                           cwd=REPO, env={**os.environ, "PYTHONHASHSEED": salt},
                            check=True).stdout.strip()
             for salt in ("1", "2")
         }
@@ -528,7 +524,7 @@ class TestJsonl:
         """)
         lines = "".join(json.dumps({"t": 10.0 + i, "v": i * 0.5}) + "\n" for i in range(100))
         result = subprocess.run([sys.executable, "-c", reader], input=lines + "nope\n",
-                                capture_output=True, text=True, cwd=ROOT, timeout=60)
+                                capture_output=True, text=True, cwd=REPO, timeout=60)
         assert result.returncode == 0, result.stderr
         out = json.loads(result.stdout)
         assert out["finished"] and out["rejected"] == 1

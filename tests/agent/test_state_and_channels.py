@@ -13,19 +13,15 @@ from edge_agent.channels import Selection, build_channel, vector_plan
 from edge_agent.config import VectorChannelConfig, parse_config
 from edge_agent.readings import Readings
 from edge_agent.state import NANO, Charge, StateStore, period_start
-from edge_agent.transport import FakeTransport, Outbox
+from edge_agent.transport import Outbox
+from tests.support import FakeTransport, agent_config
 
 
 def _config(**overrides):
-    data = {
-        "agent_id": "w1", "fleet": "demo",
-        "privacy": {"budget_epsilon": 10.0, "state_dir": "/tmp/unused"},
-        "sources": [{"name": "imu", "type": "synthetic"}],
-        "channels": [{"name": "ax", "source": "imu", "field": "accel_x", "kind": "linear",
-                      "epsilon": 1.0, "domain": [-2, 2]}],
-    }
-    data.update(overrides)
-    return parse_config(data)
+    """A budget of 10 and one linear channel ``ax`` unless ``overrides`` say otherwise;
+    nothing here writes to the state dir."""
+    return parse_config(agent_config(state_dir="/tmp/unused", budget=10.0, batch_seconds=None,
+                                     **overrides))
 
 
 def _message(seq, allowed):

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from edge_agent import sdnotify
+from tests.support import REPO
 
 from ..systemd_units import analyze  # noqa: F401  (a fixture)
 from ..systemd_units import (environment, exposure, is_true, last, parse_unit, values,
                              verify)
 from ..systemd_units import stage_unit as _stage_unit
 
-REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "edge-agent.service"
 I2C_DROPIN = REPO / "systemd" / "edge-agent-i2c.conf"
 EXEC_START = ("/opt/edge-agent/venv/bin/edge-agent run --config "

@@ -18,6 +18,8 @@ import math
 import random
 import threading
 
+from collector.views import Views
+
 FLEET = "demo"
 T0 = 1763780000.0
 LINEAR_BINS = 50
@@ -128,8 +130,16 @@ def empty_linear_channel(*, low: float = 0.0, high: float = 100.0) -> dict:
     }
 
 
-def _prom_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _DocumentViews(Views):
+    """The collector's real ``Views`` over a ready /api/channels document instead of
+    an ``Ingestor``: ``metrics_text`` renders it exactly as the collector would."""
+
+    def __init__(self, document: dict):
+        super().__init__(get_ingestor=lambda: None)
+        self._document = document
+
+    def channels_json(self) -> dict:
+        return self._document
 
 
 class FakeSource:
@@ -170,9 +180,8 @@ class FakeSource:
             return entry
 
     def metrics_text(self) -> str:
-        with self._lock:
-            doc = copy.deepcopy(self._doc)
-        return metrics_from_document(doc)
+        """Prometheus text by the collector's own renderer (collector.views)."""
+        return _DocumentViews(self.channels_json()).metrics_text()
 
     # -- test controls ----------------------------------------------------
 
@@ -288,47 +297,3 @@ class FakeSource:
             windows = self._windows.setdefault(name, [])
             windows.append({"start": start, "end": self._doc["t"], **stats})
             del windows[:-WINDOWS_KEPT]
-
-
-def metrics_from_document(doc: dict) -> str:
-    """The Prometheus text of docs/API.md for a /api/channels document."""
-    ingest = doc["ingest"]
-    lines = [
-        "# HELP ldp_ingest_messages_total Messages accepted.",
-        "# TYPE ldp_ingest_messages_total counter",
-        f"ldp_ingest_messages_total {ingest['messages']}",
-        "# HELP ldp_ingest_values_total Reported values accepted.",
-        "# TYPE ldp_ingest_values_total counter",
-        f"ldp_ingest_values_total {ingest['values']}",
-        "# HELP ldp_ingest_duplicates_total Messages dropped as duplicates.",
-        "# TYPE ldp_ingest_duplicates_total counter",
-        f"ldp_ingest_duplicates_total {ingest['duplicates']}",
-        "# HELP ldp_ingest_rejects_total Messages rejected, by reason.",
-        "# TYPE ldp_ingest_rejects_total counter",
-        *(f'ldp_ingest_rejects_total{{reason="{_prom_label(reason)}"}} {n}'
-          for reason, n in sorted(ingest["rejects"].items())),
-        "# HELP ldp_agents_online Agents seen recently.",
-        "# TYPE ldp_agents_online gauge",
-        f"ldp_agents_online {doc['agents_online']}",
-        "# HELP ldp_channel_count Values accepted per channel.",
-        "# TYPE ldp_channel_count counter",
-    ]
-    channels = doc["channels"]
-    lines += [f'ldp_channel_count{{channel="{_prom_label(name)}"}} {ch["count"]}'
-              for name, ch in channels.items()]
-    means = {name: ch["mean"] for name, ch in channels.items()
-             if ch["kind"] == "linear" and ch["mean"]["estimate"] is not None}
-    lines += ["# HELP ldp_channel_mean_estimate Bias-corrected mean.",
-              "# TYPE ldp_channel_mean_estimate gauge"]
-    lines += [f'ldp_channel_mean_estimate{{channel="{_prom_label(n)}"}} {m["estimate"]!r}'
-              for n, m in means.items()]
-    lines += ["# HELP ldp_channel_mean_stderr Standard error of the mean estimate.",
-              "# TYPE ldp_channel_mean_stderr gauge"]
-    lines += [f'ldp_channel_mean_stderr{{channel="{_prom_label(n)}"}} {m["stderr"]!r}'
-              for n, m in means.items()]
-    lines += ["# HELP ldp_channel_resultant_length Estimated mean resultant length.",
-              "# TYPE ldp_channel_resultant_length gauge"]
-    lines += [f'ldp_channel_resultant_length{{channel="{_prom_label(name)}"}} '
-              f'{ch["resultant_length"]["estimate"]!r}'
-              for name, ch in channels.items() if ch["kind"] == "circular"]
-    return "\n".join(lines) + "\n"

@@ -24,12 +24,10 @@ from rich.console import Console
 
 from collector.cli import main as collector_cli
 from collector.config import load_collector_config
-from collector.demo import Demo, port_open, truth_table
+from collector.demo import Demo, truth_table
 from edge_agent.config import load_config
-
-from ..agent.e2e import REPO
-from ..conftest import find_mosquitto, free_port
-from .test_e2e_collector import wait_until
+from tests.support import REPO, free_port, port_open, require_mosquitto
+from tests.support import wait_for_api as wait_until  # every wait here asks the API
 
 CHANNELS = {"accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw", "accel_polar"}
 # The estimate-vs-truth check means something only if its tolerance is small next to
@@ -143,9 +141,7 @@ def test_default_broker_is_a_private_mosquitto_and_a_signal_stops_everything(tmp
     """The path `make demo` takes where Mosquitto is installed (as `make test` makes
     sure); SIGTERM (systemd, kill, a container stopping) or SIGHUP (the terminal
     closed) stops everything, as Ctrl-C does."""
-    if find_mosquitto() is None:
-        pytest.fail("mosquitto is not installed: run `make test` (it installs it with apt) "
-                    "or `apt-get install mosquitto`")
+    require_mosquitto()
     port = free_port()
     demo = start_demo(tmp_path, "--agents", "4", "--http-port", str(port))
     try:

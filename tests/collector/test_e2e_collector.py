@@ -4,78 +4,23 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
 import time
 import urllib.request
 
 import numpy as np
-import paho.mqtt.client as mqtt
 import pytest
 
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM
-
-from ..agent.e2e import REPO, AgentProcess, toml_value, write_config
-from ..conftest import free_port
-
-
-class CollectorProcess:
-    """``edge-collector <command>`` in a subprocess; ``name`` keeps several apart in one
-    directory, ``broker_lines`` and ``extra`` add configuration."""
-
-    def __init__(self, tmp_path, broker, *, checkpoint_seconds=2.0, name="collector",
-                 command="run", broker_lines=(), extra=()):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.command = command
-        self.config = tmp_path / f"{name}.toml"
-        self.log = tmp_path / f"{name}.log"
-        self.config.write_text("\n".join([
-            'fleet = "demo"',
-            "[broker]", f"host = {toml_value(broker.host)}", f"port = {broker.port}",
-            *broker_lines,
-            "[http]", 'host = "127.0.0.1"', f"port = {self.port}", "push_seconds = 0.5",
-            "[storage]", f"path = {toml_value(str(tmp_path / f'{name}.sqlite'))}",
-            f"checkpoint_seconds = {checkpoint_seconds}",
-            "[aggregates]", "window_seconds = 5",
-            "[snapshots]", "interval_seconds = 1",
-            *extra,
-        ]) + "\n")
-        self.process = None
-
-    def start(self):
-        env = dict(os.environ)
-        env.setdefault("NUMBA_CACHE_DIR", str(REPO / ".venv" / "numba-cache"))
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "collector", self.command, "--config", str(self.config)],
-                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if self.api()["broker"]["connected"]:  # subscribed: safe to publish
-                    return self
-            except OSError:
-                if self.process.poll() is not None:
-                    raise RuntimeError(self.log.read_text())
-                time.sleep(0.1)
-        raise RuntimeError("collector did not come up")
-
-    def api(self, path="/api/channels"):
-        with urllib.request.urlopen(self.url + path, timeout=5) as response:
-            return json.loads(response.read())
-
-    def kill(self):
-        self.process.kill()
-        self.process.wait(10)
-
-    def terminate(self):
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(30)
+from tests.support import (
+    AgentProcess,
+    CollectorProcess,
+    MqttClient,
+    Subscriber,
+    write_agent_config,
+)
+from tests.support import wait_for_api as wait_until  # every wait here asks the API
 
 
 def ledger_reports(state_dir) -> dict[str, int]:
@@ -83,18 +28,6 @@ def ledger_reports(state_dir) -> dict[str, int]:
     rows = db.execute("SELECT channel, SUM(reports) FROM ledger GROUP BY channel").fetchall()
     db.close()
     return dict(rows)
-
-
-def wait_until(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return True
-        except OSError:
-            pass
-        time.sleep(0.2)
-    return predicate()
 
 
 def test_agents_and_collector_estimates_match_the_truth(tmp_path, mosquitto):
@@ -108,7 +41,7 @@ def test_agents_and_collector_estimates_match_the_truth(tmp_path, mosquitto):
         truths.append((x, theta))
         path = tmp_path / f"rec{i}.csv"
         path.write_text("x,theta\n" + "".join(f"{a:.6f},{b:.6f}\n" for a, b in zip(x, theta)))
-        config = write_config(
+        config = write_agent_config(
             tmp_path / f"agent{i}.toml", agent_id=f"w{i}", broker=mosquitto,
             state_dir=tmp_path / f"state{i}",
             sources=[{"name": "rec", "type": "csv", "path": str(path), "pace": "fast",
@@ -148,23 +81,18 @@ def test_agents_and_collector_estimates_match_the_truth(tmp_path, mosquitto):
     assert f'ldp_channel_count{{channel="x"}} {x_all.size}' in metrics
     # Retained snapshots for any MQTT dashboard.
     snapshot = {}
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
-    client.on_message = lambda c, u, m: snapshot.__setitem__(m.topic, json.loads(m.payload))
-    client.connect(mosquitto.host, mosquitto.port)
-    client.subscribe("ldp/v1/demo/_aggregates/#", qos=1)
-    client.loop_start()
+    client = Subscriber(mosquitto, "ldp/v1/demo/_aggregates/#", on_message=lambda m:
+                        snapshot.__setitem__(m.topic, json.loads(m.payload)))
     # Snapshots are retained and refreshed every second: the newest has every value.
     assert wait_until(lambda: snapshot.get("ldp/v1/demo/_aggregates/x", {}).get("count")
                       == x_all.size, 10)
-    client.loop_stop()
+    client.close()
     assert collector.terminate() == 0
 
 
 def test_replays_and_hostile_messages_are_counted_not_aggregated(tmp_path, mosquitto):
     collector = CollectorProcess(tmp_path, mosquitto).start()
-    publisher = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
-    publisher.connect(mosquitto.host, mosquitto.port)
-    publisher.loop_start()
+    publisher = MqttClient(mosquitto, v5=False).connect()
     mech = ClassicalOGPM(epsilon=1.0, low=0, high=1)
 
     def send(topic_agent, seq, codes, **changes):
@@ -176,7 +104,7 @@ def test_replays_and_hostile_messages_are_counted_not_aggregated(tmp_path, mosqu
             message.update(changes)
             payload = json.dumps(message).encode()
         topic = protocol.data_topic("demo", topic_agent, "ax")
-        publisher.publish(topic, payload, qos=1).wait_for_publish(5)
+        publisher.acked(publisher.publish(topic, payload))
 
     for seq in range(5):
         send("w1", seq, [100, 200])
@@ -185,8 +113,8 @@ def test_replays_and_hostile_messages_are_counted_not_aggregated(tmp_path, mosqu
     send("w1", 5, [70000])  # out of the grid
     send("w1", 6, [1, 2], agent="w2")  # spoofed: another agent's name on w1's topic
     send("w1", 7, ["1"])  # wrong type
-    publisher.publish("ldp/v1/demo/w1/ax", b"{not json", qos=1).wait_for_publish(5)
-    publisher.publish("ldp/v1/demo/w1/ax", b"x" * (2 << 20), qos=1).wait_for_publish(5)
+    publisher.acked(publisher.publish("ldp/v1/demo/w1/ax", b"{not json"))
+    publisher.acked(publisher.publish("ldp/v1/demo/w1/ax", b"x" * (2 << 20)))
     assert wait_until(lambda: sum(collector.api()["ingest"]["rejects"].values()) == 5, 15), \
         collector.api()["ingest"]
     document = collector.api()
@@ -199,7 +127,7 @@ def test_replays_and_hostile_messages_are_counted_not_aggregated(tmp_path, mosqu
                                                             "oversized", "spoofed"]
     assert all(entry["topic"] == "ldp/v1/demo/w1/ax" and len(entry["payload"]) <= 256
                for entry in recent)
-    publisher.loop_stop()
+    publisher.close()
     assert collector.terminate() == 0
 
 
@@ -207,7 +135,7 @@ def test_collector_killed_repeatedly_loses_and_double_counts_nothing(tmp_path, m
     collector = CollectorProcess(tmp_path, mosquitto, checkpoint_seconds=1.5).start()
     agents = []
     for i in range(2):
-        config = write_config(
+        config = write_agent_config(
             tmp_path / f"agent{i}.toml", agent_id=f"k{i}", broker=mosquitto,
             state_dir=tmp_path / f"state{i}",
             sources=[{"name": "imu", "type": "synthetic", "rate_hz": 100}],

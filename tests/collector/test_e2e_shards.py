@@ -7,12 +7,11 @@ import math
 import time
 
 import numpy as np
-import paho.mqtt.client as mqtt
 
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, UnbiasedOGPM
-
-from .test_e2e_collector import CollectorProcess, wait_until
+from tests.support import CollectorProcess, MqttClient, session_present
+from tests.support import wait_for_api as wait_until  # every wait here asks the API
 
 AGENTS = [f"d{i}" for i in range(6)]
 CHANNELS = {
@@ -21,7 +20,7 @@ CHANNELS = {
     "yaw": (CircularOGPM(epsilon=1.0), "circular"),
 }
 SEQS = 120
-SHARD = ["[shard]", "claims_seconds = 0.2", "peer_timeout_seconds = 2", "state_seconds = 1"]
+SHARD = {"claims_seconds": 0.2, "peer_timeout_seconds": 2, "state_seconds": 1}
 
 
 class Publisher:
@@ -32,13 +31,10 @@ class Publisher:
         self.sent: list[tuple[str, bytes]] = []
         self.values: dict[str, int] = {name: 0 for name in CHANNELS}
         self.copies = 0
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
-        self.client.connect(broker.host, broker.port)
-        self.client.loop_start()
-        self.pending = []
+        self.client = MqttClient(broker, v5=False).connect()
 
     def publish(self, topic, payload):
-        self.pending.append(self.client.publish(topic, payload, qos=1))
+        self.client.publish(topic, payload)
 
     def seqs(self, seqs):
         for seq in seqs:
@@ -68,31 +64,7 @@ class Publisher:
         self.flush()
 
     def flush(self):
-        for info in self.pending:
-            info.wait_for_publish(30)
-        self.pending = []
-
-
-def session_present(broker, client_id) -> bool:
-    """Whether the broker still keeps a session for ``client_id`` (CONNACK flag).
-
-    Connecting takes the session over (and would take its queued messages): only
-    ask about a session whose owner is stopped."""
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-
-    flags = []
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                         protocol=mqtt.MQTTv5)
-    client.on_connect = lambda c, u, f, rc, p: flags.append(f.session_present)
-    properties = Properties(PacketTypes.CONNECT)
-    properties.SessionExpiryInterval = 60  # keep whatever is there for its owner
-    client.connect(broker.host, broker.port, clean_start=False, properties=properties)
-    client.loop_start()
-    assert wait_until(lambda: flags, 10)
-    client.disconnect()
-    client.loop_stop()
-    return flags[0]
+        self.client.flush(30)
 
 
 def comparable(channel):
@@ -108,12 +80,12 @@ def test_shards_merged_equal_one_collector_through_a_kill(tmp_path, mosquitto):
     started = time.monotonic()
     single = CollectorProcess(tmp_path, mosquitto, name="single").start()
     shards = [CollectorProcess(tmp_path, mosquitto, name=f"s{i}", checkpoint_seconds=1.0,
-                               broker_lines=[f'client_id = "shard-{i}"', 'shared_group = "g"'],
-                               extra=SHARD + [f'name = "s{i}"']
-                               + (["serve_merged = true"] if i == 0 else [])).start()
+                               broker_settings={"client_id": f"shard-{i}", "shared_group": "g"},
+                               shard={**SHARD, "name": f"s{i}", **(
+                                   {"serve_merged": True} if i == 0 else {})}).start()
               for i in range(3)]
     merge = CollectorProcess(tmp_path, mosquitto, name="merge", command="merge",
-                             broker_lines=['client_id = "merge"', 'shared_group = "g"']).start()
+                             broker_settings={"client_id": "merge", "shared_group": "g"}).start()
     publisher = Publisher(mosquitto, np.random.default_rng(11))
 
     publisher.seqs(range(0, 40))
@@ -182,14 +154,14 @@ def test_shards_merged_equal_one_collector_through_a_kill(tmp_path, mosquitto):
 def test_a_retiring_shard_drains_its_queue_and_leaves_the_group(tmp_path, mosquitto):
     """Mosquitto round-robins to a dead member's session and loses that share when the
     session expires; retiring takes the queued share, then ends the session."""
-    def shard(i, *extra):
+    def shard(i, **extra):
         return CollectorProcess(tmp_path, mosquitto, name=f"s{i}", checkpoint_seconds=1.0,
-                                broker_lines=[f'client_id = "shard-{i}"', 'shared_group = "g"'],
-                                extra=SHARD + [f'name = "s{i}"', *extra])
+                                broker_settings={"client_id": f"shard-{i}", "shared_group": "g"},
+                                shard={**SHARD, "name": f"s{i}", **extra})
 
     s0, s1 = shard(0).start(), shard(1).start()
     merge = CollectorProcess(tmp_path, mosquitto, name="merge", command="merge",
-                             broker_lines=['client_id = "merge"']).start()
+                             broker_settings={"client_id": "merge"}).start()
     publisher = Publisher(mosquitto, np.random.default_rng(5))
     publisher.seqs(range(0, 10))
     s1.kill()
@@ -197,7 +169,7 @@ def test_a_retiring_shard_drains_its_queue_and_leaves_the_group(tmp_path, mosqui
     total = sum(publisher.values.values())
     time.sleep(3)
     assert merge.api()["ingest"]["values"] < total
-    s1 = shard(1, "retiring = true").start()  # same client id: the same session
+    s1 = shard(1, retiring=True).start()  # same client id: the same session
     assert wait_until(lambda: merge.api()["ingest"]["values"] == total, 60)
     assert s1.api()["shard"]["retiring"] is True
     s1_messages = s1.api()["ingest"]["messages"]

@@ -16,8 +16,7 @@ from collector.ingest import Ingestor, SeqTracker, parse_report, Rejected
 from collector.store import CollectorStore
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
-
-from ..agent.e2e import REPO
+from tests.support import REPO
 
 SCHEMA = json.loads((REPO / "docs" / "protocol.schema.json").read_text())
 FLEET = "demo"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import io
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +13,7 @@ from rich.console import Console
 import collector.watch as watch_module
 from collector.watch import channels_url, fmt, fmt_count, render, watch
 from collector.web import WebServer
+from tests.support import free_port
 
 from .fake_source import FakeSource
 
@@ -22,12 +22,6 @@ def text_of(renderable, width: int = 200) -> str:
     console = Console(record=True, width=width, file=io.StringIO())
     console.print(renderable)
     return console.export_text()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

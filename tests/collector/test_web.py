@@ -15,11 +15,11 @@ import threading
 import time
 import tomllib
 from fnmatch import fnmatch
-from pathlib import Path
 
 import pytest
 
 from collector.web import WebServer, json_safe
+from tests.support import REPO, wait_until
 
 from .fake_source import FakeSource
 
@@ -27,7 +27,6 @@ CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 PUSH = 0.2  # seconds between events: fast, so the tests are quick
-ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -102,15 +101,6 @@ class EventReader:
             pass
         self.response.close()
         self.conn.close()
-
-
-def wait_until(condition, timeout: float = 5.0, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return condition()
 
 
 class FlakySource:
@@ -518,7 +508,7 @@ def test_static_files_are_package_data():
     for name in names:
         assert static.joinpath(name).is_file(), name
     # ... and pyproject ships every file of the directory in the wheel.
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["collector"]
     for name in names:
         assert any(fnmatch(f"static/{name}", pattern) for pattern in patterns), name

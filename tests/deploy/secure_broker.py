@@ -12,18 +12,14 @@ import ipaddress
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from ..conftest import find_mosquitto, free_port
+from tests.support import REPO, Mosquitto
 
-REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "configs" / "mosquitto.conf"
 ACL = REPO / "configs" / "mosquitto.acl"
 CREDENTIALS = REPO / "scripts" / "make-device-credentials"
@@ -174,18 +170,19 @@ def directives(text: str) -> list[tuple[str, str]]:
     return out
 
 
-class SecureBroker:
-    """Mosquitto running the production configuration on a free loopback port."""
+class SecureBroker(Mosquitto):
+    """Mosquitto running the production configuration on a free loopback port.
+
+    The process handling (start, stop, reload, clean-up) is ``Mosquitto``'s; what is
+    production-specific is here: certificates, accounts, the ACL, and a configuration
+    whose log goes to its own file.  A stop is a SIGTERM, as systemd's, so the
+    persistent queues survive a restart."""
+
+    host = "localhost"  # the server certificate's name
+    CONSOLE = "mosquitto.stdout"  # mosquitto.log is the configuration's log file
 
     def __init__(self, workdir: Path, *, ids=("dev-a", "dev-b", "collector", "coordinator"),
                  certificates=make_certificates):
-        self.binary = find_mosquitto()
-        if self.binary is None:
-            pytest.fail("mosquitto is not installed: run `make test` (it installs it with apt) "
-                        "or `apt-get install mosquitto`")
-        self.host = "localhost"  # the server certificate's name
-        self.port = free_port()
-        self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.certs = certificates(workdir / "certs", hosts=("localhost", "127.0.0.1"))
         self.password_file = workdir / "passwd"
@@ -195,55 +192,16 @@ class SecureBroker:
         result = make_credentials(self.password_file, self.secrets_dir, *ids)
         assert result.returncode == 0, result.stderr
         self.snippets = result.stdout
-        self.conf = workdir / "mosquitto.conf"
-        self.conf.write_text(production_config(port=self.port, workdir=workdir,
-                                               certs=self.certs,
-                                               password_file=self.password_file,
-                                               acl_file=self.acl_file))
-        self.log = workdir / "mosquitto.log"
-        self.process: subprocess.Popen | None = None
+        super().__init__(workdir, graceful_stop=True)
+        self.broker_log = workdir / "mosquitto.log"
         _readable_by_mosquitto(workdir)
+
+    def configuration(self) -> str:
+        return production_config(port=self.port, workdir=self.workdir, certs=self.certs,
+                                 password_file=self.password_file, acl_file=self.acl_file)
 
     def password(self, name: str) -> str:
         return (self.secrets_dir / f"{name}.password").read_text().strip()
-
-    def start(self) -> "SecureBroker":
-        self.process = subprocess.Popen([self.binary, "-c", str(self.conf)],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"mosquitto exited: {self.process.stdout.read()!r}\n"
-                                   f"{self.log_text()[-3000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("mosquitto did not start listening")
-
-    def reload(self) -> None:
-        """SIGHUP: re-read the password and ACL files (as `systemctl reload mosquitto`)."""
-        mark = len(self.log_text())
-        self.process.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while "Reloading config" not in self.log_text()[mark:]:
-            assert time.monotonic() < deadline, self.log_text()[mark:]
-            time.sleep(0.05)
-        time.sleep(0.2)
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        self.process = None
 
 
 def _readable_by_mosquitto(workdir: Path) -> None:

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import REPO
+
 from ..systemd_units import analyze  # noqa: F401  (a fixture)
 from ..systemd_units import (environment, exposure, is_true, last, parse_unit, values,
                              verify)
 from ..systemd_units import stage_unit as _stage_unit
 
-REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "edge-collector.service"
 SAMPLE_CONFIG = REPO / "configs" / "collector.toml"
 EXEC_START = ("/opt/edge-collector/venv/bin/edge-collector run --config "

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import ssl
-import threading
 import time
 import tomllib
 import urllib.request
@@ -23,16 +21,14 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 from collector.config import parse_collector_config
 from collector.network import RECEIVE_MAXIMUM
 from edge_agent import protocol
 from edge_agent.config import parse_config
 from edge_agent.mechanisms import ClassicalOGPM
+from tests.support import AgentProcess, MqttClient, configs, wait_until, write_toml
 
-from ..agent.e2e import AgentProcess
 from .secure_broker import (
     CONF,
     SecureBroker,
@@ -46,6 +42,7 @@ from .secure_broker import (
 
 FLEET = "demo"
 NOT_AUTHORIZED = 135  # MQTT v5 reason code
+ACCEL_X = {**configs.AX_CHANNEL, "name": "accel_x"}  # the channel of the sample agent config
 
 
 @pytest.fixture
@@ -66,102 +63,8 @@ def _broker(tmp_path, **kwargs):
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-# -- a small MQTT client for the tests -------------------------------------------------
-
-class Client:
-    """paho over TLS; records CONNACK, SUBACKs, PUBACK reason codes and messages."""
-
-    def __init__(self, broker: SecureBroker, username: str | None, *, password: str | None = None,
-                 client_id: str = "", v5: bool = True, ca: Path | None = None, tls: bool = True,
-                 manual_ack: bool = False):
-        self.connack = None
-        self.connected_event = threading.Event()
-        self.messages: list[tuple[str, bytes, bool]] = []
-        self.subacks: list = []
-        self.pubacks: dict[int, int] = {}  # mid -> reason code value
-        self._lock = threading.Lock()
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                                  protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
-                                  manual_ack=manual_ack)
-        if username is not None:
-            self.client.username_pw_set(
-                username, password if password is not None else broker.password(username))
-        if tls:
-            self.client.tls_set(ca_certs=str(ca or broker.certs["ca"]),
-                                cert_reqs=ssl.CERT_REQUIRED)
-        self.session_present = None
-        self.client.on_connect = self._on_connect
-        self.client.on_message = self._on_message
-        self.client.on_subscribe = lambda c, u, mid, codes, p: self.subacks.append(codes)
-        self.client.on_publish = self._on_publish
-        self.broker = broker
-
-    def _on_connect(self, client, userdata, flags, reason_code, properties):
-        if self.connack is None:
-            self.connack = reason_code
-            self.session_present = flags.session_present
-        self.connected_event.set()
-
-    def _on_message(self, client, userdata, message):
-        with self._lock:
-            self.messages.append((message.topic, message.payload, bool(message.retain)))
-
-    def _on_publish(self, client, userdata, mid, reason_code, properties):
-        with self._lock:
-            self.pubacks[mid] = reason_code.value
-
-    def connect(self, timeout: float = 10, *, persistent: bool = False,
-                receive_maximum: int | None = None) -> "Client":
-        """``persistent``: resume or create a v5 session that outlives the connection;
-        ``receive_maximum``: announce it in CONNECT (v5), as the collector does."""
-        if persistent or receive_maximum:
-            properties = Properties(PacketTypes.CONNECT)
-            if persistent:
-                properties.SessionExpiryInterval = 3600
-            if receive_maximum:
-                properties.ReceiveMaximum = receive_maximum
-            self.client.connect(self.broker.host, self.broker.port, keepalive=30,
-                                clean_start=not persistent, properties=properties)
-        else:
-            self.client.connect(self.broker.host, self.broker.port, keepalive=30)
-        self.client.loop_start()
-        assert self.connected_event.wait(timeout), "no CONNACK"
-        return self
-
-    def subscribe(self, *topics: str) -> None:
-        before = len(self.subacks)
-        self.client.subscribe([(t, 1) for t in topics])
-        assert wait_until(lambda: len(self.subacks) > before, 5), "no SUBACK"
-
-    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> int:
-        info = self.client.publish(topic, payload, qos=1, retain=retain)
-        assert info.rc == mqtt.MQTT_ERR_SUCCESS
-        return info.mid
-
-    def acked(self, mid: int, timeout: float = 5) -> int:
-        assert wait_until(lambda: mid in self.pubacks, timeout), f"no PUBACK for {mid}"
-        return self.pubacks[mid]
-
-    def topics(self) -> list[str]:
-        with self._lock:
-            return [topic for topic, _, _ in self.messages]
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
-def wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return bool(predicate())
-
-
 def refused(broker, username, *, password=None, v5=True) -> mqtt.ReasonCode:
-    client = Client(broker, username, password=password, v5=v5)
+    client = MqttClient(broker, username, password=password, v5=v5)
     try:
         client.connect()
         return client.connack
@@ -222,7 +125,7 @@ def test_wrong_password_and_unknown_user_are_refused(broker):
 
 
 def test_plain_mqtt_to_the_tls_listener_fails(broker):
-    client = Client(broker, "dev-a", tls=False)
+    client = MqttClient(broker, "dev-a", tls=False)
     client.client.connect(broker.host, broker.port, keepalive=30)
     client.client.loop_start()
     try:
@@ -236,7 +139,7 @@ def test_plain_mqtt_to_the_tls_listener_fails(broker):
 
 
 def test_client_that_trusts_another_ca_refuses_the_broker(broker):
-    client = Client(broker, "dev-a", ca=broker.certs["other_ca"])
+    client = MqttClient(broker, "dev-a", ca=broker.certs["other_ca"])
     with pytest.raises(ssl.SSLCertVerificationError):
         client.client.connect(broker.host, broker.port)
     client.close()
@@ -305,15 +208,15 @@ def test_renewed_certificates_are_picked_up_by_reload(broker):
     for key in ("ca", "cert", "key"):
         shutil.copy(new[key], broker.certs[key])
     _readable_by_mosquitto(broker.workdir)
-    before = Client(broker, "dev-a", client_id="dev-a", ca=old_ca).connect()
+    before = MqttClient(broker, "dev-a", client_id="dev-a", ca=old_ca).connect()
     assert before.connack.value == 0  # not re-read yet
     broker.reload()
     time.sleep(0.3)
     assert before.client.is_connected()  # connected clients are not dropped
     before.close()
     with pytest.raises(ssl.SSLCertVerificationError):
-        Client(broker, "dev-a", ca=old_ca).client.connect(broker.host, broker.port)
-    client = Client(broker, "dev-a", ca=new["ca"]).connect()
+        MqttClient(broker, "dev-a", ca=old_ca).client.connect(broker.host, broker.port)
+    client = MqttClient(broker, "dev-a", ca=new["ca"]).connect()
     assert client.connack.value == 0
     client.close()
 
@@ -329,9 +232,9 @@ def test_reload_adds_and_removes_devices(broker):
     assert refused(broker, "dev-a").value == 0  # the others kept their entries
     # Revocation: removing dev-c and rotating dev-b's password take effect at
     # the reload, for connected clients too (Mosquitto re-checks them).
-    connected_c = Client(broker, "dev-c", client_id="dev-c").connect()
-    connected_b = Client(broker, "dev-b", client_id="dev-b").connect()
-    connected_a = Client(broker, "dev-a", client_id="dev-a").connect()
+    connected_c = MqttClient(broker, "dev-c", client_id="dev-c").connect()
+    connected_b = MqttClient(broker, "dev-b", client_id="dev-b").connect()
+    connected_a = MqttClient(broker, "dev-a", client_id="dev-a").connect()
     old_b = broker.password("dev-b")
     result = make_credentials(broker.password_file, broker.secrets_dir, "dev-c",
                               extra_args=("--remove",))
@@ -367,12 +270,12 @@ FORBIDDEN_FOR_DEVICE_A = [
 
 @pytest.mark.parametrize("v5", [True, False], ids=["mqtt5", "mqtt311"])
 def test_device_publishes_only_as_itself(broker, v5):
-    watcher = Client(broker, "collector", client_id="watcher").connect()
+    watcher = MqttClient(broker, "collector", client_id="watcher").connect()
     watcher.subscribe("ldp/v1/#")
     # A coordinator-account watcher too: it may read devices' _range replies.
-    coordinator = Client(broker, "coordinator", client_id="coord-watch").connect()
+    coordinator = MqttClient(broker, "coordinator", client_id="coord-watch").connect()
     coordinator.subscribe(f"ldp/v1/{FLEET}/+/_range/#", f"ldp/v1/{FLEET}/_range/#")
-    device = Client(broker, "dev-a", client_id="dev-a", v5=v5).connect()
+    device = MqttClient(broker, "dev-a", client_id="dev-a", v5=v5).connect()
     try:
         denied = {topic: device.publish(topic, b'{"forged":true}') for topic in
                   FORBIDDEN_FOR_DEVICE_A}
@@ -398,10 +301,10 @@ def test_service_accounts_publish_where_they_should(broker):
     # The positive side of the ACL: the collector writes snapshots and shard
     # state, the coordinator writes range control and results; neither may
     # write a device's topic.
-    watcher = Client(broker, "collector", client_id="watcher").connect()
+    watcher = MqttClient(broker, "collector", client_id="watcher").connect()
     watcher.subscribe("ldp/v1/#")
-    collector = Client(broker, "collector", client_id="collector-pub").connect()
-    coordinator = Client(broker, "coordinator", client_id="coordinator").connect()
+    collector = MqttClient(broker, "collector", client_id="collector-pub").connect()
+    coordinator = MqttClient(broker, "coordinator", client_id="coordinator").connect()
     try:
         checks = [
             (collector, f"ldp/v1/{FLEET}/_aggregates/accel_x", 0),
@@ -427,13 +330,13 @@ def test_service_accounts_publish_where_they_should(broker):
 # -- what a device may read -----------------------------------------------------------------
 
 def test_device_cannot_read_other_devices(broker):
-    reader = Client(broker, "dev-a", client_id="dev-a").connect()
+    reader = MqttClient(broker, "dev-a", client_id="dev-a").connect()
     # Every way of asking for dev-b's data: a wildcard over everything, its
     # topics by name, its status, and a shared subscription.
     reader.subscribe("ldp/v1/#", f"ldp/v1/{FLEET}/dev-b/#", f"ldp/v1/{FLEET}/+/status",
                      f"$share/g/ldp/v1/{FLEET}/+/+")
-    device_b = Client(broker, "dev-b", client_id="dev-b").connect()
-    coordinator = Client(broker, "coordinator", client_id="coordinator").connect()
+    device_b = MqttClient(broker, "dev-b", client_id="dev-b").connect()
+    coordinator = MqttClient(broker, "coordinator", client_id="coordinator").connect()
     try:
         for topic, retain in ((f"ldp/v1/{FLEET}/dev-b/accel_x", False),
                               (f"ldp/v1/{FLEET}/dev-b/status", True),
@@ -451,7 +354,7 @@ def test_device_cannot_read_other_devices(broker):
 
         # A late subscriber gets the retained range result, but never dev-b's
         # retained status.
-        late = Client(broker, "dev-a", client_id="dev-a-late").connect()
+        late = MqttClient(broker, "dev-a", client_id="dev-a-late").connect()
         late.subscribe("ldp/v1/#")
         assert wait_until(lambda: result in late.topics(), 5)
         time.sleep(0.3)
@@ -463,10 +366,10 @@ def test_device_cannot_read_other_devices(broker):
 
 
 def test_collector_reads_through_a_shared_subscription(broker):
-    shard = Client(broker, "collector", client_id="shard-1").connect()
+    shard = MqttClient(broker, "collector", client_id="shard-1").connect()
     shard.subscribe(f"$share/collectors/ldp/v1/{FLEET}/+/+")
     assert shard.subacks[-1][0].value == 1  # granted QoS 1
-    device = Client(broker, "dev-a", client_id="dev-a").connect()
+    device = MqttClient(broker, "dev-a", client_id="dev-a").connect()
     try:
         topic = f"ldp/v1/{FLEET}/dev-a/accel_x"
         device.acked(device.publish(topic, report("dev-a", "accel_x")))
@@ -480,19 +383,19 @@ def test_collector_reads_through_a_shared_subscription(broker):
 
 def test_queue_holds_far_more_than_the_default_for_an_offline_collector(broker):
     # Mosquitto's default max_queued_messages (1000) would drop most of these.
-    collector = Client(broker, "collector", client_id="edge-collector-q").connect(
-        persistent=True)
+    collector = MqttClient(broker, "collector", client_id="edge-collector-q",
+                           persistent=True).connect()
     collector.subscribe(f"ldp/v1/{FLEET}/+/+")
     collector.close()
-    device = Client(broker, "dev-a", client_id="dev-a", v5=False)
+    device = MqttClient(broker, "dev-a", client_id="dev-a", v5=False)
     device.client.max_inflight_messages_set(1000)
     device.connect()
     count = 5000
     mids = [device.publish(f"ldp/v1/{FLEET}/dev-a/accel_x", b"%d" % i) for i in range(count)]
     assert wait_until(lambda: all(m in device.pubacks for m in mids), 60)
     device.close()
-    collector = Client(broker, "collector", client_id="edge-collector-q").connect(
-        persistent=True)
+    collector = MqttClient(broker, "collector", client_id="edge-collector-q",
+                           persistent=True).connect()
     try:
         assert wait_until(lambda: len(collector.messages) >= count, 60), len(collector.messages)
         assert sorted(int(p) for _, p, _ in collector.messages) == list(range(count))
@@ -510,11 +413,11 @@ def test_inflight_window_for_subscribers_that_ack_late(broker):
     assert window + 500 < RECEIVE_MAXIMUM
     got = {}
     for v5 in (False, True):
-        subscriber = Client(broker, "collector", client_id=f"late-acker-{v5}", v5=v5,
+        subscriber = MqttClient(broker, "collector", client_id=f"late-acker-{v5}", v5=v5,
                             manual_ack=True)  # it never acknowledges here
         subscriber.connect(receive_maximum=RECEIVE_MAXIMUM if v5 else None)
         subscriber.subscribe(f"ldp/v1/{FLEET}/+/+")
-        device = Client(broker, "dev-a", client_id="dev-a", v5=False)
+        device = MqttClient(broker, "dev-a", client_id="dev-a", v5=False)
         device.client.max_inflight_messages_set(1000)
         device.connect()
         mids = [device.publish(f"ldp/v1/{FLEET}/dev-a/accel_x", b"x")
@@ -530,18 +433,18 @@ def test_inflight_window_for_subscribers_that_ack_late(broker):
 
 def test_queued_reports_survive_a_broker_restart(broker):
     # persistence true: a clean stop (systemctl restart) saves the queue.
-    collector = Client(broker, "collector", client_id="edge-collector-p").connect(
-        persistent=True)
+    collector = MqttClient(broker, "collector", client_id="edge-collector-p",
+                           persistent=True).connect()
     collector.subscribe(f"ldp/v1/{FLEET}/+/+")
     collector.close()
-    device = Client(broker, "dev-a", client_id="dev-a").connect()
+    device = MqttClient(broker, "dev-a", client_id="dev-a").connect()
     for seq in range(3):
         assert device.acked(device.publish(f"ldp/v1/{FLEET}/dev-a/accel_x", b"%d" % seq)) == 0
     device.close()
     broker.stop()  # SIGTERM, as systemd stops it
     broker.start()
-    collector = Client(broker, "collector", client_id="edge-collector-p").connect(
-        persistent=True)
+    collector = MqttClient(broker, "collector", client_id="edge-collector-p",
+                           persistent=True).connect()
     try:
         assert collector.session_present
         assert wait_until(lambda: len(collector.messages) == 3, 10), collector.messages
@@ -554,20 +457,20 @@ def test_queued_reports_survive_a_broker_restart(broker):
 def queued_for(broker, client_id: str, thief_guess: str) -> list[str]:
     """Messages a persistent collector session gets after a device, guessing
     ``thief_guess`` as its client id, connected while the collector was away."""
-    collector = Client(broker, "collector", client_id=client_id).connect(persistent=True)
+    collector = MqttClient(broker, "collector", client_id=client_id, persistent=True).connect()
     collector.subscribe(f"ldp/v1/{FLEET}/+/+")
     collector.close()
-    device_b = Client(broker, "dev-b", client_id="dev-b").connect()
+    device_b = MqttClient(broker, "dev-b", client_id="dev-b").connect()
     for seq in range(3):
         device_b.acked(device_b.publish(f"ldp/v1/{FLEET}/dev-b/accel_x",
                                         report("dev-b", "accel_x", seq)))
     device_b.close()
-    thief = Client(broker, "dev-a", client_id=thief_guess).connect(persistent=True)
+    thief = MqttClient(broker, "dev-a", client_id=thief_guess, persistent=True).connect()
     time.sleep(0.5)
     stolen = thief.topics()
     thief.close()
     assert stolen == [], "the ACL must still stop a device reading the session's messages"
-    collector = Client(broker, "collector", client_id=client_id).connect(persistent=True)
+    collector = MqttClient(broker, "collector", client_id=client_id, persistent=True).connect()
     time.sleep(1.0)
     collector.close()
     return collector.topics()
@@ -606,21 +509,26 @@ def snippet_tables(text: str) -> list[dict]:
     return [tomllib.loads(block) for block in blocks if block.strip()]
 
 
+def account_table(broker: SecureBroker, snippet: dict, account: str) -> dict:
+    """A printed snippet's [broker] table pointed at the test broker: its port, the
+    account's real password file and the test CA; the rest as printed."""
+    return dict(snippet["broker"], port=broker.port,
+                password_file=str(broker.secrets_dir / f"{account}.password"),
+                tls=dict(snippet["broker"]["tls"], ca=str(broker.certs["ca"])))
+
+
 def collector_config(broker: SecureBroker, tmp_path: Path, *, shared_group=None):
     snippet = next(t for t in snippet_tables(broker.snippets)
                    if t.get("broker", {}).get("username") == "collector")
-    broker_table = dict(snippet["broker"], port=broker.port,
-                        password_file=str(broker.secrets_dir / "collector.password"),
-                        tls={"ca": str(broker.certs["ca"])})
+    broker_table = account_table(broker, snippet, "collector")
     assert broker_table["host"] == "localhost"  # as printed (--host localhost)
     if shared_group:
         broker_table["shared_group"] = shared_group
-    return parse_collector_config({
-        "fleet": snippet["fleet"], "broker": broker_table,
-        "http": {"host": "127.0.0.1", "port": 0, "push_seconds": 0.5},
-        "storage": {"path": str(tmp_path / "collector.sqlite"), "checkpoint_seconds": 1},
-        "snapshots": {"interval_seconds": 0.5},
-    })
+    return parse_collector_config(configs.collector_config(
+        broker_table, fleet=snippet["fleet"],
+        http={"host": "127.0.0.1", "port": 0, "push_seconds": 0.5},
+        storage={"path": str(tmp_path / "collector.sqlite"), "checkpoint_seconds": 1},
+        snapshots={"interval_seconds": 0.5}))
 
 
 def start_collector(config):
@@ -649,9 +557,9 @@ def test_real_collector_ingests_through_its_own_account(broker, tmp_path, shared
     config = collector_config(broker, tmp_path, shared_group=shared_group)
     assert config.broker.username == "collector" and config.broker.tls is not None
     service = start_collector(config)
-    device = Client(broker, "dev-a", client_id="dev-a", v5=False).connect()
-    forger = Client(broker, "dev-b", client_id="dev-b", v5=False).connect()
-    snapshots = Client(broker, "collector", client_id="snapshot-reader").connect()
+    device = MqttClient(broker, "dev-a", client_id="dev-a", v5=False).connect()
+    forger = MqttClient(broker, "dev-b", client_id="dev-b", v5=False).connect()
+    snapshots = MqttClient(broker, "collector", client_id="snapshot-reader").connect()
     try:
         # One real report, and one that dev-b forges in dev-a's name (dropped by the ACL).
         forger.acked(forger.publish(f"ldp/v1/{FLEET}/dev-a/accel_x", report("dev-a", "accel_x", 7)))
@@ -686,20 +594,13 @@ def test_real_agent_and_collector_through_their_own_accounts(broker, tmp_path):
     # for dev-a, with the broker's test port and the files' real paths.
     snippet = next(t for t in snippet_tables(broker.snippets) if t.get("agent_id") == "dev-a")
     assert snippet["broker"]["username"] == "dev-a" and "tls" in snippet["broker"]
-    broker_table = dict(snippet["broker"], port=broker.port,
-                        password_file=str(broker.secrets_dir / "dev-a.password"),
-                        tls=dict(snippet["broker"]["tls"], ca=str(broker.certs["ca"])))
-    data = {
-        "agent_id": snippet["agent_id"], "fleet": snippet["fleet"], "batch_seconds": 0.2,
-        "broker": broker_table,
-        "privacy": {"budget_epsilon": 1e6, "state_dir": str(tmp_path / "agent-state")},
-        "sources": [{"name": "imu", "type": "synthetic", "rate_hz": 50, "duration": 2.0}],
-        "channels": [{"name": "accel_x", "source": "imu", "field": "accel_x",
-                      "kind": "linear", "epsilon": 1.0, "domain": [-2.0, 2.0]}],
-    }
+    data = configs.agent_config(
+        agent_id=snippet["agent_id"], fleet=snippet["fleet"],
+        broker=account_table(broker, snippet, "dev-a"), state_dir=tmp_path / "agent-state",
+        sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50, "duration": 2.0}],
+        channels=[ACCEL_X])
     parse_config(data)  # valid before it is written
-    config_path = tmp_path / "agent.toml"
-    config_path.write_text(to_toml(data))
+    config_path = write_toml(tmp_path / "agent.toml", data)
 
     service = start_collector(collector_config(broker, tmp_path))
     agent = AgentProcess(config_path, tmp_path / "agent.log").start()
@@ -721,60 +622,17 @@ def test_real_agent_and_collector_through_their_own_accounts(broker, tmp_path):
         service.stop()
 
 
-def to_toml(data: dict) -> str:
-    """Just enough TOML for the agent config above."""
-    def value(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return json.dumps(str(v))
-
-    lines, tables = [], []
-    for key, v in data.items():
-        if isinstance(v, dict):
-            tables.append((key, v))
-        elif isinstance(v, list) and v and isinstance(v[0], dict):
-            tables.append((key, v))
-        else:
-            lines.append(f"{key} = {value(v)}")
-    for key, v in tables:
-        items = v if isinstance(v, list) else [v]
-        for item in items:
-            lines.append(f"[[{key}]]" if isinstance(v, list) else f"[{key}]")
-            nested = []
-            for k, x in item.items():
-                if isinstance(x, dict):
-                    nested.append((k, x))
-                else:
-                    lines.append(f"{k} = {value(x)}")
-            for k, x in nested:
-                lines.append(f"[{key}.{k}]")
-                lines.extend(f"{kk} = {value(xx)}" for kk, xx in x.items())
-    return "\n".join(lines) + "\n"
-
-
 # -- range discovery through the accounts --------------------------------------------------------
 
 def agent_config(broker: SecureBroker, tmp_path: Path, agent_id: str, **source) -> Path:
     snippet = next(t for t in snippet_tables(broker.snippets) if t.get("agent_id") == agent_id)
-    data = {
-        "agent_id": agent_id, "fleet": snippet["fleet"], "batch_seconds": 0.2,
-        "broker": dict(snippet["broker"], port=broker.port,
-                       password_file=str(broker.secrets_dir / f"{agent_id}.password"),
-                       tls={"ca": str(broker.certs["ca"])}),
-        "privacy": {"budget_epsilon": 1e6, "state_dir": str(tmp_path / f"{agent_id}-state")},
-        "sources": [{"name": "imu", "type": "synthetic", "rate_hz": 50, **source}],
-        "channels": [{"name": "accel_x", "source": "imu", "field": "accel_x",
-                      "kind": "linear", "epsilon": 1.0, "domain": [-2.0, 2.0],
-                      "report_interval": 1.0}],
-    }
+    data = configs.agent_config(
+        agent_id=agent_id, fleet=snippet["fleet"], broker=account_table(broker, snippet, agent_id),
+        state_dir=tmp_path / f"{agent_id}-state",
+        sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50, **source}],
+        channels=[{**ACCEL_X, "report_interval": 1.0}])
     parse_config(data)
-    path = tmp_path / f"{agent_id}.toml"
-    path.write_text(to_toml(data))
-    return path
+    return write_toml(tmp_path / f"{agent_id}.toml", data)
 
 
 @pytest.mark.parametrize("account", ["coordinator", "collector"])
@@ -786,7 +644,7 @@ def test_range_discovery_runs_through_the_accounts(broker, tmp_path, account):
     from collector.config import RangeDiscoveryConfig
     from collector.range import RangeCoordinator, RunRequest, connect_client
 
-    watcher = Client(broker, "collector", client_id="watcher").connect()
+    watcher = MqttClient(broker, "collector", client_id="watcher").connect()
     watcher.subscribe(f"ldp/v1/{FLEET}/+/status")
     agents = [AgentProcess(agent_config(broker, tmp_path, name), tmp_path / f"{name}.log").start()
               for name in ("dev-a", "dev-b")]
@@ -813,7 +671,7 @@ def test_range_discovery_runs_through_the_accounts(broker, tmp_path, account):
         assert result["participants"] == 2
         assert not result["ignored_replies"], result["ignored_replies"]
         # Devices read the retained result, as the agents' domain = "auto" needs.
-        late = Client(broker, "dev-a", client_id="dev-a-reader").connect()
+        late = MqttClient(broker, "dev-a", client_id="dev-a-reader").connect()
         late.subscribe(f"ldp/v1/{FLEET}/_range/result/+/+")
         assert wait_until(lambda: late.messages, 5)
         assert json.loads(late.messages[0][1])["run"] == result["run"]

@@ -12,13 +12,13 @@ import threading
 import time
 
 import numpy as np
-import paho.mqtt.client as mqtt
 import pytest
 
 from collector.config import parse_collector_config
 from collector.range import RangeCoordinator, RunRequest, connect_client
 from edge_agent import protocol
 from edge_agent.rangefind import assigned_round, true_answer
+from tests.support import CollectorProcess, Subscriber, free_port, run_module
 
 FLEET = "demo"
 
@@ -29,20 +29,16 @@ class ScriptedAgents:
     def __init__(self, broker, values: dict[str, float], *, misbehave=None):
         self.values = values
         self.misbehave = misbehave or (lambda agent, message: None)
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
-        self.client.on_message = self._on_message
-        self.client.connect(broker.host, broker.port)
-        self.client.subscribe(protocol.range_control_subscription(FLEET), qos=1)
-        self.client.loop_start()
         self.rounds_seen: list[dict] = []
-        time.sleep(0.3)
+        self.client = Subscriber(broker, protocol.range_control_subscription(FLEET),
+                                 on_message=self._on_message)
 
     def send(self, agent, run, message, *, as_agent=None):
         topic = protocol.range_reply_topic(FLEET, as_agent or agent, run)
         self.client.publish(topic, json.dumps({"v": 1, "agent": agent, "run": run,
-                                               **message}).encode(), qos=1)
+                                               **message}).encode())
 
-    def _on_message(self, client, userdata, msg):
+    def _on_message(self, msg):
         message = json.loads(msg.payload)
         run = message["run"]
         if message["type"] == "round":
@@ -62,8 +58,7 @@ class ScriptedAgents:
                 self.send(agent, run, {"type": "answer", "round": message["round"], "z": z})
 
     def close(self):
-        self.client.loop_stop()
-        self.client.disconnect()
+        self.client.close()
 
 
 def coordinator(mosquitto, **settings):
@@ -78,11 +73,8 @@ def coordinator(mosquitto, **settings):
 
 def result_listener(mosquitto):
     results = []
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
-    client.on_message = lambda c, u, m: results.append(json.loads(m.payload))
-    client.connect(mosquitto.host, mosquitto.port)
-    client.subscribe(protocol.range_result_subscription(FLEET), qos=1)
-    client.loop_start()
+    client = Subscriber(mosquitto, protocol.range_result_subscription(FLEET),
+                        on_message=lambda m: results.append(json.loads(m.payload)))
     return client, results
 
 
@@ -112,7 +104,7 @@ def test_honest_agents_are_found_and_the_result_is_retained(mosquitto, strategy)
         assert results[-1]["finished_at"] >= results[-1]["started_at"]
     finally:
         agents.close()
-        listener.loop_stop()
+        listener.close()
 
 
 def test_stale_duplicate_spoofed_and_uninvited_replies_are_ignored(mosquitto):
@@ -183,18 +175,15 @@ def test_agents_leaving_mid_run_and_too_few_participants(mosquitto):
 
 def test_the_collector_runs_its_schedule_and_serves_the_result(tmp_path, mosquitto):
     """A collector process with a schedule: the result appears at /api/range."""
-    from ..collector.test_e2e_collector import CollectorProcess, wait_until
+    from tests.support import wait_for_api as wait_until
 
     values = {f"a{i}": 4.0 + i for i in range(6)}
     agents = ScriptedAgents(mosquitto, values)
-    collector = CollectorProcess(tmp_path, mosquitto)
-    with collector.config.open("a") as extra:
-        extra.write("\n".join([
-            "[range_discovery]", "coordinator = true", "epsilon = 20.0",
-            'strategy = "sequential"', "rounds = 3", "h = 1e-6", "min_participants = 5",
-            "join_timeout_seconds = 1", "round_timeout_seconds = 1",
-            "[[range_discovery.schedule]]", 'channel = "ax"', 'sides = ["max"]',
-            "every_seconds = 10", "domain = [-20.0, 20.0]"]) + "\n")
+    collector = CollectorProcess(tmp_path, mosquitto, range_discovery={
+        "coordinator": True, "epsilon": 20.0, "strategy": "sequential", "rounds": 3,
+        "h": 1e-6, "min_participants": 5, "join_timeout_seconds": 1,
+        "round_timeout_seconds": 1, "schedule": [
+            {"channel": "ax", "sides": ["max"], "every_seconds": 10, "domain": [-20.0, 20.0]}]})
     collector.start()
     try:
         assert wait_until(lambda: collector.api("/api/range")["channels"].get("ax", {})
@@ -209,18 +198,11 @@ def test_the_collector_runs_its_schedule_and_serves_the_result(tmp_path, mosquit
 
 
 def test_discover_range_cli_explains_what_is_missing(tmp_path, mosquitto):
-    import subprocess
-    import sys
-
-    from ..agent.e2e import REPO
-    from ..conftest import free_port
-
     config = tmp_path / "c.toml"
     config.write_text(f'fleet = "demo"\n[broker]\nhost = "127.0.0.1"\nport = {mosquitto.port}\n'
                       f'[http]\nport = {free_port()}\n')
-    run = lambda *args: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "collector", "discover-range", "--config", str(config), *args],
-        capture_output=True, text=True, cwd=REPO, timeout=60)
+    run = lambda *args: run_module(  # noqa: E731
+        "collector", "discover-range", "--config", config, *args, timeout=60)
     missing = run("--channel", "ax", "--side", "min")
     assert missing.returncode == 2 and "no --domain given" in missing.stderr
     bad = run("--channel", "ax", "--side", "median", "--domain", "0", "1")

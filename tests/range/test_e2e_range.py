@@ -13,19 +13,21 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-import subprocess
-import sys
-import threading
 import time
 
 import numpy as np
-import paho.mqtt.client as mqtt
 
 from edge_agent import protocol
 from edge_agent.mechanisms.randomized_response import RandomizedResponse
-
-from ..agent.e2e import REPO, toml_value, write_config
-from ..collector.test_e2e_collector import CollectorProcess, wait_until
+from tests.support import (
+    CollectorProcess,
+    FleetProcess,
+    MqttClient,
+    Subscriber,
+    run_module,
+    write_agent_config,
+)
+from tests.support import wait_for_api as wait_until  # every wait here asks the API
 
 N_AGENTS = 1000
 ROWS_PER_AGENT = 20
@@ -64,27 +66,21 @@ def search_bounds(result: dict, agent_values: np.ndarray, side: str) -> tuple[fl
 
 
 def discover(collector_config, side):
-    completed = subprocess.run(
-        [sys.executable, "-m", "collector", "discover-range", "--config", str(collector_config),
-         "--channel", "ax", "--side", side, "--expect", str(N_AGENTS), "--json"],
-        capture_output=True, text=True, cwd=REPO, timeout=180)
+    completed = run_module(
+        "collector", "discover-range", "--config", collector_config, "--channel", "ax",
+        "--side", side, "--expect", N_AGENTS, "--json", timeout=180)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return json.loads(completed.stdout)
 
 
-class ControlRecorder:
+class ControlRecorder(Subscriber):
     """Records the coordinator's round messages, to replay one later."""
 
     def __init__(self, broker):
-        self.messages: list[tuple[str, bytes]] = []
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
-        self.client.on_message = lambda c, u, m: self.messages.append((m.topic, m.payload))
-        self.client.connect(broker.host, broker.port)
-        self.client.subscribe(protocol.range_control_subscription("demo"), qos=1)
-        self.client.loop_start()
+        super().__init__(broker, protocol.range_control_subscription("demo"))
 
     def rounds(self):
-        return [(t, p) for t, p in self.messages if json.loads(p)["type"] == "round"]
+        return [(t, p) for t, p, _ in self.messages if json.loads(p)["type"] == "round"]
 
 
 def range_ledger(state_dir) -> dict[str, int]:
@@ -103,7 +99,7 @@ def test_fleet_discovers_the_range_and_auto_domains_tighten(tmp_path, mosquitto)
     path.write_text("ax\n" + "\n".join(f"{v:.6f}" for v in values) + "\n")
     agent_values = values.reshape(ROWS_PER_AGENT, N_AGENTS)  # row r -> agent r % N
     state_dir = tmp_path / "agent-state"
-    agent_config = write_config(
+    agent_config = write_agent_config(
         tmp_path / "agent.toml", agent_id="w", broker=mosquitto, state_dir=state_dir,
         period="1m", batch_seconds=1.0,
         sources=[{"name": "rec", "type": "csv", "path": str(path), "pace": "fixed",
@@ -111,16 +107,10 @@ def test_fleet_discovers_the_range_and_auto_domains_tighten(tmp_path, mosquitto)
         channels=[{"name": "ax", "kind": "linear", "source": "rec", "field": "ax",
                    "epsilon": 1.0, "domain": "auto", "initial_domain": list(DOMAIN),
                    "domain_margin": 0.1}])
-    fleet = subprocess.Popen(
-        [sys.executable, "-m", "edge_agent", "fleet", "--config", str(agent_config),
-         "--count", str(N_AGENTS), "--keep-running"],
-        stdout=(tmp_path / "fleet.log").open("wb"), stderr=subprocess.STDOUT, cwd=REPO)
-    collector = CollectorProcess(tmp_path, mosquitto)
-    with collector.config.open("a") as extra:
-        extra.write("\n".join([
-            "[range_discovery]", f"epsilon = {EPSILON}", 'strategy = "split"',
-            "alpha_min = 1.0", "window_seconds = 600", "join_timeout_seconds = 20",
-            "round_timeout_seconds = 20", "min_participants = 500"]) + "\n")
+    fleet = FleetProcess(agent_config, tmp_path / "fleet.log", N_AGENTS, "--keep-running").start()
+    collector = CollectorProcess(tmp_path, mosquitto, range_discovery={
+        "epsilon": EPSILON, "strategy": "split", "alpha_min": 1.0, "window_seconds": 600,
+        "join_timeout_seconds": 20, "round_timeout_seconds": 20, "min_participants": 500})
     collector.start()
     recorder = ControlRecorder(mosquitto)
     try:
@@ -147,13 +137,11 @@ def test_fleet_discovers_the_range_and_auto_domains_tighten(tmp_path, mosquitto)
         assert len(spent) == N_AGENTS and set(spent.values()) == {2 * math.ceil(EPSILON * 1e9)}
         assert answers == 2 * N_AGENTS
         # A replayed round is ignored by everyone.
-        replay = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
-        replay.connect(mosquitto.host, mosquitto.port)
-        replay.loop_start()
+        replay = MqttClient(mosquitto, v5=False).connect()
         for topic, payload in recorder.rounds()[:3]:
-            replay.publish(topic, payload, qos=1).wait_for_publish(5)
+            replay.acked(replay.publish(topic, payload))
         time.sleep(3)
-        replay.loop_stop()
+        replay.close()
         assert range_ledger(state_dir) == (spent, answers)
 
         # domain = "auto": from the next budget period (1 minute) agents report over
@@ -178,7 +166,6 @@ def test_fleet_discovers_the_range_and_auto_domains_tighten(tmp_path, mosquitto)
         assert abs(after["mean"]["estimate"] - truth) <= \
             5 * after["mean"]["stderr"] + after["mean"]["bias_bound"] + 0.05
     finally:
-        recorder.client.loop_stop()
-        fleet.terminate()
-        fleet.wait(60)
+        recorder.close()
+        fleet.terminate(60)
         collector.terminate()

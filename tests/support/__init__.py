@@ -1,0 +1,52 @@
+"""The helpers the tests and the benchmarks share, each in one place.
+
+- ports: free_port, port_open, wait_until
+- brokers: find_mosquitto, require_mosquitto, Mosquitto
+- configs: agent and collector configurations as dicts and TOML files
+- mqtt: MqttClient, Subscriber, session_present
+- processes: AgentProcess, FleetProcess, CollectorProcess, run_module (a CLI command
+  to completion), wait_for_api, and the clean-up of whatever a test leaves running
+- fakes: FakeTransport
+- paths: REPO, child_env
+
+The benchmarks import them too (``python -m benchmarks.<name>`` from the
+repository root), so nothing here may need pytest at import time.
+"""
+
+from .brokers import Mosquitto, find_mosquitto, require_mosquitto
+from .configs import (
+    AX_CHANNEL,
+    FLEET,
+    SYNTHETIC_IMU,
+    agent_config,
+    broker_table,
+    collector_config,
+    to_toml,
+    toml_value,
+    write_agent_config,
+    write_toml,
+)
+from .fakes import FakeTransport
+from .mqtt import MqttClient, Subscriber, session_present
+from .paths import REPO, child_env
+from .ports import LOOPBACK, free_port, port_open, wait_until
+from .processes import (
+    AgentProcess,
+    ChildProcess,
+    CollectorProcess,
+    FleetProcess,
+    python_module,
+    run_module,
+    stop_leftover_processes,
+    track,
+    wait_for_api,
+)
+
+__all__ = [
+    "AX_CHANNEL", "FLEET", "LOOPBACK", "REPO", "SYNTHETIC_IMU", "AgentProcess", "ChildProcess",
+    "CollectorProcess", "FakeTransport", "FleetProcess", "Mosquitto", "MqttClient",
+    "Subscriber", "agent_config", "broker_table", "child_env", "collector_config",
+    "find_mosquitto", "free_port", "port_open", "python_module", "require_mosquitto",
+    "run_module", "session_present", "stop_leftover_processes", "to_toml", "toml_value", "track",
+    "wait_for_api", "wait_until", "write_agent_config", "write_toml",
+]

@@ -1,0 +1,113 @@
+"""Agent and collector configurations as dicts, and the TOML files the programs read.
+
+A test states only what it is about; everything else comes from here.  The dicts
+go to ``parse_config`` / ``parse_collector_config`` directly, or through
+``write_toml`` to a file for a child process; both paths see the same data.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Mapping, Sequence
+
+FLEET = "demo"
+
+# The building blocks most configurations share: a synthetic IMU and the linear
+# channel on its x acceleration.
+SYNTHETIC_IMU = {"name": "imu", "type": "synthetic"}
+AX_CHANNEL = {"name": "ax", "source": "imu", "field": "accel_x", "kind": "linear",
+              "epsilon": 1.0, "domain": [-2.0, 2.0]}
+
+
+# -- TOML -----------------------------------------------------------------------------
+
+def toml_value(value) -> str:
+    """A scalar or an array as TOML (strings, paths and anything else as basic strings)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def _is_table_array(value) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(
+        isinstance(item, Mapping) for item in value)
+
+
+def to_toml(data: Mapping, prefix: str = "") -> str:
+    """``data`` as TOML: keys first, then [tables] and [[arrays of tables]], nested ones
+    as [parent.child].  Enough for every configuration the tests write; tomllib reads
+    back exactly ``data``."""
+    lines, tables = [], []
+    for key, value in data.items():
+        if isinstance(value, Mapping) or _is_table_array(value):
+            tables.append((key, value))
+        else:
+            lines.append(f"{key} = {toml_value(value)}")
+    for key, value in tables:
+        name = f"{prefix}{key}"
+        for item in (value if _is_table_array(value) else [value]):
+            lines.append(f"[[{name}]]" if _is_table_array(value) else f"[{name}]")
+            body = to_toml(item, f"{name}.")
+            if body:
+                lines.append(body.rstrip("\n"))
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def write_toml(path: Path, data: Mapping) -> Path:
+    path.write_text(to_toml(data))
+    return path
+
+
+# -- the [broker] table ------------------------------------------------------------------
+
+def broker_table(broker, **settings) -> dict:
+    """[broker] for ``broker``: a test broker (anything with ``host`` and ``port``),
+    or a ready table (a dict, e.g. a credentials snippet); ``settings`` add keys."""
+    table = dict(broker) if isinstance(broker, Mapping) else {"host": broker.host,
+                                                              "port": broker.port}
+    return {**table, **settings}
+
+
+# -- the agent ------------------------------------------------------------------------
+
+def agent_config(*, state_dir, broker=None, agent_id: str = "w1", fleet: str = FLEET,
+                 budget: float = 1e6, period: str | None = None,
+                 batch_seconds: float | None = 0.2, sources: Sequence[Mapping] = (SYNTHETIC_IMU,),
+                 channels: Sequence[Mapping] = (AX_CHANNEL,),
+                 privacy: Mapping | None = None) -> dict:
+    """An agent configuration.  The defaults suit a test: a budget that never runs out
+    and 0.2 s batches, so reports arrive within a second; ``None`` leaves a key to the
+    agent's own default.  ``privacy`` adds keys to [privacy] (``range_epsilon_max``)."""
+    data = {"agent_id": agent_id, "fleet": fleet}
+    if batch_seconds is not None:
+        data["batch_seconds"] = batch_seconds
+    if broker is not None:
+        data["broker"] = broker_table(broker)
+    data["privacy"] = {"budget_epsilon": budget,
+                       **({"budget_period": period} if period is not None else {}),
+                       "state_dir": str(state_dir), **(privacy or {})}
+    data["sources"] = copy.deepcopy(list(sources))  # the tests' constants stay untouched
+    data["channels"] = copy.deepcopy(list(channels))
+    return data
+
+
+def write_agent_config(path: Path, **settings) -> Path:
+    """``agent_config(**settings)`` written to ``path``, for an agent process."""
+    return write_toml(path, agent_config(**settings))
+
+
+# -- the collector ------------------------------------------------------------------------
+
+def collector_config(broker, *, fleet: str = FLEET, broker_settings: Mapping | None = None,
+                     **tables) -> dict:
+    """A collector configuration: the fleet, [broker] for ``broker`` (plus
+    ``broker_settings``) and whatever other ``tables`` the test needs; the
+    collector's defaults for the rest."""
+    return {"fleet": fleet, "broker": broker_table(broker, **(broker_settings or {})),
+            **copy.deepcopy(tables)}
