@@ -2,7 +2,9 @@
 #   make test    create .venv, install the package and test tools, install
 #                Debian's mosquitto if missing (and apt is usable), run all tests
 #   make bench   run the benchmarks and regenerate the figures in docs/
-#   make docs    regenerate docs/CONFIG_REFERENCE.md from the configuration models
+#   make docs    regenerate docs/CONFIG_REFERENCE.md and docs/protocol.schema.json from the
+#                configuration models and the protocol's types
+#   make lint    ruff (make test runs it first)
 #   make demo    broker, collector, dashboard and 24 simulated wearables
 PYTHON ?= python3
 VENV   := .venv
@@ -11,7 +13,7 @@ STAMP  := $(VENV)/.installed-stamp
 # numba's on-disk cache must be writable (numba #4908); keep it out of the source tree.
 export NUMBA_CACHE_DIR ?= $(CURDIR)/$(VENV)/numba-cache
 
-.PHONY: test bench demo docs venv system-deps clean
+.PHONY: test lint bench demo docs venv system-deps clean
 
 venv: $(STAMP)
 
@@ -24,8 +26,11 @@ $(STAMP): pyproject.toml
 system-deps:
 	@scripts/install-system-deps.sh
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps lint
 	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 # Broker (a private Mosquitto if installed, else the embedded amqtt), collector,
 # dashboard and 24 simulated wearables; no root needed.  Ctrl-C stops it all.
@@ -54,6 +59,7 @@ $(RUNTIME_VENV)/.installed-stamp: pyproject.toml
 
 bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 	$(PY) -m benchmarks.bench_mechanisms --markdown docs/bench_mechanisms.md
+	$(PY) -m benchmarks.bench_protocol --markdown docs/bench_protocol.md
 	$(PY) -m benchmarks.plot_errors --out docs
 	$(PY) -m benchmarks.bench_agent --python $(RUNTIME_VENV)/bin/python --markdown docs/bench_agent.md
 	$(PY) -m benchmarks.bench_collector --messages 20000
@@ -64,9 +70,11 @@ bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 	$(PY) -m benchmarks.bench_claims
 
 # The configuration reference is generated from the pydantic models (and the sample
-# configs' comments); tests/test_config_reference.py fails when it is stale.
+# configs' comments), the protocol's JSON Schema from its msgspec types;
+# tests/test_config_reference.py and tests/test_protocol.py fail when they are stale.
 docs: $(STAMP)
 	$(PY) scripts/gen_config_reference.py
+	$(PY) -m edge_agent.protocol.schema
 
 clean:
 	rm -rf $(VENV) $(RUNTIME_VENV) .pytest_cache .hypothesis build *.egg-info

@@ -6,7 +6,7 @@ at steady state: every ``--claims-seconds`` it holds the reports that arrived
 in the period, applies those of the period before (reports are applied about
 two claims periods after arrival), publishes its claims, and checkpoints every
 ``--checkpoint-seconds``.  A peer's ``ClaimBook`` receives every message, as a
-live peer would.  Both sides are the real ``collector.shards.ClaimBook``; only
+live peer would.  Both sides are the real ``collector.claims.ClaimBook``; only
 the broker and the aggregation are left out.
 
     python -m benchmarks.bench_claims            # the docs/SCALE_OUT.md figures
@@ -19,8 +19,8 @@ import statistics
 import time
 from types import SimpleNamespace
 
-from collector.ingest import SeqTracker
-from collector.shards import ClaimBook
+from collector.dedup import SeqTracker
+from collector.claims import ClaimBook
 
 from .machine import describe_machine
 

@@ -41,6 +41,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from collector.series import Series  # noqa: E402
+from edge_agent import protocol  # noqa: E402
 from edge_agent.config import SyntheticSourceConfig  # noqa: E402
 from edge_agent.mechanisms import (  # noqa: E402
     ClassicalOGPM,
@@ -122,7 +123,7 @@ COLUMNS = [
 
 
 def collect(mechanism, x, rng) -> dict:
-    series = Series(channel="c", kind="linear", mechanism=mechanism.describe(), bins=BINS)
+    series = Series(channel="c", kind="linear", description=protocol.describe(mechanism), bins=BINS)
     codes = mechanism.perturb_codes(x, rng)
     for part in np.array_split(codes, MESSAGES):
         series.update(agent="a", t=0.0, codes=part)

@@ -59,7 +59,7 @@ def run(config_path: str) -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
 def merge(config_path: str) -> None:
     """Merge the shards' published states and serve the dashboard and API (docs/SCALE_OUT.md)."""
-    from .shards import MergeService
+    from .merge import MergeService
 
     config = _load(config_path, EXIT_CONFIG)
     sys.exit(MergeService(config).run_forever())
@@ -96,8 +96,7 @@ def discover_range(config_path: str, channel: str, side: str, domain, expect, as
                                   settings=config.range_discovery).run(
             RunRequest(channel, side, low, high), expected_agents=expect)
     finally:
-        client.disconnect()
-        client.loop_stop()
+        client.stop()
     if as_json:
         click.echo(json.dumps(result, indent=2))
     elif result["status"] == "done":

@@ -12,11 +12,13 @@ from edge_agent.config import (
     BrokerConfig,
     ConfigError,
     Epsilon,
+    Model,
     Name,
-    _Model,
     format_validation_error,
     read_toml,
 )
+from edge_agent.mqtt_client import Endpoint
+from edge_agent.protocol.states import AggregateSettings
 
 
 class CollectorBrokerConfig(BrokerConfig):
@@ -30,20 +32,18 @@ class CollectorBrokerConfig(BrokerConfig):
     # embedded amqtt (session_expiry_seconds then does not apply).
     mqtt_version: Literal["5", "3.1.1"] = "5"
 
-    @property
-    def paho_protocol(self) -> int:
-        import paho.mqtt.client as mqtt
-
-        return mqtt.MQTTv5 if self.mqtt_version == "5" else mqtt.MQTTv311
+    def endpoint(self, version: str | None = None) -> Endpoint:
+        """The broker, spoken to in ``mqtt_version``."""
+        return super().endpoint(version or self.mqtt_version)
 
 
-class HttpConfig(_Model):
+class HttpConfig(Model):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080  # 0: any free port
     push_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
 
 
-class StorageConfig(_Model):
+class StorageConfig(Model):
     path: Path = Path("/var/lib/edge-collector/state.sqlite")
     # Full checkpoint of all aggregates; between checkpoints every message is
     # journaled, so a crash loses nothing either way.
@@ -52,18 +52,18 @@ class StorageConfig(_Model):
     ack_interval_seconds: Annotated[float, Field(ge=0.005, le=5)] = 0.05
 
 
-class AggregatesConfig(_Model):
+class AggregatesConfig(Model):
     window_seconds: Annotated[float, Field(ge=1, le=86400)] = 60.0
     histogram_bins: Annotated[int, Field(ge=4, le=1000)] = 50
     keep_windows: Annotated[int, Field(ge=1, le=10_000)] = 60
 
 
-class SnapshotConfig(_Model):
+class SnapshotConfig(Model):
     # Retained aggregate snapshots on ldp/v1/<fleet>/_aggregates/<channel>; 0 = off.
     interval_seconds: Annotated[float, Field(ge=0, le=86400)] = 10.0
 
 
-class ShardConfig(_Model):
+class ShardConfig(Model):
     """Scale-out (docs/SCALE_OUT.md); used when [broker] shared_group is set."""
 
     # This shard's name in ldp/v1/<fleet>/_shards/<name>/...; default: broker.client_id.
@@ -89,7 +89,7 @@ class ShardConfig(_Model):
         return self
 
 
-class RangeScheduleConfig(_Model):
+class RangeScheduleConfig(Model):
     """A channel whose range is discovered periodically (on the coordinator)."""
 
     channel: Name
@@ -110,7 +110,7 @@ class RangeScheduleConfig(_Model):
         return self
 
 
-class RangeDiscoveryConfig(_Model):
+class RangeDiscoveryConfig(Model):
     """Private min/max discovery (Fukuchi et al.); see docs/PROTOCOL.md."""
 
     # Periodic schedules run only where this is true: one designated coordinator.
@@ -130,7 +130,7 @@ class RangeDiscoveryConfig(_Model):
     schedule: list[RangeScheduleConfig] = []
 
 
-class CollectorConfig(_Model):
+class CollectorConfig(Model):
     fleet: Name
     broker: CollectorBrokerConfig = CollectorBrokerConfig()
     http: HttpConfig = HttpConfig()
@@ -146,6 +146,14 @@ class CollectorConfig(_Model):
                 and self.http.port != 0:
             raise ValueError("http.port: must differ from broker.port on the same host")
         return self
+
+    @property
+    def aggregate_settings(self) -> AggregateSettings:
+        """The aggregates settings shards and the merge view must share."""
+        aggregates = self.aggregates
+        return AggregateSettings(bins=aggregates.histogram_bins,
+                                 window_seconds=aggregates.window_seconds,
+                                 keep_windows=aggregates.keep_windows)
 
     @property
     def shard_name(self) -> str | None:

@@ -19,16 +19,38 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
+from dataclasses import dataclass, field
+
+from edge_agent.mqtt_client import Endpoint, MqttClient, Session
+
+from .store import CollectorStore
 
 log = logging.getLogger("collector.network")
 
 RECEIVE_MAXIMUM = 4096
 MAX_BACKLOG = 50_000
+
+
+@dataclass(frozen=True)
+class NetworkSettings:
+    """What the network process needs (a plain value: it crosses to the child)."""
+
+    path: str  # the SQLite journal
+    endpoint: Endpoint
+    client_id: str
+    session_expiry: int
+    ack_interval: float
+    subscriptions: list[str]
+    # A retiring shard leaves its shared group, and ends its session when stopped.
+    unsubscribe: list[str] = field(default_factory=list)
+    end_session: bool = False
+    log_level: str = "INFO"
+    max_backlog: int = MAX_BACKLOG
 
 
 def _die_with_parent() -> None:
@@ -41,33 +63,21 @@ def _die_with_parent() -> None:
         pass
 
 
-def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> None:
+def run(settings: NetworkSettings, stop: threading.Event, parent_pid: int) -> None:
     """Entry point of the child process (``multiprocessing`` spawn)."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
-    logging.basicConfig(level=settings.get("log_level", "INFO"),
+    logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-
-    from .store import CollectorStore
-
-    store = CollectorStore(settings["path"])
+    store = CollectorStore(settings.path)
     store.set_network(False)
     lock = threading.Lock()
     buffer: list[tuple[int, int]] = []  # (mid, qos) of journaled, unacknowledged messages
 
-    def on_connect(client, userdata, flags, reason_code, properties):
-        if reason_code.is_failure:
-            log.error("broker refused the connection: %s", reason_code)
-            return
-        last_error[0] = None
-        log.info("connected to %s:%s (session present: %s)", settings["host"], settings["port"],
-                 flags.session_present)
-        if settings.get("unsubscribe"):  # a retiring shard leaves its shared group
-            client.unsubscribe(settings["unsubscribe"])
-        client.subscribe([(topic, 1) for topic in settings["subscriptions"]])
+    def on_connected(client, flags):
+        log.info("connected to %s (session present: %s)", client.where, flags.session_present)
+        if settings.unsubscribe:  # a retiring shard leaves its shared group
+            client.unsubscribe(settings.unsubscribe)
 
     def on_subscribe(client, userdata, mid, reason_codes, properties):
         if any(code.is_failure for code in reason_codes):
@@ -75,17 +85,6 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
             return
         with lock:
             store.set_network(True)
-
-    last_error: list[str | None] = [None]
-
-    def on_connect_fail(client, userdata):
-        # paho retries a failed TCP/TLS connect silently; this runs inside its
-        # ``except OSError``: log the reason (e.g. certificate verify failed)
-        # when it changes, the retries at debug level.
-        reason = str(sys.exc_info()[1] or "unknown error")
-        log.log(logging.DEBUG if reason == last_error[0] else logging.WARNING,
-                "cannot connect to broker %s:%s: %s", settings["host"], settings["port"], reason)
-        last_error[0] = reason
 
     def on_disconnect(client, userdata, flags, reason_code, properties):
         # Unacknowledged messages come again; those already journaled are then
@@ -100,36 +99,15 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
             store.append(message.topic, message.payload, time.time())
             buffer.append((message.mid, message.qos))
 
-    v5 = settings.get("mqtt_version", "5") == "5"
     # MQTT 3.1.1 (e.g. the demo's embedded amqtt broker): a persistent session is
     # clean_session=False; its expiry is the broker's setting, not ours.
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=settings["client_id"],
-                         protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
-                         clean_session=None if v5 else False, manual_ack=True)
-    if settings.get("username") is not None:
-        client.username_pw_set(settings["username"], settings.get("password"))
-    tls = settings.get("tls")
-    if tls is not None:
-        import ssl
-
-        client.tls_set(ca_certs=tls.get("ca"), certfile=tls.get("cert"), keyfile=tls.get("key"),
-                       cert_reqs=ssl.CERT_REQUIRED)
-        client.tls_insecure_set(bool(tls.get("insecure")))
-    client.reconnect_delay_set(min_delay=1, max_delay=30)
-    client.on_connect, client.on_disconnect = on_connect, on_disconnect
-    client.on_connect_fail = on_connect_fail
+    client = MqttClient(settings.endpoint, settings.client_id, log=log, manual_ack=True,
+                        session=Session(settings.session_expiry, RECEIVE_MAXIMUM),
+                        subscriptions=settings.subscriptions, on_connected=on_connected)
+    client.on_disconnect = on_disconnect
     client.on_subscribe = on_subscribe
     client.on_message = on_message
-    if v5:
-        properties = Properties(PacketTypes.CONNECT)
-        properties.SessionExpiryInterval = settings["session_expiry"]
-        properties.ReceiveMaximum = RECEIVE_MAXIMUM
-        client.connect_async(settings["host"], settings["port"], settings["keepalive"],
-                             clean_start=False, properties=properties)
-    else:
-        client.connect_async(settings["host"], settings["port"], settings["keepalive"])
-    client.loop_start()
-    interval = settings["ack_interval"]
+    client.start()
 
     def commit_then_ack() -> int:
         with lock:
@@ -142,8 +120,8 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
 
     try:
         while True:
-            stopping = stop.wait(interval) or os.getppid() != parent_pid
-            if store.backlog() > settings.get("max_backlog", MAX_BACKLOG) and not stopping:
+            stopping = stop.wait(settings.ack_interval) or os.getppid() != parent_pid
+            if store.backlog() > settings.max_backlog and not stopping:
                 continue  # hold the acks: the broker will pause at RECEIVE_MAXIMUM
             commit_then_ack()
             if stopping:
@@ -153,11 +131,39 @@ def run(settings: dict, stop: "threading.Event | object", parent_pid: int) -> No
         # What arrived meanwhile: a retired shard's session (and queue) ends now.
         if commit_then_ack():
             time.sleep(0.1)
-        if settings.get("end_session") and v5:  # a retired shard: the broker drops the session
-            ended = Properties(PacketTypes.DISCONNECT)
-            ended.SessionExpiryInterval = 0
-            client.disconnect(properties=ended)
-        else:
-            client.disconnect()
-        client.loop_stop()
+        client.stop(end_session=settings.end_session)
         store.close()
+
+
+class NetworkProcess:
+    """The network child as the main process sees it: start, restart if it died, stop.
+
+    Spawned, not forked: the child imports no numpy or numba, and starts fast."""
+
+    def __init__(self, settings: NetworkSettings):
+        self.settings = settings
+        self._context = multiprocessing.get_context("spawn")
+        self._stop = self._context.Event()
+        self._process = None
+
+    def start(self) -> None:
+        self._process = self._context.Process(
+            target=run, name="collector-network", daemon=True,
+            args=(self.settings, self._stop, os.getpid()))
+        self._process.start()
+
+    def supervise(self) -> None:
+        """Restart the child if it died without being asked to stop."""
+        if self._process is not None and not self._process.is_alive() \
+                and not self._stop.is_set():
+            log.error("the network process exited (code %s); restarting it",
+                      self._process.exitcode)
+            self.start()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """The child commits, acknowledges and leaves (killed after ``timeout``)."""
+        self._stop.set()
+        if self._process is not None:
+            self._process.join(timeout)
+            if self._process.is_alive():
+                self._process.kill()

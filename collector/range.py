@@ -25,7 +25,6 @@ moves messages.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import math
 import queue
@@ -35,17 +34,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-import paho.mqtt.client as mqtt
-
 from edge_agent import protocol
+from edge_agent.mqtt_client import MqttClient
+from edge_agent.protocol import Announce, Answer, End, Join, RangeResult, Rejected, Round
 from edge_agent.rangefind import RangeSearch, assigned_round, plan_search
 
-from .jsonsafe import json_safe
-from .config import CollectorBrokerConfig, CollectorConfig, RangeDiscoveryConfig
+from .config import CollectorConfig, RangeDiscoveryConfig
 
 log = logging.getLogger(__name__)
-
-MAX_REPLY_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -79,9 +75,9 @@ class ReplyInbox:
 
 
 class RangeCoordinator:
-    """Runs searches with a connected paho client (it subscribes per run)."""
+    """Runs searches with a connected client (it subscribes per run)."""
 
-    def __init__(self, client: mqtt.Client, *, fleet: str, settings: RangeDiscoveryConfig,
+    def __init__(self, client: MqttClient, *, fleet: str, settings: RangeDiscoveryConfig,
                  clock: Callable[[], float] = time.time):
         self.client = client
         self.fleet = fleet
@@ -92,68 +88,64 @@ class RangeCoordinator:
         client.on_message = self.inbox.on_message
 
     # -- replies ----------------------------------------------------------------------------
-    def _reply(self, topic: str, payload: bytes, run: str) -> dict | None:
+    def _reply(self, topic: str, payload: bytes, run: str) -> Join | Answer | None:
         """A well-formed reply of this run from the agent its topic names, or None."""
-        levels = topic.split("/")
-        if len(levels) != 6 or levels[5] != run or len(payload) > MAX_REPLY_BYTES:
-            self.ignored["malformed"] += 1
-            return None
+        agent = protocol.range_reply_agent(topic, self.fleet, run)
         try:
-            message = json.loads(payload)
-        except (ValueError, UnicodeDecodeError):
+            if agent is None:
+                raise Rejected("topic", "not a reply topic of this run")
+            message = protocol.decode_range_reply(payload)
+        except Rejected:
             self.ignored["malformed"] += 1
             return None
-        if not isinstance(message, dict) or message.get("run") != run \
-                or message.get("type") not in ("join", "answer"):
+        if message.run != run:
             self.ignored["malformed"] += 1
             return None
-        if message.get("agent") != levels[3]:
+        if message.agent != agent:
             self.ignored["spoofed"] += 1
             return None
         return message
 
     # -- one run ------------------------------------------------------------------------------
     def run(self, request: RunRequest, *, expected_agents: int | None = None) -> dict:
-        s = self.settings
+        """Run one search to its end; the result (as published) as plain values."""
         run = f"{request.channel}-{request.side}-{int(self.clock())}-{secrets.token_hex(3)}"
-        started = self.clock()
-        result = {"v": protocol.PROTOCOL_VERSION, "run": run, "channel": request.channel,
-                  "side": request.side, "domain": [request.low, request.high],
-                  "started_at": started}
+        result = RangeResult(v=protocol.PROTOCOL_VERSION, run=run, channel=request.channel,
+                             side=request.side, domain=(request.low, request.high),
+                             started_at=self.clock())
         reply_topic = protocol.range_reply_subscription(self.fleet, run)
         self.client.subscribe(reply_topic, qos=1)
         try:
-            return self._search(run, request, result, expected_agents)
+            self._search(run, request, result, expected_agents)
         finally:
             self.client.unsubscribe(reply_topic)
             self.client.publish(protocol.range_control_topic(self.fleet, run),
-                                protocol.encode({"v": 1, "type": "end", "run": run,
-                                                 "status": result.get("status")}), qos=1)
-            result["finished_at"] = self.clock()
-            result["ignored_replies"] = dict(self.ignored)
+                                protocol.encode(End(v=protocol.PROTOCOL_VERSION, run=run,
+                                                    status=result.status)), qos=1)
+            result.finished_at = self.clock()
+            result.ignored_replies = dict(self.ignored)
             published = self.client.publish(
                 protocol.range_result_topic(self.fleet, request.channel, request.side),
-                protocol.encode(json_safe(result)), qos=1, retain=True)
+                protocol.encode(result), qos=1, retain=True)
             try:  # the result is the point of the run: see it acknowledged
                 published.wait_for_publish(10)
             except (RuntimeError, ValueError):
                 log.warning("range result for %s/%s not acknowledged by the broker",
                             request.channel, request.side)
-            log.info("range run %s: %s, estimate %s", run, result.get("status"),
-                     result.get("estimate"))
+            log.info("range run %s: %s, estimate %s", run, result.status, result.estimate)
+        return protocol.as_dict(result)
 
-    def _search(self, run: str, request: RunRequest, result: dict,
-                expected_agents: int | None) -> dict:
+    def _search(self, run: str, request: RunRequest, result: RangeResult,
+                expected_agents: int | None) -> None:
         s = self.settings
         self.ignored.clear()
-        terms = {"run": run, "channel": request.channel, "side": request.side,
-                 "epsilon": s.epsilon, "strategy": s.strategy,
-                 "window_seconds": s.window_seconds}
+        terms = dict(v=protocol.PROTOCOL_VERSION, run=run, channel=request.channel,
+                     side=request.side, epsilon=s.epsilon, strategy=s.strategy,
+                     window_seconds=s.window_seconds)
         control = protocol.range_control_topic(self.fleet, run)
         time.sleep(0.2)  # let the reply subscription settle before anyone can answer
-        self.client.publish(control, protocol.encode({"v": 1, "type": "announce", **terms,
-                                                      "domain": [request.low, request.high]}),
-                            qos=1)
+        self.client.publish(control, protocol.encode(Announce(
+            **terms, domain=(request.low, request.high))), qos=1)
         joined: set[str] = set()
         refused: collections.Counter = collections.Counter()
 
@@ -161,32 +153,33 @@ class RangeCoordinator:
             message = self._reply(topic, payload, run)
             if message is None:
                 return
-            if message["type"] != "join":
+            if not isinstance(message, Join):
                 self.ignored["early"] += 1
-            elif message.get("accept") is True:
-                joined.add(message["agent"])
+            elif message.accept:
+                joined.add(message.agent)
             else:
-                refused[str(message.get("reason"))[:40]] += 1
+                refused[str(message.reason)] += 1
 
         # Joins are collected until the deadline, or until as many agents as the
         # caller expects (e.g. those online) have joined; 0 or None: unknown.
         self.inbox.drain(time.monotonic() + s.join_timeout_seconds,
                          lambda: bool(expected_agents) and len(joined) >= expected_agents,
                          on_join)
-        result.update(participants=len(joined), refused=dict(refused))
+        result.participants, result.refused = len(joined), dict(refused)
         if len(joined) < s.min_participants:
-            result.update(status="insufficient",
-                          reason=f"{len(joined)} agents joined, min_participants is "
-                                 f"{s.min_participants}")
-            return result
+            result.status = "insufficient"
+            result.reason = (f"{len(joined)} agents joined, min_participants is "
+                             f"{s.min_participants}")
+            return
         plan = plan_search(participants=len(joined), epsilon=s.epsilon, strategy=s.strategy,
                            alpha_min=s.alpha_min, rounds=s.rounds, h=s.h)
         search = RangeSearch(low=request.low, high=request.high, side=request.side, plan=plan)
-        result["parameters"] = {**plan.describe(), "alpha_min": s.alpha_min,
-                                "answer_epsilon": plan.answer_epsilon,
-                                "window_seconds": s.window_seconds}
+        result.parameters = protocol.RangeParameters(
+            **plan.describe(), alpha_min=s.alpha_min, answer_epsilon=plan.answer_epsilon,
+            window_seconds=s.window_seconds)
         needed = s.min_participants if s.strategy == "sequential" else max(
             1, math.ceil(s.min_participants / plan.rounds))
+        history = []
         while not search.done:
             index = search.round
             expected = joined if s.strategy == "sequential" else {
@@ -197,69 +190,116 @@ class RangeCoordinator:
                 message = self._reply(topic, payload, run)
                 if message is None:
                     return
-                agent = message["agent"]
-                if message["type"] != "answer":
+                agent = message.agent
+                if not isinstance(message, Answer):
                     self.ignored["late_join"] += 1
-                elif message.get("round") != index:
+                elif message.round != index:
                     self.ignored["stale"] += 1
                 elif agent not in expected:
                     self.ignored["not_expected"] += 1
                 elif agent in answers:
                     self.ignored["duplicate"] += 1
-                elif message.get("z") not in (-1, 1) or isinstance(message.get("z"), bool):
-                    self.ignored["malformed"] += 1
                 else:
-                    answers[agent] = message["z"]
+                    answers[agent] = message.z
 
-            self.client.publish(control, protocol.encode({
-                "v": 1, "type": "round", **terms, "round": index, "rounds": plan.rounds,
-                "threshold": search.threshold()}), qos=1)
+            self.client.publish(control, protocol.encode(Round(
+                **terms, round=index, rounds=plan.rounds, threshold=search.threshold())), qos=1)
             self.inbox.drain(time.monotonic() + s.round_timeout_seconds,
                              lambda: len(answers) >= len(expected), on_answer)
             if len(answers) < needed:
-                result.update(status="insufficient", history=search.history,
-                              reason=f"round {index}: {len(answers)} answers, need {needed}")
-                return result
+                result.status, result.history = "insufficient", _history(search)
+                result.reason = f"round {index}: {len(answers)} answers, need {needed}"
+                return
             search.decide(sum(answers.values()), len(answers))
-        result.update(status="done", estimate=search.estimate(), rounds=plan.rounds,
-                      history=search.history)
-        return result
+        result.status, result.estimate, result.rounds = "done", search.estimate(), plan.rounds
+        result.history = _history(search)
 
 
-def new_client(broker: CollectorBrokerConfig, client_id: str) -> mqtt.Client:
-    """A clean-session paho client with the collector's credentials and TLS, not connected."""
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                         protocol=broker.paho_protocol)
-    if broker.username is not None:
-        client.username_pw_set(broker.username, broker.resolved_password())
-    if broker.tls is not None:
-        import ssl
-
-        client.tls_set(ca_certs=str(broker.tls.ca) if broker.tls.ca else None,
-                       certfile=str(broker.tls.cert) if broker.tls.cert else None,
-                       keyfile=str(broker.tls.key) if broker.tls.key else None,
-                       cert_reqs=ssl.CERT_REQUIRED)
-        client.tls_insecure_set(broker.tls.insecure)
-    return client
+def _history(search: RangeSearch) -> list:
+    return [protocol.RoundRecord(**record) for record in search.history]
 
 
-def connect_client(config: CollectorConfig, client_id: str) -> mqtt.Client:
-    """A connected clean-session client (MQTT 5 or 3.1.1) with the collector's credentials."""
-    broker = config.broker
-    client = new_client(broker, client_id)
-    connected = threading.Event()
-    failure: list[str] = []
+def connect_client(config: CollectorConfig, client_id: str) -> MqttClient:
+    """A connected clean-session client with the collector's credentials, or
+    ``ConnectionError``."""
+    return MqttClient(config.broker.endpoint(), client_id, log=log,
+                      label="range coordinator").start_and_wait()
 
-    def on_connect(client, userdata, flags, reason_code, properties):
-        if reason_code.is_failure:
-            failure.append(str(reason_code))
-        connected.set()
 
-    client.on_connect = on_connect
-    client.connect(broker.host, broker.port, broker.keepalive)
-    client.loop_start()
-    if not connected.wait(15) or failure:
-        client.loop_stop()
-        raise ConnectionError(f"broker {broker.host}:{broker.port} refused or did not answer: "
-                              f"{failure[0] if failure else 'timeout'}")
-    return client
+class RangeResults:
+    """The latest retained range result per channel and side (``GET /api/range``), from
+    whichever coordinator published it."""
+
+    def __init__(self, fleet: str):
+        self.fleet = fleet
+        self._results: dict[str, dict[str, dict]] = {}  # channel -> side -> result
+        self._lock = threading.Lock()
+
+    def on_message(self, client, userdata, message) -> None:
+        where = protocol.range_result_levels(message.topic, self.fleet)
+        try:
+            result = protocol.decode_range_result(message.payload)
+        except Rejected as exc:
+            log.warning("ignored a range result on %s: %s", message.topic, exc.detail)
+            return
+        if where is not None and result is not None:
+            channel, side = where
+            with self._lock:
+                self._results.setdefault(channel, {})[side] = protocol.as_dict(result)
+
+    def get(self) -> dict[str, dict[str, dict]]:
+        with self._lock:
+            return {channel: dict(sides) for channel, sides in self._results.items()}
+
+
+class RangeSchedule:
+    """Runs ``[[range_discovery.schedule]]`` in a thread (on the designated coordinator only).
+
+    ``channel_domain(channel)`` gives a channel's declared domain when the schedule
+    names none; ``agents_online()`` how many agents a run can expect."""
+
+    def __init__(self, config: CollectorConfig, *,
+                 channel_domain: Callable[[str], tuple[float, float] | None],
+                 agents_online: Callable[[], int]):
+        self.config = config
+        self.channel_domain = channel_domain
+        self.agents_online = agents_online
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="collector-range", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        settings = self.config.range_discovery
+        due = {(entry.channel, side): time.monotonic() + min(60.0, entry.every_seconds)
+               for entry in settings.schedule for side in entry.sides}
+        entries = {entry.channel: entry for entry in settings.schedule}
+        coordinator = None
+        while not self._stop.wait(1.0):
+            for (channel, side), when in sorted(due.items(), key=lambda item: item[1]):
+                if time.monotonic() < when or self._stop.is_set():
+                    continue
+                due[(channel, side)] = time.monotonic() + entries[channel].every_seconds
+                domain = entries[channel].domain or self.channel_domain(channel)
+                if domain is None:
+                    log.info("range discovery for %s waits for its first reports", channel)
+                    continue
+                try:
+                    if coordinator is None:
+                        coordinator = RangeCoordinator(
+                            connect_client(self.config, settings.client_id),
+                            fleet=self.config.fleet, settings=settings)
+                    coordinator.run(RunRequest(channel, side, *domain),
+                                    expected_agents=self.agents_online())
+                except Exception:
+                    log.exception("range discovery for %s/%s failed", channel, side)
+                    coordinator = None
+        if coordinator is not None:
+            coordinator.client.stop()

@@ -18,16 +18,28 @@ turns them into estimates with the mechanism's closed forms:
 
 from __future__ import annotations
 
-import json
 import math
 from functools import lru_cache
 from typing import Any
 
+import msgspec
 import numpy as np
-import orjson
 
-from edge_agent.mechanisms import from_description
-from edge_agent.protocol import NAME, kind_problem
+from edge_agent.mechanisms import Mechanism
+from edge_agent.protocol import KINDS, as_dict, kind_problem, mechanism_of
+from edge_agent.protocol.states import (
+    CircularBlocks,
+    CircularBlockState,
+    CircularSeriesState,
+    CrossBlockState,
+    LinearBlockState,
+    LinearSeriesState,
+    PolarBlocks,
+    PolarSeriesState,
+    ScalarBlocks,
+    SeriesState,
+    VectorSeriesState,
+)
 
 from . import ems
 from .stats import (
@@ -37,8 +49,6 @@ from .stats import (
     PolarCross,
     StateError,
     TrigMoments,
-    state_int,
-    state_list,
 )
 
 Z95 = 1.959963984540054
@@ -46,31 +56,26 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 # Use the affine bias inversion only when the reconstruction puts less than this
 # share of the data where E[M(x)] stops being affine (near OGPM's domain ends).
 AFFINE_EDGE_MASS = 0.02
-KINDS = ("linear", "circular", "polar", "vector")
 
 
-def describe_key(description: dict) -> str:
-    """A canonical string for a mechanism description (sorted keys, compact)."""
-    return orjson.dumps(description, option=orjson.OPT_SORT_KEYS).decode()
-
-
-def series_identity(channel: str, kind: str, key: str, fields: list[str] | None,
-                    strategy: dict | None) -> tuple:
-    """What makes two reports belong to one aggregation series (hashable, cheap)."""
-    return (channel, kind, key, tuple(fields) if fields is not None else None,
-            tuple(sorted(strategy.items())) if strategy is not None else None)
+def series_identity(channel: str, kind: str, description, fields: tuple | None,
+                    strategy) -> tuple:
+    """What makes two reports belong to one aggregation series (hashable, cheap): the
+    channel, its kind and the typed mechanism description, fields and strategy."""
+    return (channel, kind, description, fields, strategy)
 
 
 @lru_cache(maxsize=256)
-def _mechanism(key: str):
-    return from_description(json.loads(key))
-
-
-@lru_cache(maxsize=256)
-def _transition(key: str, in_edges: tuple, out_edges: tuple, circular: bool) -> np.ndarray:
-    mechanism = _mechanism(key)
+def _transition(description, component: int | None, in_edges: tuple, out_edges: tuple,
+                circular: bool) -> np.ndarray:
+    mechanism = _component(mechanism_of(description), component)
     return ems.transition_matrix(mechanism, np.array(in_edges), np.array(out_edges),
                                  circular=circular)
+
+
+def _component(mechanism: Mechanism, component: int | None) -> Mechanism:
+    """The mechanism itself, or one component of a pair (polar: 0 radius, 1 angle)."""
+    return mechanism if component is None else mechanism.components[component]
 
 
 def _finite(value):
@@ -78,18 +83,29 @@ def _finite(value):
 
 
 class _Block:
-    """Statistics of one scalar mechanism's codes (a channel, a polar component, an axis)."""
+    """Statistics of one scalar mechanism's codes (a channel, a polar component, an axis).
 
-    def __init__(self, key: str, bins: int):
-        self.key = key
+    The mechanism is named by a typed description (``component``: which of a pair's)
+    rather than held, so a block pickles small and compares by value."""
+
+    STATE_NAMES: tuple[str, ...]
+
+    def __init__(self, description, bins: int, component: int | None = None):
+        self.description = description
+        self.component = component
         self.bins = bins
         self.count = Count()
         self._cache = None
         self._setup()
 
     @property
-    def mechanism(self):
-        return _mechanism(self.key)
+    def mechanism(self) -> Mechanism:
+        return _component(mechanism_of(self.description), self.component)
+
+    def _transition(self, in_edges: np.ndarray, out_edges: np.ndarray,
+                    circular: bool) -> np.ndarray:
+        return _transition(self.description, self.component, tuple(in_edges), tuple(out_edges),
+                           circular)
 
     def _setup(self) -> None:
         raise NotImplementedError
@@ -107,7 +123,8 @@ class _Block:
             statistic.add(part)
 
     def merge(self, other: "_Block") -> "_Block":
-        if other.key != self.key or other.bins != self.bins:
+        if (other.description, other.component, other.bins) != (self.description,
+                                                                self.component, self.bins):
             raise ValueError("cannot merge blocks of different mechanisms")
         self._cache = None
         for mine, theirs in zip(self._statistics(), other._statistics()):
@@ -117,8 +134,8 @@ class _Block:
     def _statistics(self):
         raise NotImplementedError
 
-    def to_state(self) -> dict:
-        return _block_state(self)
+    def to_state(self):
+        return self.STATE_TYPE(*(statistic.to_state() for statistic in self._statistics()))
 
     def load_state(self, state, where: str) -> None:
         self._cache = None
@@ -130,7 +147,8 @@ class _Block:
         return state
 
     def __eq__(self, other):
-        return (type(other) is type(self) and other.key == self.key
+        return (type(other) is type(self) and other.description == self.description
+                and other.component == self.component
                 and all(a == b for a, b in zip(self._statistics(), other._statistics())))
 
     def get(self) -> dict:
@@ -140,9 +158,11 @@ class _Block:
 
 
 class LinearBlock(_Block):
+    STATE_TYPE = LinearBlockState
+
     def _setup(self) -> None:
         m = self.mechanism
-        origin, step = m._grid_values
+        origin, step = m.grid_values
         self.in_edges = np.linspace(m.low, m.high, self.bins + 1)
         width = (m.high - m.low) / self.bins
         if m.name == "duchi":  # two atoms: the output "bins" are the two codes
@@ -172,8 +192,7 @@ class LinearBlock(_Block):
         return super().summarize(codes)
 
     def reconstruction(self) -> np.ndarray:
-        matrix = _transition(self.key, tuple(self.in_edges), tuple(self.out_edges), False)
-        return ems.ems(self.out.get(), matrix)
+        return ems.ems(self.out.get(), self._transition(self.in_edges, self.out_edges, False))
 
     def _compute(self) -> dict:
         m, n = self.mechanism, self.count.get()
@@ -250,7 +269,7 @@ class LinearBlock(_Block):
         counts = self.out.get()
         total = int(counts.sum())
         rng = np.random.default_rng(np.frombuffer(counts.tobytes(), dtype=np.uint32))
-        matrix = _transition(self.key, tuple(self.in_edges), tuple(self.out_edges), False)
+        matrix = self._transition(self.in_edges, self.out_edges, False)
         centres = 0.5 * (self.in_edges[:-1] + self.in_edges[1:])
         estimates = []
         for _ in range(replicates):
@@ -277,9 +296,11 @@ class LinearBlock(_Block):
 
 
 class CircularBlock(_Block):
+    STATE_TYPE = CircularBlockState
+
     def _setup(self) -> None:
         m = self.mechanism
-        origin, step = m._grid_values
+        origin, step = m.grid_values
         self.edges = np.linspace(m.origin, m.origin + m.period, self.bins + 1)
         self.trig = TrigMoments(origin, step, m.period)
         self.hist = BinCounts(origin, step, m.origin, m.period / self.bins, self.bins,
@@ -300,7 +321,7 @@ class CircularBlock(_Block):
             return {"count": 0, "circular_mean": None,
                     "resultant_length": {"raw": None, "estimate": None},
                     "circular_std": None, "histogram": histogram}
-        matrix = _transition(self.key, tuple(self.edges), tuple(self.edges), True)
+        matrix = self._transition(self.edges, self.edges, True)
         histogram["estimate"] = ems.ems(counts, matrix, circular=True).tolist()
         trig = self.trig.get()
         rho = m.mean_resultant_length()
@@ -315,17 +336,11 @@ class CircularBlock(_Block):
                 "circular_std": _finite(std), "histogram": histogram}
 
 
-def _block_state(block) -> dict:
-    return {name: statistic.to_state()
-            for name, statistic in zip(block.STATE_NAMES, block._statistics())}
-
-
 def _load_block(block, state, where: str) -> None:
-    """Load every statistic of a block, then check they counted the same values."""
-    if not isinstance(state, dict) or set(state) != set(block.STATE_NAMES):
-        raise StateError(f"{where}: expected the statistics {list(block.STATE_NAMES)}")
+    """Load every statistic of a block (a typed block state), then check they counted the
+    same values."""
     for name, statistic in zip(block.STATE_NAMES, block._statistics()):
-        statistic.load_state(state[name], f"{where}.{name}")
+        statistic.load_state(getattr(state, name), f"{where}.{name}")
     n = block.count.n
     for name, statistic in zip(block.STATE_NAMES, block._statistics()):
         # Python integers: an int64 sum of hostile bins could wrap around to n.
@@ -341,19 +356,23 @@ def _load_block(block, state, where: str) -> None:
                 raise StateError(f"{where}.{name}: sums beyond {n} codes of at most {top}")
 
 
-def _component_key(description: dict, component) -> str:
-    return describe_key(component.describe() if hasattr(component, "describe") else description)
+_STATE_TYPES = {"linear": (LinearSeriesState, ScalarBlocks),
+                "circular": (CircularSeriesState, CircularBlocks),
+                "polar": (PolarSeriesState, PolarBlocks), "vector": (VectorSeriesState, dict)}
 
 
 class Series:
     """One channel under one mechanism: cumulative and windowed statistics."""
 
-    def __init__(self, *, channel: str, kind: str, mechanism: dict, bins: int = 50,
+    def __init__(self, *, channel: str, kind: str, description, bins: int = 50,
                  window_seconds: float = 60.0, keep_windows: int = 60,
-                 fields: list[str] | None = None, strategy: dict | None = None):
+                 fields: tuple[str, ...] | None = None, strategy=None):
+        """``description``: the typed mechanism description its reports carry
+        (``edge_agent.protocol``); ``fields`` and ``strategy``: a vector channel's."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r}")
         self.channel, self.kind = channel, kind
-        self.mechanism = mechanism
-        self.key = describe_key(mechanism)
+        self.description = description
         self.bins, self.window_seconds, self.keep_windows = bins, window_seconds, keep_windows
         self.fields, self.strategy = fields, strategy
         self.messages = 0
@@ -362,23 +381,24 @@ class Series:
         self.windows: dict[int, dict] = {}
 
     @property
+    def mechanism(self) -> Mechanism:
+        return mechanism_of(self.description)
+
+    @property
     def identity(self) -> tuple:
-        return series_identity(self.channel, self.kind, self.key, self.fields, self.strategy)
+        return series_identity(self.channel, self.kind, self.description, self.fields,
+                               self.strategy)
 
     def _new_blocks(self) -> dict[str, _Block]:
         if self.kind == "linear":
-            return {"value": LinearBlock(self.key, self.bins)}
+            return {"value": LinearBlock(self.description, self.bins)}
         if self.kind == "circular":
-            return {"value": CircularBlock(self.key, self.bins)}
+            return {"value": CircularBlock(self.description, self.bins)}
         if self.kind == "polar":
-            polar = _mechanism(self.key)
-            r, a = polar.components
-            return {"radius": LinearBlock(describe_key(r.describe()), self.bins),
-                    "angle": CircularBlock(describe_key(a.describe()), self.bins),
-                    "cross": _CrossBlock(polar)}
-        if self.kind == "vector":
-            return {field: LinearBlock(self.key, self.bins) for field in self.fields}
-        raise ValueError(f"unknown kind {self.kind!r}")
+            return {"radius": LinearBlock(self.description, self.bins, component=0),
+                    "angle": CircularBlock(self.description, self.bins, component=1),
+                    "cross": _CrossBlock(self.description)}
+        return {field: LinearBlock(self.description, self.bins) for field in self.fields}
 
     # -- updates --------------------------------------------------------------------------
     def update(self, *, agent: str, t: float, codes) -> int:
@@ -455,64 +475,60 @@ class Series:
                 and other.messages == self.messages and other.agents == self.agents
                 and other.total == self.total and other.windows == self.windows)
 
-    # -- serialised state (shards, docs/SCALE_OUT.md) ---------------------------------------
-    def to_state(self) -> dict:
-        """Identity, counters and every block's sums as JSON values."""
-        return {"channel": self.channel, "kind": self.kind, "mechanism": self.mechanism,
-                "fields": self.fields, "strategy": self.strategy, "messages": self.messages,
-                "agents": sorted(self.agents),
-                "total": {name: block.to_state() for name, block in self.total.items()},
-                "windows": [[start, {name: block.to_state() for name, block in blocks.items()}]
-                            for start, blocks in sorted(self.windows.items())]}
+    # -- saved and exchanged state (edge_agent.protocol.states) -----------------------------
+    def to_state(self) -> SeriesState:
+        """Identity, counters and every block's sums, typed."""
+        state_type, blocks_type = _STATE_TYPES[self.kind]
+
+        def blocks(of: dict):
+            states = {name: block.to_state() for name, block in of.items()}
+            return states if blocks_type is dict else blocks_type(**states)
+
+        return state_type(channel=self.channel, mechanism=self.description, fields=self.fields,
+                          strategy=self.strategy, messages=self.messages,
+                          agents=sorted(self.agents), total=blocks(self.total),
+                          windows=[(start, blocks(of))
+                                   for start, of in sorted(self.windows.items())])
 
     @classmethod
-    def from_state(cls, state, *, bins: int, window_seconds: float, keep_windows: int,
-                   where: str = "series") -> "Series":
-        """A series from ``to_state()`` output; ``StateError`` if anything is off."""
-        keys = {"channel", "kind", "mechanism", "fields", "strategy", "messages", "agents",
-                "total", "windows"}
-        if not isinstance(state, dict) or set(state) != keys:
-            raise StateError(f"{where}: expected the keys {sorted(keys)}")
-        channel, kind = state["channel"], state["kind"]
-        if not isinstance(channel, str) or not NAME.match(channel):
-            raise StateError(f"{where}.channel: not a channel name")
-        if kind not in KINDS:
-            raise StateError(f"{where}.kind: not one of {list(KINDS)}")
-        description = state["mechanism"]
+    def from_state(cls, state: SeriesState | dict, *, bins: int, window_seconds: float,
+                   keep_windows: int, where: str = "series") -> "Series":
+        """A series from ``to_state()`` (typed, or as plain JSON values, which are checked
+        here); ``StateError`` if it is not one these reports could have given."""
+        if not isinstance(state, SeriesState.__args__):
+            try:
+                state = msgspec.convert(state, SeriesState)
+            except msgspec.ValidationError as exc:
+                raise StateError(f"{where}: {exc}") from None
+        kind = state.__struct_config__.tag
         try:
-            mechanism = from_description(description)
-            describe_key(description)
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            mechanism = mechanism_of(state.mechanism)
+        except (TypeError, ValueError) as exc:
             raise StateError(f"{where}.mechanism: invalid mechanism: {exc}") from None
-        problem = kind_problem(kind, mechanism, state["fields"], state["strategy"])
+        problem = kind_problem(kind, mechanism, state.fields, state.strategy)
         if problem is not None:
             raise StateError(f"{where}: {problem[1]}")
-        series = cls(channel=channel, kind=kind, mechanism=description, bins=bins,
+        series = cls(channel=state.channel, kind=kind, description=state.mechanism, bins=bins,
                      window_seconds=window_seconds, keep_windows=keep_windows,
-                     fields=state["fields"], strategy=state["strategy"])
-        series.messages = state_int(state["messages"], f"{where}.messages")
-        agents = state["agents"]
-        if not isinstance(agents, list) or not all(isinstance(a, str) and NAME.match(a)
-                                                   for a in agents):
-            raise StateError(f"{where}.agents: expected a list of agent names")
-        series.agents = set(agents)
-        series._load_blocks(series.total, state["total"], f"{where}.total")
-        windows = state["windows"]
-        if not isinstance(windows, list) or len(windows) > keep_windows:
+                     fields=state.fields, strategy=state.strategy)
+        series.messages = state.messages
+        series.agents = set(state.agents)
+        series._load_blocks(series.total, state.total, f"{where}.total")
+        if len(state.windows) > keep_windows:
             raise StateError(f"{where}.windows: expected at most {keep_windows} windows")
-        for i, entry in enumerate(windows):
-            start, blocks = state_list(entry, 2, f"{where}.windows[{i}]")
-            if type(start) is not int or abs(start) > 2**1000 or start in series.windows:
+        for i, (start, blocks) in enumerate(state.windows):
+            if abs(start) > 2**1024 or start in series.windows:
                 raise StateError(f"{where}.windows[{i}]: start must be a new integer")
             series.windows[start] = series._new_blocks()
             series._load_blocks(series.windows[start], blocks, f"{where}.windows[{i}]")
         return series
 
     def _load_blocks(self, blocks: dict, state, where: str) -> None:
-        if not isinstance(state, dict) or set(state) != set(blocks):
+        if isinstance(state, dict) and set(state) != set(blocks):  # a vector's axes
             raise StateError(f"{where}: expected the blocks {list(blocks)}")
         for name, block in blocks.items():
-            block.load_state(state[name], f"{where}.{name}")
+            block.load_state(state[name] if isinstance(state, dict) else getattr(state, name),
+                             f"{where}.{name}")
 
     # -- the API view -----------------------------------------------------------------------
     def count(self) -> int:
@@ -522,11 +538,11 @@ class Series:
         return first.count.get()
 
     def get(self, *, windows: bool = False) -> dict:
-        out = {"kind": self.kind, "mechanism": self.mechanism, "count": self.count(),
+        out = {"kind": self.kind, "mechanism": as_dict(self.description), "count": self.count(),
                "messages": self.messages, "agents": len(self.agents)}
         out.update(self._view(self.total))
         if self.kind == "vector":
-            out["strategy"] = self.strategy
+            out["strategy"] = as_dict(self.strategy)
         if windows:
             out["windows"] = [
                 {"start": start * self.window_seconds,
@@ -556,13 +572,16 @@ class Series:
 class _CrossBlock:
     """Polar mean vector: E[r' e^{i t'}] = m_r(r) rho e^{i t} since the components are independent."""
 
-    def __init__(self, polar):
-        r, a = polar.components
-        r_origin, r_step = r._grid_values
-        a_origin, a_step = a._grid_values
+    STATE_NAMES = ("count", "cross")
+    STATE_TYPE = CrossBlockState
+
+    def __init__(self, description):
+        self.description = description
+        r, a = mechanism_of(description).components
+        r_origin, r_step = r.grid_values
+        a_origin, a_step = a.grid_values
         self.cross = PolarCross(r_origin, r_step, a_origin, a_step, a.period)
         self.count = Count()
-        self.key = describe_key(polar.describe())
 
     def update(self, codes) -> None:
         self.apply(self.summarize(codes))
@@ -579,13 +598,11 @@ class _CrossBlock:
         self.count.merge(other.count)
         return self
 
-    STATE_NAMES = ("count", "cross")
-
     def _statistics(self):
         return (self.count, self.cross)
 
-    def to_state(self) -> dict:
-        return _block_state(self)
+    def to_state(self) -> CrossBlockState:
+        return CrossBlockState(*(statistic.to_state() for statistic in self._statistics()))
 
     def load_state(self, state, where: str) -> None:
         _load_block(self, state, where)
@@ -594,8 +611,7 @@ class _CrossBlock:
         return isinstance(other, _CrossBlock) and other.cross == self.cross
 
     def mean_vector(self, angle_block: CircularBlock) -> dict:
-        polar = _mechanism(self.key)
-        r_mech, a_mech = polar.components
+        r_mech, a_mech = mechanism_of(self.description).components
         cross = self.cross.get()
         trig = angle_block.trig
         rho = a_mech.mean_resultant_length()

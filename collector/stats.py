@@ -1,11 +1,13 @@
 """Mergeable streaming statistics over report codes (river ``stats`` style).
 
-Every statistic has ``update(batch)`` (a numpy array of codes, or a pair for
-``PolarCross``), ``merge(other)`` (the result equals having seen both
-streams, which is what lets collector shards be combined), ``get()``, and
-pickles.  ``to_state()`` gives its sums as plain JSON values and
-``from_state(params, state)`` rebuilds it, validating them (shard states,
-docs/SCALE_OUT.md: never pickle from the network).  Statistics work on the integer codes of the output grid: a code c
+Every statistic derives from ``Statistic``: ``update(batch)`` (a numpy array
+of codes, or a pair for ``PolarCross``), ``merge(other)`` (the result equals
+having seen both streams, which is what lets collector shards be combined),
+``get()``, and it pickles.  ``to_state()`` gives its sums as plain JSON values
+in the shape of its typed state (``edge_agent.protocol.states``) and
+``from_state(params, state)`` rebuilds it, checking the types there and here
+that the sums fit the parameters (checkpoints and shard states, never
+pickles).  Statistics work on the integer codes of the output grid: a code c
 stands for the value ``origin + c * step``.  Sums of codes and counts are
 exact Python integers, so incremental, batch and merged results are
 identical, not merely close; only the trigonometric sums are floats.
@@ -16,8 +18,13 @@ All work is vectorised per message: no Python loop per value.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
 
+import msgspec
 import numpy as np
+
+from edge_agent.protocol.states import BinsState, CountState, CrossState, MomentsState, TrigState
 
 
 def _sum(array: np.ndarray) -> int:
@@ -26,26 +33,8 @@ def _sum(array: np.ndarray) -> int:
 
 
 class StateError(ValueError):
-    """A serialised state (docs/SCALE_OUT.md) that cannot be loaded; says where and why."""
-
-
-def state_int(value, where: str) -> int:
-    """A JSON integer >= 0 (exact; booleans and floats refused)."""
-    if type(value) is not int or value < 0:
-        raise StateError(f"{where}: expected an integer >= 0, got {_show(value)}")
-    return value
-
-
-def state_float(value, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise StateError(f"{where}: expected a finite number, got {_show(value)}")
-    return float(value)
-
-
-def state_list(value, length: int, where: str) -> list:
-    if not isinstance(value, list) or len(value) != length:
-        raise StateError(f"{where}: expected a list of {length}, got {_show(value)}")
-    return value
+    """A saved or published state (docs/SCALE_OUT.md) that cannot be loaded; says where and
+    why."""
 
 
 def _show(value) -> str:
@@ -62,24 +51,32 @@ def _equal(a, b) -> bool:
     return a == b
 
 
-class Statistic:
+class Statistic(ABC):
     """``update(batch)`` is ``add(summarize(batch))``: a collector summarises a
-    message once and adds the summary to the cumulative and the window statistic."""
+    message once and adds the summary to the cumulative and the window statistic.
+
+    ``state_type`` is the typed form of ``to_state()`` (edge_agent.protocol.states)."""
+
+    state_type: ClassVar[Any]
 
     def update(self, batch) -> None:
         self.add(self.summarize(batch))
 
+    @abstractmethod
     def summarize(self, batch):
-        raise NotImplementedError
+        """One batch's contribution (what ``add`` takes)."""
 
+    @abstractmethod
     def add(self, summary) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def merge(self, other: "Statistic") -> "Statistic":
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def get(self):
-        raise NotImplementedError
+        ...
 
     def _check(self, other: "Statistic") -> None:
         if type(other) is not type(self) or other.params() != self.params():
@@ -88,18 +85,25 @@ class Statistic:
     def params(self) -> tuple:
         return ()
 
+    @abstractmethod
     def to_state(self) -> list:
         """The sums as JSON values (integers exact), without the parameters."""
-        raise NotImplementedError
 
+    @abstractmethod
     def load_state(self, state, where: str = "state") -> None:
-        """Set the sums from ``to_state()`` output, validated (``StateError``)."""
-        raise NotImplementedError
+        """Set the sums from a typed state; ``StateError`` if they cannot be this
+        statistic's (e.g. sums no codes could give)."""
 
     @classmethod
     def from_state(cls, params: tuple, state, where: str = "state") -> "Statistic":
+        """Rebuild from ``to_state()`` output (plain JSON values, checked here)."""
+        try:
+            typed = msgspec.convert(state, cls.state_type)
+        except msgspec.ValidationError as exc:
+            raise StateError(f"{where}: expected finite sums of the right types ({exc}), "
+                             f"got {_show(state)}") from None
         statistic = cls(*params)
-        statistic.load_state(state, where)
+        statistic.load_state(typed, where)
         return statistic
 
     def __getstate__(self) -> dict:
@@ -118,6 +122,8 @@ class Statistic:
 
 class Count(Statistic):
     """Number of values seen."""
+
+    state_type = CountState
 
     def __init__(self):
         self.n = 0
@@ -140,11 +146,13 @@ class Count(Statistic):
         return [self.n]
 
     def load_state(self, state, where="state") -> None:
-        self.n = state_int(state_list(state, 1, where)[0], f"{where}[0]")
+        self.n = state[0]
 
 
 class CodeMoments(Statistic):
     """Mean and variance of the reported values, from exact sums of codes."""
+
+    state_type = MomentsState
 
     def __init__(self, origin: float, step: float):
         self.origin, self.step = float(origin), float(step)
@@ -176,8 +184,7 @@ class CodeMoments(Statistic):
         return [self.n, self.sum, self.sum_sq]
 
     def load_state(self, state, where="state") -> None:
-        n, total, total_sq = (state_int(v, f"{where}[{i}]")
-                              for i, v in enumerate(state_list(state, 3, where)))
+        n, total, total_sq = state
         # Codes are integers >= 0, so c <= c*c, and (sum c)^2 <= n * sum c^2.
         if total > total_sq or total * total > n * total_sq:
             raise StateError(f"{where}: sums of codes and of their squares are inconsistent")
@@ -195,6 +202,8 @@ class CodeMoments(Statistic):
 
 class TrigMoments(Statistic):
     """Sums of cos and sin of reported angles (mean direction, resultant length)."""
+
+    state_type = TrigState
 
     def __init__(self, origin: float, step: float, period: float):
         self.origin, self.step, self.period = float(origin), float(step), float(period)
@@ -230,7 +239,7 @@ class TrigMoments(Statistic):
         return [self.n, self.cos, self.sin]
 
     def load_state(self, state, where="state") -> None:
-        self.n, self.cos, self.sin = _float_sums(state, where)
+        self.n, self.cos, self.sin = state
         if math.hypot(self.cos, self.sin) > self.n * (1 + 1e-9) + 1e-9:
             raise StateError(f"{where}: resultant longer than the number of angles")
 
@@ -248,6 +257,8 @@ class BinCounts(Statistic):
     ``outside``: what happens to values beyond the bins: ``clip`` into the end
     bins, ``drop`` them (counted in ``outside_count``), or ``wrap`` (a circle).
     """
+
+    state_type = BinsState
 
     def __init__(self, origin: float, step: float, edge0: float, width: float, bins: int,
                  outside: str = "clip"):
@@ -320,13 +331,10 @@ class BinCounts(Statistic):
         return [self.counts.tolist(), self.outside_count]
 
     def load_state(self, state, where="state") -> None:
-        counts, outside = state_list(state, 2, where)
-        counts = state_list(counts, self.bins, f"{where}[0]")
-        for i, count in enumerate(counts):
-            if type(count) is not int or not 0 <= count < 2**63:
-                raise StateError(f"{where}[0][{i}]: expected a count in [0, 2**63), "
-                                 f"got {_show(count)}")
-        outside = state_int(outside, f"{where}[1]")
+        counts, outside = state
+        if len(counts) != self.bins:
+            raise StateError(f"{where}[0]: expected a list of {self.bins} counts, "
+                             f"got {len(counts)}")
         if outside and self.outside != "drop":
             raise StateError(f"{where}[1]: only bins with outside='drop' count values outside")
         self.counts = np.array(counts, dtype=np.int64)
@@ -335,6 +343,8 @@ class BinCounts(Statistic):
 
 class PolarCross(Statistic):
     """Sums of r' cos(theta') and r' sin(theta') over paired radius/angle codes."""
+
+    state_type = CrossState
 
     def __init__(self, r_origin: float, r_step: float, a_origin: float, a_step: float,
                  period: float):
@@ -370,15 +380,10 @@ class PolarCross(Statistic):
         return [self.n, self.x, self.y]
 
     def load_state(self, state, where="state") -> None:
-        self.n, self.x, self.y = _float_sums(state, where)
+        self.n, self.x, self.y = state
 
     def get(self) -> dict:
         if self.n == 0:
             return {"n": 0, "x": None, "y": None}
         return {"n": self.n, "x": self.x / self.n, "y": self.y / self.n}
 
-
-def _float_sums(state, where: str) -> tuple[int, float, float]:
-    """[n, a, b]: a count and two float sums (TrigMoments, PolarCross)."""
-    n, a, b = state_list(state, 3, where)
-    return state_int(n, f"{where}[0]"), state_float(a, f"{where}[1]"), state_float(b, f"{where}[2]")

@@ -6,6 +6,8 @@ import threading
 import time
 from typing import Callable
 
+from edge_agent.protocol import as_dict
+
 from .ingest import Ingestor
 
 # An agent counts as online if its retained status says so, or, for agents
@@ -43,8 +45,8 @@ class Views:
             now = self._clock()
             return {
                 "fleet": ingestor.fleet, "t": now, "broker": self._broker_status(),
-                "agents_online": sum(self._online(s, now) for s in ingestor.agents.values()),
-                "agents": {name: {"online": self._online(s, now), "messages": s.messages,
+                "agents_online": sum(self.online(s, now) for s in ingestor.agents.values()),
+                "agents": {name: {"online": self.online(s, now), "messages": s.messages,
                                   "values": s.values, "last_seen": s.last_seen,
                                   "rejects": s.rejects, "duplicates": s.duplicates}
                            for name, s in sorted(ingestor.agents.items())},
@@ -70,7 +72,7 @@ class Views:
             return list(self._get().dead_letters)
 
     @staticmethod
-    def _online(stats, now: float) -> bool:
+    def online(stats, now: float) -> bool:
         if stats.online is not None:
             return stats.online
         return stats.last_seen is not None and now - stats.last_seen < ONLINE_SECONDS
@@ -80,7 +82,7 @@ class Views:
         by_identity = ingestor.series[name]
         latest = ingestor.latest[name]
         view = by_identity[latest].get(windows=windows)
-        view["other_series"] = [{"mechanism": s.mechanism, "count": s.count()}
+        view["other_series"] = [{"mechanism": as_dict(s.description), "count": s.count()}
                                 for identity, s in by_identity.items() if identity != latest]
         return view
 

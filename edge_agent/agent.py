@@ -1,17 +1,18 @@
 """The edge agent: sources -> channels -> state store (budget, seq, spool) -> MQTT.
 
-``AgentCore`` is one agent's logic with no network: each ``tick(now)`` polls
-its sources, lets every channel select readings, and commits the affordable
-reports (charge, sequence number, perturbed message) to the state store in a
-single transaction.  ``AgentService`` runs one or more cores as a service:
+``AgentCore`` is one agent's logic with no network.  ``collect(now)`` polls its
+sources and lets every channel select readings (a ``Batch``); ``record(batch,
+tx)`` charges the budget, takes sequence numbers and spools the perturbed
+messages through one state-store transaction, which the core drives.
+``tick(now)`` is both.  ``AgentService`` runs one or more cores as a service:
 JIT warm-up before READY, watchdog pings, the outbox pumping the spool to the
 broker, a retained status, and a clean exit on SIGTERM or when every finite
 source has ended (or, with ``keep_running``, only on SIGTERM).
 
-With several cores (the fleet simulator, ``edge_agent.fleet``) a batch is
-still one transaction: ``AgentService.tick`` has every core prepare its
-charges (``AgentCore.tick(now, commit=False)``) and ``commit_batches`` records
-them all with one ``StateStore.record`` call.
+The service is composed from its parts: by default one core built from the
+configuration; the fleet simulator (``edge_agent.fleet``) builds its own cores,
+transport and hooks and hands them in.  With several cores a batch is still one
+transaction: ``record_batches`` records every core's batch in it.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import protocol, sdnotify
-from .channels import Channel, build_channel
+from .channels import Channel, Selection, build_channel
 from .config import AgentConfig
 from .readings import Readings
+from .range_responder import RangeResponder
 from .sources import build_source
 from .sources.base import Source
-from .range_responder import RangeResponder
-from .state import Charge, ChargeResult, StateStore, period_start
+from .state import StateStore, Transaction, period_start
 from .transport import Outbox, PahoTransport, Transport
 
 log = logging.getLogger(__name__)
@@ -39,56 +40,61 @@ log = logging.getLogger(__name__)
 STATE_FILE = "state.sqlite"
 
 
+def open_state(config: AgentConfig) -> StateStore:
+    """The agent's state file in ``[privacy] state_dir``."""
+    return StateStore(Path(config.privacy.state_dir) / STATE_FILE,
+                      max_messages=config.spool.max_messages)
+
+
 @dataclass
-class PendingBatch:
-    """One core's part of a batch: the charges to record and how to read the results."""
+class Batch:
+    """One core's readings selected for release in one tick (raw, in memory only)."""
 
     core: "AgentCore"
     now: float
-    start: int  # budget period
-    budget_epsilon: float
-    charges: list[Charge] = field(default_factory=list)
-    wanted: dict[str, tuple[Channel, int]] = field(default_factory=dict)  # by channel name
+    start: int  # the budget period
+    t: float  # the batch's start and length, as reports carry them
+    dt: float
+    selections: list[tuple[Channel, Selection]] = field(default_factory=list)
+    # filled by record(): per channel, readings wanted and reports the budget allowed
+    outcomes: list[tuple[Channel, int, int]] = field(default_factory=list)
 
 
-def commit_batches(batches: list[PendingBatch], store: StateStore) -> int:
-    """Record the charges of several cores' batches, one transaction per budget period.
+def record_batches(batches: list[Batch], store: StateStore) -> None:
+    """Record several cores' batches in one transaction, then book their outcomes.
 
-    The cores of one service share a config, so this is one ``StateStore.record``
-    call (one commit) per batch however many cores there are.  Returns the
-    number of transactions.
-    """
-    groups: dict[tuple[int, float, float], list[PendingBatch]] = {}
-    for batch in batches:
-        if batch.charges:
-            groups.setdefault((batch.start, batch.budget_epsilon, batch.now), []).append(batch)
-    for (start, budget, now), group in groups.items():
-        results = store.record([c for b in group for c in b.charges], start=start,
-                               budget_epsilon=budget, now=now)
-        # record() answers one result per charge, in order.
-        position = 0
-        for batch in group:
-            batch.core.settle(batch, results[position:position + len(batch.charges)])
-            position += len(batch.charges)
-    return len(groups)
+    The cores of one service share a state file, so a batch of a whole fleet is one
+    commit however many virtual agents it has."""
+    batches = [batch for batch in batches if batch.selections]
+    if not batches:
+        return
+    with store.transaction(batches[0].now) as tx:
+        for batch in batches:
+            batch.core.record(batch, tx)
+    for batch in batches:  # after the commit: what is booked is on disk
+        batch.core.settle(batch)
 
 
 class AgentCore:
     def __init__(self, config: AgentConfig, store: StateStore, *,
                  sources: dict[str, Source] | None = None, rng: Any = None,
-                 agent_id: str | None = None, channels: list[Channel] | None = None):
+                 agent_id: str | None = None, channels: list[Channel] | None = None,
+                 log_prefix: str = "", log_domains: bool = True):
+        """``sources``/``channels``: built from the config unless given (a fleet passes
+        its own); ``log_prefix`` starts this core's log lines (a fleet names its virtual
+        agent there); ``log_domains``: log when a discovered range is adopted."""
         self.config = config
         self.agent_id = agent_id or config.agent_id
         self.store = store
         self.rng = rng  # None: the OS-seeded CSPRNG; tests may pass a seeded Generator
         self.sources = sources if sources is not None else {
             s.name: build_source(s, agent_id=self.agent_id) for s in config.sources}
-        # A fleet passes channels cloned from one template (Channel.for_agent).
         self.channels: list[Channel] = channels if channels is not None else [
             build_channel(c, agent_id=self.agent_id, fleet=config.fleet) for c in config.channels]
         self.period_seconds = config.privacy.period_seconds
         self.range: RangeResponder | None = None  # set by the service: range discovery
-        self.truth = None  # the fleet simulator's true-mean tap (simulation only)
+        self.log_prefix = log_prefix
+        self.log_domains = log_domains
         self._period: int | None = None
         self.exhausted: set[str] = set()
         self._last_tick: float | None = None
@@ -124,20 +130,20 @@ class AgentCore:
             low = self.range.results.get((channel.name, "min"))
             high = self.range.results.get((channel.name, "max"))
             if getattr(channel, "auto_domain", False) and low and high \
-                    and channel.adopt_range(low["estimate"], high["estimate"]):
-                if self.agent_id == self.config.agent_id or self.agent_id.endswith("-0"):
-                    log.info("channel %s now reports over [%g, %g] (discovered range)",
-                             channel.name, channel.mechanism.low, channel.mechanism.high)
+                    and channel.adopt_range(low.estimate, high.estimate) and self.log_domains:
+                log.info("%schannel %s now reports over [%g, %g] (discovered range)",
+                         self.log_prefix, channel.name, channel.mechanism.low,
+                         channel.mechanism.high)
 
     # -- one batch --------------------------------------------------------------------------
-    def tick(self, now: float, *, commit: bool = True) -> PendingBatch:
-        """One batch: poll every source once, select per channel, charge and spool.
+    def tick(self, now: float) -> None:
+        """One batch: poll every source once, select per channel, charge and spool."""
+        record_batches([self.collect(now)], self.store)
 
-        This is the only place a tick's readings are taken from the sources.
-        With ``commit=False`` nothing is recorded yet: the caller passes the
-        returned batch, with other cores' batches, to ``commit_batches`` (one
-        transaction for all of them).
-        """
+    def collect(self, now: float) -> Batch:
+        """Poll every source once and select what each channel would release.
+
+        This is the only place a tick's readings are taken from the sources."""
         batch_start = self._last_tick if self._last_tick is not None else now
         self._last_tick = now
         readings = {name: self._poll(source, now) for name, source in self.sources.items()}
@@ -150,44 +156,43 @@ class AgentCore:
         start = period_start(now, self.period_seconds)
         if start != self._period:
             if self._period is not None and self.exhausted:
-                log.info("%sbudget period rolled over: %s report again", self._who,
+                log.info("%sbudget period rolled over: %s report again", self.log_prefix,
                          ", ".join(self.exhausted))
             self._period = start
             self.exhausted.clear()
             self._adopt_discovered_ranges()
-        batch = PendingBatch(self, now, start, self.config.privacy.budget_epsilon)
+        batch = Batch(self, now, start, batch_start, now - batch_start)
         for channel in self.channels:
             selection = channel.select(readings[channel.source])
-            if not len(selection):
-                continue
-            if self.truth is not None:
-                self.truth.add(channel, selection)
-            batch.wanted[channel.name] = (channel, len(selection))
-            batch.charges.append(Charge(
-                self.agent_id, channel.name, channel.epsilon, len(selection),
-                build=self._builder(channel, selection, batch_start, now - batch_start)))
-        if commit:
-            commit_batches([batch], self.store)
+            if len(selection):
+                batch.selections.append((channel, selection))
         return batch
 
-    def settle(self, batch: PendingBatch, results: list[ChargeResult]) -> None:
-        """Book what the store allowed of this core's charges (budget exhaustion)."""
-        start = batch.start
-        for result in results:
-            channel, wanted = batch.wanted[result.channel]
-            if result.exhausted:
-                channel.counters["budget_refused"] += wanted - result.allowed
-                if channel.name not in self.exhausted:
-                    self.exhausted.add(channel.name)
-                    log.warning("%sprivacy budget exhausted: channel %s stops reporting until "
-                                "the period ends at %s UTC", self._who, channel.name,
-                                time.strftime("%Y-%m-%d %H:%M:%S",
-                                              time.gmtime(start + self.period_seconds)))
+    def record(self, batch: Batch, tx: Transaction) -> None:
+        """Charge what the budget allows of the batch, number it, perturb it and spool
+        the messages, all in the caller's transaction."""
+        budget = self.config.privacy.budget_epsilon
+        for channel, selection in batch.selections:
+            allowed = tx.charge(self.agent_id, channel.name, epsilon=channel.epsilon,
+                                wanted=len(selection), start=batch.start, budget_epsilon=budget)
+            if allowed:
+                seq = tx.take_seq(self.agent_id, channel.name)
+                tx.spool(*channel.build_message(selection, seq=seq, allowed=allowed, t=batch.t,
+                                                dt=batch.dt, rng=self.rng))
+            batch.outcomes.append((channel, len(selection), allowed))
 
-    @property
-    def _who(self) -> str:
-        """Log prefix naming a fleet's virtual agent (nothing for the agent itself)."""
-        return "" if self.agent_id == self.config.agent_id else f"agent {self.agent_id}: "
+    def settle(self, batch: Batch) -> None:
+        """Book what the budget refused of a recorded batch (logged once per period)."""
+        for channel, wanted, allowed in batch.outcomes:
+            if allowed == wanted:
+                continue
+            channel.counters["budget_refused"] += wanted - allowed
+            if channel.name not in self.exhausted:
+                self.exhausted.add(channel.name)
+                log.warning("%sprivacy budget exhausted: channel %s stops reporting until "
+                            "the period ends at %s UTC", self.log_prefix, channel.name,
+                            time.strftime("%Y-%m-%d %H:%M:%S",
+                                          time.gmtime(batch.start + self.period_seconds)))
 
     def _poll(self, source: Source, now: float) -> Readings:
         try:
@@ -196,12 +201,6 @@ class AgentCore:
             source.fail(f"{type(exc).__name__} while reading")
             log.exception("source %s failed", source.name)
             return Readings.empty()
-
-    def _builder(self, channel: Channel, selection, t: float, dt: float) -> Callable:
-        def build(seq: int, allowed: int):
-            return channel.build_message(selection, seq=seq, allowed=allowed, t=t, dt=dt,
-                                         rng=self.rng)
-        return build
 
     # -- status ----------------------------------------------------------------------------------
     def status(self, state: str = "online") -> dict[str, Any]:
@@ -223,18 +222,23 @@ class AgentCore:
 class AgentService:
     """Runs agent cores with one transport until stopped or their sources end."""
 
-    def __init__(self, config: AgentConfig, *, transport: Transport | None = None,
-                 store: StateStore | None = None, clock: Callable[[], float] = time.time,
-                 rng: Any = None, drain_timeout: float = 30.0, status_interval: float = 30.0,
-                 keep_running: bool = False):
+    def __init__(self, config: AgentConfig, *, store: StateStore | None = None,
+                 cores: list[AgentCore] | None = None, transport: Transport | None = None,
+                 outbox_window: int | None = None, rng: Any = None,
+                 clock: Callable[[], float] = time.time, drain_timeout: float = 30.0,
+                 status_interval: float = 30.0, keep_running: bool = False,
+                 after_batch: Callable[[], None] | None = None):
+        """One agent from ``config`` unless ``cores`` (sharing ``store``), ``transport``
+        and ``outbox_window`` say otherwise; ``after_batch`` runs after every batch."""
         self.config = config
-        state_dir = Path(config.privacy.state_dir)
-        self.store = store or StateStore(state_dir / STATE_FILE,
-                                         max_messages=config.spool.max_messages)
-        self.cores = self._build_cores(rng)
+        self.store = store or open_state(config)
+        self.cores = cores if cores is not None else [AgentCore(config, self.store, rng=rng)]
         self.status_topic = protocol.status_topic(config.fleet, config.agent_id)
-        self.transport = transport or self._build_transport()
+        self.transport = transport or PahoTransport(
+            config.broker, client_id=config.agent_id,
+            will=(self.status_topic, protocol.status(agent=config.agent_id, state="offline")))
         self.clock = clock
+        self.after_batch = after_batch
         self.range = RangeResponder(
             fleet=config.fleet, store=self.store, rng=rng,
             agents={core.agent_id: [c.name for c in core.channels if c.kind == "linear"]
@@ -245,7 +249,8 @@ class AgentService:
         for core in self.cores:
             core.range = self.range
         self.transport.subscribe(self.range.subscriptions)
-        self.outbox = Outbox(self.store, self.transport, window=self._outbox_window(),
+        self.outbox = Outbox(self.store, self.transport,
+                             window=outbox_window or config.broker.max_inflight,
                              on_connect=self._publish_status,
                              on_message=lambda topic, payload: self.range.handle(
                                  topic, payload, self.clock()))
@@ -257,19 +262,6 @@ class AgentService:
         self._stop = threading.Event()
         self.watchdog = sdnotify.Watchdog()  # disabled unless systemd set WATCHDOG_USEC
         self.exit_code = 0
-
-    # Construction steps a fleet (edge_agent.fleet.FleetService) overrides.
-    def _build_cores(self, rng: Any) -> list[AgentCore]:
-        return [AgentCore(self.config, self.store, rng=rng)]
-
-    def _build_transport(self) -> Transport:
-        config = self.config
-        return PahoTransport(
-            config.broker, client_id=config.agent_id,
-            will=(self.status_topic, protocol.status(agent=config.agent_id, state="offline")))
-
-    def _outbox_window(self) -> int:
-        return self.config.broker.max_inflight
 
     def request_stop(self, *_: Any) -> None:
         self._stop.set()
@@ -288,13 +280,13 @@ class AgentService:
 
     def tick(self, now: float) -> None:
         """One batch of every core, recorded in one transaction."""
-        if len(self.cores) == 1:
-            self.cores[0].tick(now)
-            return
         started = time.monotonic()
-        commit_batches([core.tick(now, commit=False) for core in self.cores], self.store)
+        record_batches([core.collect(now) for core in self.cores], self.store)
+        if self.after_batch is not None:
+            self.after_batch()
         took = time.monotonic() - started
-        if took > self.config.batch_seconds and started >= self._next_overrun_warning:
+        if len(self.cores) > 1 and took > self.config.batch_seconds \
+                and started >= self._next_overrun_warning:
             # A fleet too large for the CPU: batches stretch (nothing is lost, each
             # message carries more readings), and status, acks and signals wait longer.
             log.warning("a batch of %d agents took %.1f s (batch_seconds = %g): batches "

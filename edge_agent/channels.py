@@ -31,40 +31,9 @@ from .config import (
     PolarChannelConfig,
     VectorChannelConfig,
 )
-from .mechanisms import (
-    PTT,
-    BoundedLaplace,
-    CircularOGPM,
-    ClassicalOGPM,
-    Duchi,
-    PiecewiseMechanism,
-    PolarOGPM,
-    SquareWave,
-    TruncatedLaplace,
-    UnbiasedOGPM,
-)
+from .mechanisms import CircularOGPM, PolarOGPM, linear_mechanism
 from .mechanisms.randomness import RandomSource, as_random_source
 from .readings import Readings
-
-_LINEAR = {
-    "ogpm": lambda e, lo, hi, g: ClassicalOGPM(epsilon=e, low=lo, high=hi, grid_bits=g),
-    "ogpm-unbiased": lambda e, lo, hi, g: UnbiasedOGPM(epsilon=e, low=lo, high=hi, grid_bits=g),
-    "pm": lambda e, lo, hi, g: PiecewiseMechanism(epsilon=e, low=lo, high=hi, grid_bits=g),
-    "pm-c": lambda e, lo, hi, g: PiecewiseMechanism(epsilon=e, low=lo, high=hi, grid_bits=g,
-                                                    compressed=True),
-    "sw": lambda e, lo, hi, g: SquareWave(epsilon=e, low=lo, high=hi, grid_bits=g),
-    "sw-c": lambda e, lo, hi, g: SquareWave(epsilon=e, low=lo, high=hi, grid_bits=g,
-                                            compressed=True),
-    "duchi": lambda e, lo, hi, g: Duchi(epsilon=e, low=lo, high=hi),
-    "laplace": lambda e, lo, hi, g: TruncatedLaplace(epsilon=e, low=lo, high=hi, grid_bits=g),
-    "bounded-laplace": lambda e, lo, hi, g: BoundedLaplace(epsilon=e, low=lo, high=hi,
-                                                           grid_bits=g),
-    "ptt": lambda e, lo, hi, g: PTT(epsilon=e, low=lo, high=hi, grid_bits=g),
-}
-
-
-def linear_mechanism(name: str, epsilon: float, domain: tuple[float, float], grid_bits: int):
-    return _LINEAR[name](epsilon, domain[0], domain[1], grid_bits)
 
 
 def period_of(unit: str) -> float:
@@ -174,8 +143,9 @@ class LinearChannel(Channel):
 
     def __init__(self, config: LinearChannelConfig, **kw):
         super().__init__(config, **kw)
-        self.mechanism = linear_mechanism(config.mechanism, config.epsilon,
-                                          config.start_domain, config.grid_bits)
+        low, high = config.start_domain
+        self.mechanism = linear_mechanism(config.mechanism, epsilon=config.epsilon, low=low,
+                                          high=high, grid_bits=config.grid_bits)
         self.auto_domain = config.domain == "auto"
 
     def adopt_range(self, low: float, high: float) -> bool:
@@ -194,8 +164,9 @@ class LinearChannel(Channel):
         current = (self.mechanism.low, self.mechanism.high)
         if not new[0] < new[1] or new == current:
             return False
-        self.mechanism = linear_mechanism(self.config.mechanism, self.config.epsilon, new,
-                                          self.config.grid_bits)
+        self.mechanism = linear_mechanism(self.config.mechanism, epsilon=self.config.epsilon,
+                                          low=new[0], high=new[1],
+                                          grid_bits=self.config.grid_bits)
         return True
 
 
@@ -247,8 +218,9 @@ def vector_plan(config: VectorChannelConfig) -> tuple[int, float]:
         return config.k, config.epsilon / config.k
 
     def score(k: int) -> float:
-        mech = linear_mechanism(config.mechanism, config.epsilon / k, config.domain,
-                                min(config.grid_bits, 10))
+        mech = linear_mechanism(config.mechanism, epsilon=config.epsilon / k,
+                                low=config.domain[0], high=config.domain[1],
+                                grid_bits=min(config.grid_bits, 10))
         return mech.worst_case_error(2) * d / k
 
     best = min(range(1, d + 1), key=score)
@@ -261,8 +233,9 @@ class VectorChannel(Channel):
     def __init__(self, config: VectorChannelConfig, **kw):
         super().__init__(config, **kw)
         self.k, self.axis_epsilon = vector_plan(config)
-        self.mechanism = linear_mechanism(config.mechanism, self.axis_epsilon, config.domain,
-                                          config.grid_bits)
+        self.mechanism = linear_mechanism(config.mechanism, epsilon=self.axis_epsilon,
+                                          low=config.domain[0], high=config.domain[1],
+                                          grid_bits=config.grid_bits)
 
     def _perturb(self, values, source):
         d = len(values)

@@ -10,14 +10,11 @@ from pathlib import Path
 
 import click
 
-from .config import AgentConfig, ConfigError, load_config
-
+from .config import FLEET_MAX_COUNT, AgentConfig, ConfigError, load_config
 
 # sysexits EX_CONFIG: the unit's RestartPreventExitStatus=78 stops systemd from
 # restarting an agent whose configuration cannot work.
 EXIT_CONFIG = 78
-# Most virtual agents ``edge-agent fleet`` runs in one process.
-FLEET_MAX_COUNT = 100_000
 
 
 def _load(path: str, exit_code: int = 2) -> AgentConfig:
@@ -98,8 +95,7 @@ def fleet(config_path: str, count: int, keep_running: bool, truth_path: str | No
     Synthetic sources are seeded per virtual agent; a CSV source is split
     between them (agent i replays rows i, i+COUNT, i+2*COUNT, ...).
     """
-    from .config import ConfigError
-    from .fleet import FleetService, check_fleet
+    from .fleet import check_fleet, fleet_service
 
     config = _load(config_path)
     try:
@@ -109,8 +105,8 @@ def fleet(config_path: str, count: int, keep_running: bool, truth_path: str | No
         for line in str(exc).splitlines():
             click.echo(f"  {line}", err=True)
         sys.exit(2)
-    service = FleetService(config, count=count, keep_running=keep_running,
-                           truth_path=Path(truth_path) if truth_path else None)
+    service = fleet_service(config, count=count, keep_running=keep_running,
+                            truth_path=Path(truth_path) if truth_path else None)
     service.install_signal_handlers()
     sys.exit(service.run())
 

@@ -24,12 +24,18 @@ from pydantic import (
     model_validator,
 )
 
-from .mechanisms._validate import EPSILON_MAX, GRID_BITS_MAX, GRID_BITS_MIN
+from .mechanisms import EPSILON_MAX, GRID_BITS_MAX, GRID_BITS_MIN
+from .mechanisms.registry import KIND_CONFIG_NAMES
+from .mqtt_client import Endpoint, TlsFiles
+from .protocol.topics import NAME_CHARS, STATUS
 
-# MQTT topic levels we create from names: no wildcards, separators or the
-# reserved leading underscore (collector topics such as _aggregates).
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-RESERVED_CHANNEL_NAMES = {"status"}
+# MQTT topic levels we create from names (edge_agent.protocol.topics): no wildcards,
+# separators or the reserved leading underscore (collector topics such as _aggregates).
+# pydantic's regex engine matches "$" only at the very end.
+NAME_PATTERN = f"^{NAME_CHARS}$"
+RESERVED_CHANNEL_NAMES = {STATUS}
+# Most virtual agents ``edge-agent fleet`` runs in one process.
+FLEET_MAX_COUNT = 100_000
 
 _PERIOD = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _PERIOD_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -46,7 +52,9 @@ def parse_period(text: str) -> float:
     return seconds
 
 
-class _Model(BaseModel):
+class Model(BaseModel):
+    """Every configuration table: unknown keys are errors, values are frozen."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -65,14 +73,14 @@ Rate = Annotated[float, Field(gt=0, le=10_000)]
 
 # -- broker ---------------------------------------------------------------------
 
-class TLSConfig(_Model):
+class TLSConfig(Model):
     ca: Path | None = None  # CA bundle; None = the system's
     cert: Path | None = None  # client certificate (mutual TLS)
     key: Path | None = None
     insecure: bool = False  # skip host name check (testing only)
 
 
-class BrokerConfig(_Model):
+class BrokerConfig(Model):
     host: str = "127.0.0.1"
     port: Port = 1883
     username: str | None = None
@@ -94,10 +102,20 @@ class BrokerConfig(_Model):
             return self.password_file.read_text().strip()
         return self.password.get_secret_value() if self.password else None
 
+    def endpoint(self, version: str = "3.1.1") -> Endpoint:
+        """The broker as ``edge_agent.mqtt_client`` takes it (reads ``password_file``)."""
+        tls = self.tls
+        return Endpoint(
+            host=self.host, port=self.port, keepalive=self.keepalive, username=self.username,
+            password=self.resolved_password(), version=version,
+            tls=None if tls is None else TlsFiles(
+                ca=str(tls.ca) if tls.ca else None, cert=str(tls.cert) if tls.cert else None,
+                key=str(tls.key) if tls.key else None, insecure=tls.insecure))
+
 
 # -- privacy, spool ------------------------------------------------------------
 
-class PrivacyConfig(_Model):
+class PrivacyConfig(Model):
     budget_epsilon: Annotated[float, Field(gt=0)]
     budget_period: str = "1d"
     state_dir: Path = Path("/var/lib/edge-agent")
@@ -115,7 +133,7 @@ class PrivacyConfig(_Model):
         return parse_period(self.budget_period)
 
 
-class SpoolConfig(_Model):
+class SpoolConfig(Model):
     # Perturbed messages kept on disk while the broker is unreachable; past
     # this the oldest are dropped (and counted).
     max_messages: Annotated[int, Field(ge=10, le=100_000_000)] = 200_000
@@ -126,7 +144,7 @@ class SpoolConfig(_Model):
 Derive = Literal["horizontal", "tilt"]
 
 
-class _SourceBase(_Model):
+class _SourceBase(Model):
     name: Name
     # Derived fields: "horizontal" adds accel_h_mag and accel_h_dir from
     # accel_x/accel_y; "tilt" adds roll and pitch from accel_x/y/z where the
@@ -174,6 +192,11 @@ class MqttSourceConfig(_SourceBase):
     password: SecretStr | None = None
     timestamp_field: str | None = None
 
+    def endpoint(self) -> Endpoint:
+        """The local broker (no TLS: it runs on the gateway itself)."""
+        return Endpoint(host=self.host, port=self.port, username=self.username,
+                        password=self.password.get_secret_value() if self.password else None)
+
 
 class I2cSourceConfig(_SourceBase):
     type: Literal["i2c"]
@@ -210,11 +233,12 @@ def source_fields(source) -> set[str] | None:
 
 # -- channels --------------------------------------------------------------------
 
-LinearMechanism = Literal["ogpm", "ogpm-unbiased", "pm", "pm-c", "sw", "sw-c", "duchi",
-                          "laplace", "bounded-laplace", "ptt"]
+# The configuration names of edge_agent.mechanisms.registry ("pm-c" is PM, compressed).
+LinearMechanism = Literal[KIND_CONFIG_NAMES["linear"]]  # type: ignore[valid-type]
+OgpmOnly = Literal[KIND_CONFIG_NAMES["circular"]]  # type: ignore[valid-type]
 
 
-class _ChannelBase(_Model):
+class _ChannelBase(Model):
     name: Name
     source: Name
     epsilon: Epsilon  # per report (a vector or polar report counts once)
@@ -271,7 +295,7 @@ class LinearChannelConfig(_ChannelBase):
 class CircularChannelConfig(_ChannelBase):
     kind: Literal["circular"]
     field: str
-    mechanism: Literal["ogpm"] = "ogpm"
+    mechanism: OgpmOnly = "ogpm"
     unit: Literal["rad", "deg"] = "rad"
     # Start of the reported range: 0 gives [0, 2pi) / [0, 360); -pi / -180 a
     # signed range.  Values are wrapped either way.
@@ -281,7 +305,7 @@ class CircularChannelConfig(_ChannelBase):
 class PolarChannelConfig(_ChannelBase):
     kind: Literal["polar"]
     fields: tuple[str, str]  # (magnitude, direction)
-    mechanism: Literal["ogpm"] = "ogpm"
+    mechanism: OgpmOnly = "ogpm"
     radius_max: Annotated[float, Field(gt=0)]
     weight: Annotated[float, Field(gt=0)] = 1.0  # radius accuracy vs angle accuracy
     unit: Literal["rad", "deg"] = "rad"
@@ -324,7 +348,7 @@ ChannelConfig = Annotated[
 
 # -- the agent ---------------------------------------------------------------------
 
-class AgentConfig(_Model):
+class AgentConfig(Model):
     agent_id: Name  # also the MQTT client id and topic level
     fleet: Name
     broker: BrokerConfig = BrokerConfig()

@@ -7,7 +7,7 @@ be shared:
 * one process (one numba JIT) and one MQTT connection;
 * one SQLite state file in ``state_dir`` (every ledger, seq and spool row
   carries its agent id), and one transaction per batch for all of them
-  (``AgentService.tick`` -> ``agent.commit_batches``);
+  (``AgentService.tick`` -> ``agent.record_batches``);
 * the mechanism objects: every virtual agent's channels are clones of one
   template (``Channel.for_agent``), and a mechanism is immutable.
 
@@ -30,6 +30,12 @@ id's topic ``ldp/v1/<fleet>/<agent_id>/status`` (an id no virtual agent uses)
 carrying ``{"simulator": {"agents": N, ...}}``.  After a crash (``kill -9``,
 power loss) that will is all the broker publishes: the virtual agents'
 retained statuses keep saying ``online``, with a ``t`` that stops advancing.
+
+``fleet_service`` builds all of this from its own parts and hands them to an
+ordinary ``AgentService``; nothing of the agent's own classes knows about the
+simulation.  With ``--truth`` it also keeps the true means of what the virtual
+agents reported (``TrueMeans``, through ``TruthTap`` channels), for demos and
+tests only.
 """
 
 from __future__ import annotations
@@ -44,15 +50,21 @@ from typing import Any
 import numpy as np
 
 from . import protocol
-from .agent import AgentCore, AgentService
-from .channels import build_channel
-from .cli import FLEET_MAX_COUNT as MAX_COUNT
-from .config import NAME_PATTERN, AgentConfig, ConfigError, CsvSourceConfig, \
-    SyntheticSourceConfig
+from .agent import AgentCore, AgentService, open_state
+from .channels import Channel, Selection, build_channel
+from .config import (
+    FLEET_MAX_COUNT,
+    NAME_PATTERN,
+    AgentConfig,
+    ConfigError,
+    CsvSourceConfig,
+    SyntheticSourceConfig,
+)
+from .readings import Readings
 from .sources import CsvSource, SyntheticSource
 from .sources.base import Source
 from .sources.synthetic import stable_seed
-from .transport import PahoTransport, Transport
+from .transport import PahoTransport
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +83,8 @@ def check_fleet(config: AgentConfig, count: int) -> None:
     """Raise ``ConfigError`` (every problem, key path and allowed range) if the
     config cannot run as a fleet of ``count`` virtual agents."""
     problems = []
-    if not 1 <= count <= MAX_COUNT:
-        problems.append(f"--count: must be in [1, {MAX_COUNT}], got {count}")
+    if not 1 <= count <= FLEET_MAX_COUNT:
+        problems.append(f"--count: must be in [1, {FLEET_MAX_COUNT}], got {count}")
     for i, source in enumerate(config.sources):
         if source.type not in FLEET_SOURCE_TYPES:
             problems.append(f"sources[{i}].type: must be one of "
@@ -146,43 +158,54 @@ class TrueMeans:
         temporary.replace(path)  # readers never see half a file
 
 
-class FleetService(AgentService):
-    """``count`` virtual agents, one connection, one state file, one transaction per batch."""
+class TruthTap:
+    """A virtual agent's channel that also tells ``TrueMeans`` what it selected.
 
-    def __init__(self, config: AgentConfig, *, count: int, truth_path: Path | None = None,
-                 **kwargs: Any):
-        check_fleet(config, count)
-        self.count = count
-        self.agent_ids = virtual_agent_ids(config.agent_id, count)
-        super().__init__(config, **kwargs)
-        self.truth_path = truth_path
-        if truth_path is not None:
-            self.truth = TrueMeans()
-            for core in self.cores:
-                core.truth = self.truth
+    Everything else is the channel's own (attributes are looked up there)."""
 
-    def tick(self, now: float) -> None:
-        super().tick(now)
-        if self.truth_path is not None:
-            self.truth.write(self.truth_path)
+    def __init__(self, channel: Channel, truth: TrueMeans):
+        self._channel = channel
+        self._truth = truth
 
-    def _build_cores(self, rng: Any) -> list[AgentCore]:
-        config = self.config
-        # One template per channel config: its mechanism is built (and later
-        # JIT-compiled) once and shared by every virtual agent's clone.
-        templates = [build_channel(c, agent_id=self.agent_ids[0], fleet=config.fleet)
-                     for c in config.channels]
-        return [AgentCore(config, self.store, rng=rng, agent_id=agent_id,
-                          sources=fleet_sources(config, agent_id, i, self.count),
-                          channels=[t.for_agent(agent_id, config.fleet) for t in templates])
-                for i, agent_id in enumerate(self.agent_ids)]
+    def __getattr__(self, name: str):
+        return getattr(self._channel, name)
 
-    def _build_transport(self) -> Transport:
-        config = self.config
+    def select(self, readings: Readings) -> Selection:
+        selection = self._channel.select(readings)
+        if len(selection):
+            self._truth.add(self._channel, selection)
+        return selection
+
+
+def fleet_service(config: AgentConfig, *, count: int, truth_path: Path | None = None,
+                  rng: Any = None, **options: Any) -> AgentService:
+    """``count`` virtual agents, one connection, one state file, one transaction per batch.
+
+    ``options`` go to ``AgentService`` (transport, clock, drain_timeout, keep_running ...);
+    ``truth_path``: keep the true means of the reported readings there (simulation only)."""
+    check_fleet(config, count)
+    agent_ids = virtual_agent_ids(config.agent_id, count)
+    store = options.pop("store", None) or open_state(config)
+    truth = TrueMeans() if truth_path is not None else None
+    # One template per channel config: its mechanism is built (and later JIT-compiled)
+    # once and shared by every virtual agent's clone.
+    templates = [build_channel(c, agent_id=agent_ids[0], fleet=config.fleet)
+                 for c in config.channels]
+    cores = []
+    for i, agent_id in enumerate(agent_ids):
+        channels = [t.for_agent(agent_id, config.fleet) for t in templates]
+        if truth is not None:
+            channels = [TruthTap(channel, truth) for channel in channels]
+        cores.append(AgentCore(config, store, rng=rng, agent_id=agent_id, channels=channels,
+                               sources=fleet_sources(config, agent_id, i, count),
+                               log_prefix=f"agent {agent_id}: ", log_domains=i == 0))
+    if "transport" not in options:
         will = protocol.status(agent=config.agent_id, state="offline", simulator={
-            "agents": self.count, "first": self.agent_ids[0], "last": self.agent_ids[-1]})
-        return PahoTransport(config.broker, client_id=f"{config.agent_id}-fleet",
-                             will=(self.status_topic, will))
-
-    def _outbox_window(self) -> int:
-        return max(self.config.broker.max_inflight, FLEET_OUTBOX_WINDOW)
+            "agents": count, "first": agent_ids[0], "last": agent_ids[-1]})
+        options["transport"] = PahoTransport(
+            config.broker, client_id=f"{config.agent_id}-fleet",
+            will=(protocol.status_topic(config.fleet, config.agent_id), will))
+    return AgentService(
+        config, store=store, cores=cores, rng=rng,
+        outbox_window=max(config.broker.max_inflight, FLEET_OUTBOX_WINDOW),
+        after_batch=None if truth is None else lambda: truth.write(truth_path), **options)

@@ -29,8 +29,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -38,14 +36,20 @@ import numpy as np
 
 from . import protocol
 from .mechanisms.randomized_response import RandomizedResponse
-from .rangefind import MAX_ROUNDS, SIDES, STRATEGIES, answer_epsilon, assigned_round, true_answer
-from .state import RANGE_REPLIES, RangeAnswer, StateStore, period_start, to_nano_down, to_nano_up
+from .protocol import Announce, RangeTerms, Rejected, Round
+from .rangefind import answer_epsilon, assigned_round, true_answer
+from .state import (
+    RANGE_REPLIES,
+    StateStore,
+    Transaction,
+    period_start,
+    to_nano_down,
+    to_nano_up,
+)
 
 log = logging.getLogger(__name__)
 
-RUN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-MAX_PAYLOAD = 4096
-KEEP_SECONDS = 24 * 3600.0
+KEEP_SECONDS = protocol.RANGE_WINDOW_MAX
 MAX_BLOCKS = 100_000
 
 
@@ -76,18 +80,11 @@ class RangeWindow:
         return max(b[2] for b in recent)
 
 
-@dataclass
-class Terms:
-    """What a run announced; a round that disagrees with it is ignored."""
-
-    channel: str
-    side: str
-    epsilon: float
-    strategy: str
-    window_seconds: float
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__, sort_keys=True)
+def terms_key(terms: RangeTerms) -> str:
+    """A run's terms as stored at join and compared at every round (JSON text)."""
+    return json.dumps({"channel": terms.channel, "side": terms.side, "epsilon": terms.epsilon,
+                       "strategy": terms.strategy, "window_seconds": terms.window_seconds},
+                      sort_keys=True)
 
 
 @dataclass
@@ -104,45 +101,6 @@ class RangeCounters:
     def as_dict(self) -> dict[str, Any]:
         return {"joined": self.joined, "answered": self.answered, "refused": dict(self.refused),
                 "last_refusal": self.last_refusal}
-
-
-class Invalid(ValueError):
-    pass
-
-
-def _parse(payload: bytes) -> dict:
-    if len(payload) > MAX_PAYLOAD:
-        raise Invalid("oversized")
-    try:
-        message = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
-        raise Invalid("not JSON") from None
-    if not isinstance(message, dict) or message.get("v") != protocol.PROTOCOL_VERSION:
-        raise Invalid("not a v1 object")
-    if message.get("type") not in ("announce", "round", "end"):
-        raise Invalid("unknown type")
-    if not isinstance(message.get("run"), str) or not RUN_ID.match(message["run"]):
-        raise Invalid("bad run id")
-    return message
-
-
-def _number(message: dict, key: str, low: float, high: float) -> float:
-    value = message.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or not low <= value <= high:
-        raise Invalid(f"{key} must be a number in [{low}, {high}]")
-    return float(value)
-
-
-def _terms(message: dict) -> Terms:
-    channel, side, strategy = message.get("channel"), message.get("side"), message.get("strategy")
-    if not isinstance(channel, str) or side not in SIDES or strategy not in STRATEGIES:
-        raise Invalid("channel, side or strategy")
-    epsilon = _number(message, "epsilon", 0.0, 20.0)
-    if epsilon <= 0:
-        raise Invalid("epsilon must be > 0")
-    return Terms(channel, side, epsilon, strategy,
-                 _number(message, "window_seconds", 0.0, KEEP_SECONDS))
 
 
 class RangeResponder:
@@ -182,46 +140,42 @@ class RangeResponder:
     def handle(self, topic: str, payload: bytes, now: float) -> None:
         """One control or result message (from the transport's thread-safe queue)."""
         try:
-            if topic.startswith(protocol.range_result_topic(self.fleet, "", "")[:-2]):
-                self._result(topic, payload)
+            result_of = protocol.range_result_levels(topic, self.fleet)
+            if result_of is not None:
+                self._result(result_of, payload)
                 return
-            message = _parse(payload)
-            if topic != protocol.range_control_topic(self.fleet, message["run"]):
-                raise Invalid("run id differs from the topic")
-            if message["type"] == "announce":
+            message = protocol.decode_range_control(payload)
+            if topic != protocol.range_control_topic(self.fleet, message.run):
+                raise Rejected("topic", "run id differs from the topic")
+            if isinstance(message, Announce):
                 self._announce(message, now)
-            elif message["type"] == "round":
+            elif isinstance(message, Round):
                 self._round(message, now)
-        except Invalid as exc:
+        except Rejected as exc:
             self.invalid += 1
-            log.warning("ignored a range message on %s: %s", topic, exc)
+            log.warning("ignored a range message on %s: %s", topic, exc.detail)
 
-    def _result(self, topic: str, payload: bytes) -> None:
-        levels = topic.split("/")
-        try:
-            message = json.loads(payload) if payload else None
-        except ValueError:
-            raise Invalid("result is not JSON") from None
-        if isinstance(message, dict) and message.get("status") == "done":
-            self.results[(levels[-2], levels[-1])] = message
+    def _result(self, channel_side: tuple[str, str], payload: bytes) -> None:
+        result = protocol.decode_range_result(payload)
+        if result is not None and result.status == "done" and result.estimate is not None:
+            self.results[channel_side] = result
 
-    def _announce(self, message: dict, now: float) -> None:
-        terms = _terms(message)
-        run = message["run"]
+    def _announce(self, message: Announce, now: float) -> None:
+        run, terms = message.run, terms_key(message)
         start = period_start(now, self.period_seconds)
         joins = []
         for agent in self.agents:
-            window = self.windows.get((agent, terms.channel))
+            window = self.windows.get((agent, message.channel))
             if window is None:
                 continue  # not our channel (or not a linear one): stay silent
             reason = None
             if self.range_epsilon_max == 0:
                 reason = "disabled"
-            elif terms.epsilon > self.range_epsilon_max:
+            elif message.epsilon > self.range_epsilon_max:
                 reason = "epsilon_above_max"
-            elif window.extreme(terms.side, terms.window_seconds) is None:
+            elif window.extreme(message.side, message.window_seconds) is None:
                 reason = "no_data"
-            elif self.store.spent(agent, start) + to_nano_up(terms.epsilon) \
+            elif self.store.spent(agent, start) + to_nano_up(message.epsilon) \
                     > to_nano_down(self.budget_epsilon):
                 reason = "budget"
             if reason is not None:
@@ -229,58 +183,81 @@ class RangeResponder:
                 self.store.enqueue(protocol.range_reply_topic(self.fleet, agent, run),
                                    protocol.range_join(agent=agent, run=run, accept=False,
                                                        reason=reason), lane=RANGE_REPLIES)
-                continue
-            joins.append((agent, run, terms.to_json(), (
-                protocol.range_reply_topic(self.fleet, agent, run),
-                protocol.range_join(agent=agent, run=run, accept=True))))
-        if joins:
-            for (agent, *_), new in zip(joins, self.store.join_range(joins, now=now)):
-                if new:
+            else:
+                joins.append(agent)
+        if not joins:
+            return
+        with self.store.transaction(now) as tx:
+            for agent in joins:  # an agent joins a run at most once
+                if tx.join_range(agent, run, terms):
                     self.counters[agent].joined += 1
+                    tx.spool(protocol.range_reply_topic(self.fleet, agent, run),
+                             protocol.range_join(agent=agent, run=run, accept=True),
+                             lane=RANGE_REPLIES)
 
-    def _round(self, message: dict, now: float) -> None:
-        terms = _terms(message)
-        run = message["run"]
-        rounds = int(_number(message, "rounds", 1, MAX_ROUNDS))
-        index = int(_number(message, "round", 0, MAX_ROUNDS - 1))
-        threshold = _number(message, "threshold", -1e300, 1e300)
-        if message["rounds"] != rounds or message["round"] != index or index >= rounds:
-            raise Invalid("round and rounds must be integers with round < rounds")
-        eps = answer_epsilon(terms.epsilon, rounds, terms.strategy)
+    def _round(self, message: Round, now: float) -> None:
+        run, rounds, index = message.run, message.rounds, message.round
+        terms = terms_key(message)
         agents, truths = [], []
         for agent in self.agents:
-            if (agent, terms.channel) not in self.windows:
+            if (agent, message.channel) not in self.windows:
                 continue
             agreed = self.store.range_terms(agent, run)
             if agreed is None:
                 continue  # only joined runs are answered
-            if agreed != terms.to_json():
+            if agreed != terms:
                 self.counters[agent].refuse("terms_changed")
                 continue
-            if terms.strategy == "split" and assigned_round(run, agent, rounds) != index:
+            if message.strategy == "split" and assigned_round(run, agent, rounds) != index:
                 continue
-            value = self.windows[(agent, terms.channel)].extreme(terms.side,
-                                                                 terms.window_seconds)
+            value = self.windows[(agent, message.channel)].extreme(message.side,
+                                                                   message.window_seconds)
             if value is None:
                 continue
             agents.append(agent)
-            truths.append(true_answer(value, threshold, terms.side))
+            truths.append(true_answer(value, message.threshold, message.side))
         if not agents:
             return
+        eps = answer_epsilon(message.epsilon, rounds, message.strategy)
         answers = RandomizedResponse(epsilon=eps).respond(np.array(truths, dtype=np.int8),
                                                           self.rng)
-        allowed = rounds if terms.strategy == "sequential" else 1
-        requests = [RangeAnswer(
-            agent=agent, run=run, round=index, rounds=rounds, answers_allowed=allowed,
-            ledger_channel=f"_range:{terms.channel}", epsilon=eps,
-            message=(protocol.range_reply_topic(self.fleet, agent, run),
-                     protocol.range_answer(agent=agent, run=run, round=index, z=int(z))))
-            for agent, z in zip(agents, answers)]
-        outcomes = self.store.answer_range(
-            requests, start=period_start(now, self.period_seconds),
-            budget_epsilon=self.budget_epsilon, now=now)
-        for agent, outcome in zip(agents, outcomes):
+        allowed = rounds if message.strategy == "sequential" else 1  # answers per run
+        start = period_start(now, self.period_seconds)
+        outcomes = []
+        with self.store.transaction(now) as tx:
+            for agent, z in zip(agents, answers):
+                outcome = self._answer(tx, agent, message, allowed, eps, start)
+                if outcome == "answered":
+                    tx.spool(protocol.range_reply_topic(self.fleet, agent, run),
+                             protocol.range_answer(agent=agent, run=run, round=index, z=int(z)),
+                             lane=RANGE_REPLIES)
+                outcomes.append((agent, outcome))
+        for agent, outcome in outcomes:  # booked once committed
             if outcome == "answered":
                 self.counters[agent].answered += 1
             elif outcome != "duplicate":
                 self.counters[agent].refuse(outcome)
+
+    def _answer(self, tx: Transaction, agent: str, message: Round, allowed: int, eps: float,
+                start: int) -> str:
+        """Whether ``agent`` may answer this round, and if so the answer's charge.
+
+        ``answered``; or, with nothing charged or sent: ``not_joined``, ``duplicate``
+        (this round was answered already: replays never make an agent answer twice),
+        ``rounds_changed`` (another L than the rounds answered before), ``run_complete``
+        (the run's answers are used up) or ``exhausted`` (the period budget cannot
+        pay)."""
+        joined = tx.range_run(agent, message.run)
+        if joined is None:
+            return "not_joined"
+        if message.round in joined.answered:
+            return "duplicate"
+        if joined.rounds is not None and joined.rounds != message.rounds:
+            return "rounds_changed"
+        if len(joined.answered) >= allowed:
+            return "run_complete"
+        if not tx.charge(agent, f"_range:{message.channel}", epsilon=eps, wanted=1,
+                         start=start, budget_epsilon=self.budget_epsilon):
+            return "exhausted"
+        tx.answer_range(agent, message.run, message.round, message.rounds)
+        return "answered"

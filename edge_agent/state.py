@@ -1,7 +1,9 @@
 """The agent's durable state: budget ledger, sequence numbers and spool, in one SQLite file.
 
 Why one file: a report's privacy charge, its sequence number and the
-perturbed message that carries it are written in *one* transaction.  Either
+perturbed message that carries it are written in *one* transaction, which the
+agent drives (``with store.transaction() as tx: tx.charge(...); tx.take_seq(...);
+tx.spool(...)``).  Either
 all three are on disk or none is, so a crash can never publish a value whose
 epsilon was not charged, and a restart neither reuses a sequence number nor
 resets the budget.  A crash after the commit but before the broker's
@@ -24,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable, Iterator
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger (
@@ -90,42 +92,85 @@ def period_start(now: float, period_seconds: float) -> int:
     return int(math.floor(now / period_seconds) * period_seconds)
 
 
-@dataclass
-class Charge:
-    """A request to release up to ``wanted`` reports of ``channel`` at ``epsilon`` each.
+@dataclass(frozen=True)
+class RangeRun:
+    """What an agent agreed to for one range-discovery run, and what it has answered."""
 
-    ``build(first_seq, allowed)`` is called inside the transaction once the
-    affordable number is known; it perturbs that many readings and returns
-    the (topic, payload) of the one message carrying them, or None.
-    """
-
-    agent: str
-    channel: str
-    epsilon: float
-    wanted: int
-    build: Callable[[int, int], tuple[str, bytes] | None]
+    terms: str  # the run's terms as agreed at join (JSON), compared with every round
+    rounds: int | None  # L, fixed by the first round answered
+    answered: frozenset[int]  # rounds answered
 
 
-@dataclass
-class ChargeResult:
-    channel: str
-    allowed: int
-    seq: int | None  # sequence number of the message written, if any
-    exhausted: bool  # the budget stopped some or all reports
+class Transaction:
+    """One write transaction of the state store (``StateStore.transaction``).
 
+    The agent decides and this records: charges, sequence numbers and spooled
+    messages written through one transaction are on disk together or not at all."""
 
-@dataclass
-class RangeAnswer:
-    """One agent's privatised answer to one round, to charge and spool atomically."""
+    def __init__(self, db: sqlite3.Connection, store: "StateStore", now: float):
+        self._db, self._store, self.now = db, store, now
+        self._spent: dict[tuple[str, int], int] = {}  # (agent, period) -> nano-epsilon
 
-    agent: str
-    run: str
-    round: int
-    rounds: int  # L announced with the round; must match what this agent answered before
-    answers_allowed: int  # per run: L (sequential) or 1 (split)
-    ledger_channel: str
-    epsilon: float  # of this answer
-    message: tuple[str, bytes]
+    # -- the ledger --
+    def spent(self, agent: str, start: int) -> int:
+        """Epsilon spent by ``agent`` in the period starting at ``start`` (nano)."""
+        key = (agent, start)
+        if key not in self._spent:
+            self._spent[key] = self._store.spent(agent, start)
+        return self._spent[key]
+
+    def charge(self, agent: str, channel: str, *, epsilon: float, wanted: int, start: int,
+               budget_epsilon: float) -> int:
+        """Charge as many of ``wanted`` reports at ``epsilon`` each as the period's budget
+        still allows (charges round up, the budget down); returns how many."""
+        cost = to_nano_up(epsilon)
+        room = max(0, to_nano_down(budget_epsilon) - self.spent(agent, start))
+        allowed = int(min(wanted, room // cost)) if cost else 0
+        if allowed:
+            self._spent[(agent, start)] += cost * allowed
+            self._db.execute(
+                "INSERT INTO ledger VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent, period_start, "
+                "channel) DO UPDATE SET spent_nano = spent_nano + excluded.spent_nano, "
+                "reports = reports + excluded.reports",
+                (agent, start, channel, cost * allowed, allowed))
+        return allowed
+
+    # -- sequence numbers --
+    def take_seq(self, agent: str, channel: str) -> int:
+        """The next sequence number of (agent, channel), now used up."""
+        seq = self._store.next_seq(agent, channel)
+        self._db.execute("INSERT INTO seq VALUES (?, ?, ?) ON CONFLICT (agent, channel) "
+                         "DO UPDATE SET next = excluded.next", (agent, channel, seq + 1))
+        return seq
+
+    # -- the spool --
+    def spool(self, topic: str, payload: bytes, *, qos: int = 1, lane: int = REPORTS) -> None:
+        self._db.execute("INSERT INTO spool (topic, payload, qos, created, lane) "
+                         "VALUES (?, ?, ?, ?, ?)", (topic, payload, qos, self.now, lane))
+        self._store._spooled += 1
+
+    # -- range discovery --
+    def join_range(self, agent: str, run: str, terms: str) -> bool:
+        """Record that ``agent`` joined ``run`` on ``terms``; False if it had already."""
+        cursor = self._db.execute("INSERT OR IGNORE INTO range_runs VALUES (?, ?, ?, NULL, ?)",
+                                  (agent, run, terms, self.now))
+        return bool(cursor.rowcount)
+
+    def range_run(self, agent: str, run: str) -> RangeRun | None:
+        """The run as ``agent`` joined it, or None if it did not."""
+        row = self._db.execute("SELECT terms, rounds FROM range_runs WHERE agent=? AND run=?",
+                               (agent, run)).fetchone()
+        if row is None:
+            return None
+        answered = self._db.execute("SELECT round FROM range_answers WHERE agent=? AND run=?",
+                                    (agent, run)).fetchall()
+        return RangeRun(row[0], row[1], frozenset(r[0] for r in answered))
+
+    def answer_range(self, agent: str, run: str, round_index: int, rounds: int) -> None:
+        """Record that ``agent`` answered ``round_index`` of ``run`` (of ``rounds``)."""
+        self._db.execute("UPDATE range_runs SET rounds=? WHERE agent=? AND run=?",
+                         (rounds, agent, run))
+        self._db.execute("INSERT INTO range_answers VALUES (?, ?, ?)", (agent, run, round_index))
 
 
 class StateStore:
@@ -157,78 +202,28 @@ class StateStore:
             self._db.close()
 
     @contextlib.contextmanager
-    def _transaction(self):
-        """One write transaction under the lock; on any error nothing of it stays."""
+    def transaction(self, now: float | None = None) -> Iterator[Transaction]:
+        """One write transaction under the lock; on any error nothing of it stays.
+
+        The spool cap is enforced at the end, inside the transaction."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield
+                yield Transaction(self._db, self, time.time() if now is None else now)
+                self._enforce_cap()
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
                 raise
 
-    # -- the ledger ------------------------------------------------------------------
+    # -- reads -----------------------------------------------------------------------
     def spent(self, agent: str, start: int) -> int:
-        row = self._db.execute(
-            "SELECT COALESCE(SUM(spent_nano), 0) FROM ledger WHERE agent=? AND period_start=?",
-            (agent, start)).fetchone()
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COALESCE(SUM(spent_nano), 0) FROM ledger "
+                "WHERE agent=? AND period_start=?", (agent, start)).fetchone()
         return int(row[0])
-
-    def record(self, charges: Iterable[Charge], *, start: int, budget_epsilon: float,
-               now: float | None = None) -> list[ChargeResult]:
-        """Charge, number and spool a batch atomically; see ``Charge``."""
-        now = time.time() if now is None else now
-        budget = to_nano_down(budget_epsilon)
-        results = []
-        with self._transaction():
-            spent = {}
-            for charge in charges:
-                if charge.agent not in spent:
-                    spent[charge.agent] = self.spent(charge.agent, start)
-                cost = to_nano_up(charge.epsilon)
-                affordable = max(0, budget - spent[charge.agent]) // cost if cost else 0
-                allowed = int(min(charge.wanted, affordable))
-                seq = None
-                if allowed:
-                    seq = self._next_seq(charge.agent, charge.channel)
-                    message = charge.build(seq, allowed)
-                    if message is None:  # nothing released, nothing charged
-                        results.append(ChargeResult(charge.channel, 0, None, False))
-                        continue
-                    self._spool(message, now)
-                    self._bump_seq(charge.agent, charge.channel, seq + 1)
-                    spent[charge.agent] += cost * allowed
-                    self._charge(charge.agent, start, charge.channel, cost * allowed, allowed)
-                results.append(ChargeResult(charge.channel, allowed, seq,
-                                            allowed < charge.wanted))
-            self._enforce_cap()
-        return results
-
-    def _charge(self, agent: str, start: int, channel: str, nano: int, reports: int) -> None:
-        self._db.execute(
-            "INSERT INTO ledger VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent, period_start, channel) "
-            "DO UPDATE SET spent_nano = spent_nano + excluded.spent_nano, "
-            "reports = reports + excluded.reports", (agent, start, channel, nano, reports))
-
-    # -- range discovery --------------------------------------------------------------
-    def join_range(self, joins: Iterable[tuple[str, str, str, tuple[str, bytes]]], *,
-                   now: float) -> list[bool]:
-        """Record (agent, run, terms JSON, join reply) and spool the reply, atomically.
-
-        Returns per join whether it is new (an agent joins a run at most once).
-        """
-        results = []
-        with self._transaction():
-            for agent, run, terms, message in joins:
-                cursor = self._db.execute(
-                    "INSERT OR IGNORE INTO range_runs VALUES (?, ?, ?, NULL, ?)",
-                    (agent, run, terms, now))
-                if cursor.rowcount:
-                    self._spool(message, now, lane=RANGE_REPLIES)
-                results.append(bool(cursor.rowcount))
-        return results
 
     def range_terms(self, agent: str, run: str) -> str | None:
         with self._lock:
@@ -236,67 +231,11 @@ class StateStore:
                                    (agent, run)).fetchone()
         return row[0] if row else None
 
-    def answer_range(self, answers: Iterable[RangeAnswer], *, start: int,
-                     budget_epsilon: float, now: float) -> list[str]:
-        """Charge and spool range answers in one transaction; an outcome per answer.
-
-        ``answered``; or, with nothing charged or sent: ``not_joined``,
-        ``duplicate`` (this round was answered already: replays never make an
-        agent answer twice), ``rounds_changed`` (a round announcing another L
-        than the one answered before), ``run_complete`` (the run's answers
-        are used up) or ``exhausted`` (the period budget would be exceeded).
-        """
-        budget = to_nano_down(budget_epsilon)
-        outcomes = []
-        with self._transaction():
-            spent: dict[str, int] = {}
-            for answer in answers:
-                outcome = self._answer_range(answer, start, budget, spent, now)
-                outcomes.append(outcome)
-            self._enforce_cap()
-        return outcomes
-
-    def _answer_range(self, answer: RangeAnswer, start: int, budget: int,
-                      spent: dict[str, int], now: float) -> str:
-        key = (answer.agent, answer.run)
-        row = self._db.execute("SELECT rounds FROM range_runs WHERE agent=? AND run=?",
-                               key).fetchone()
-        if row is None:
-            return "not_joined"
-        if self._db.execute("SELECT 1 FROM range_answers WHERE agent=? AND run=? AND round=?",
-                            (*key, answer.round)).fetchone():
-            return "duplicate"
-        if row[0] is not None and row[0] != answer.rounds:
-            return "rounds_changed"
-        given = self._db.execute("SELECT COUNT(*) FROM range_answers WHERE agent=? AND run=?",
-                                 key).fetchone()[0]
-        if given >= answer.answers_allowed:
-            return "run_complete"
-        if answer.agent not in spent:
-            spent[answer.agent] = self.spent(answer.agent, start)
-        cost = to_nano_up(answer.epsilon)
-        if spent[answer.agent] + cost > budget:
-            return "exhausted"
-        spent[answer.agent] += cost
-        self._db.execute("UPDATE range_runs SET rounds=? WHERE agent=? AND run=?",
-                         (answer.rounds, *key))
-        self._db.execute("INSERT INTO range_answers VALUES (?, ?, ?)", (*key, answer.round))
-        self._charge(answer.agent, start, answer.ledger_channel, cost, 1)
-        self._spool(answer.message, now, lane=RANGE_REPLIES)
-        return "answered"
-
-    def _next_seq(self, agent: str, channel: str) -> int:
-        row = self._db.execute("SELECT next FROM seq WHERE agent=? AND channel=?",
-                               (agent, channel)).fetchone()
-        return row[0] if row else 0
-
-    def _bump_seq(self, agent: str, channel: str, value: int) -> None:
-        self._db.execute("INSERT INTO seq VALUES (?, ?, ?) ON CONFLICT (agent, channel) "
-                         "DO UPDATE SET next = excluded.next", (agent, channel, value))
-
     def next_seq(self, agent: str, channel: str) -> int:
         with self._lock:
-            return self._next_seq(agent, channel)
+            row = self._db.execute("SELECT next FROM seq WHERE agent=? AND channel=?",
+                                   (agent, channel)).fetchone()
+        return row[0] if row else 0
 
     def budget_report(self, agent: str | None = None) -> list[tuple[str, int, str, float, int]]:
         """(agent, period_start, channel, epsilon spent, reports), newest period first."""
@@ -311,18 +250,10 @@ class StateStore:
         return [(a, p, c, n / NANO, r) for a, p, c, n, r in rows]
 
     # -- the spool -------------------------------------------------------------------
-    def _spool(self, message: tuple[str, bytes], now: float, qos: int = 1,
-               lane: int = REPORTS) -> None:
-        topic, payload = message
-        self._db.execute("INSERT INTO spool (topic, payload, qos, created, lane) "
-                         "VALUES (?, ?, ?, ?, ?)", (topic, payload, qos, now, lane))
-        self._spooled += 1
-
     def enqueue(self, topic: str, payload: bytes, *, qos: int = 1, lane: int = REPORTS) -> None:
         """Spool a message that carries no privacy charge (e.g. a range refusal)."""
-        with self._transaction():
-            self._spool((topic, payload), time.time(), qos, lane)
-            self._enforce_cap()
+        with self.transaction() as tx:
+            tx.spool(topic, payload, qos=qos, lane=lane)
 
     def _enforce_cap(self) -> None:
         excess = self._spooled - self.max_messages
@@ -344,7 +275,7 @@ class StateStore:
         ids = list(ids)
         if not ids:
             return
-        with self._transaction():
+        with self.transaction():
             cursor = self._db.executemany("DELETE FROM spool WHERE id=?", [(i,) for i in ids])
             self._spooled -= cursor.rowcount
 

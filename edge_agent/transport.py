@@ -2,8 +2,9 @@
 
 ``Transport`` is all the agent needs from MQTT: start, stop, publish, and a
 queue of events (connected, disconnected, acknowledged).  ``PahoTransport``
-implements it with paho-mqtt 2.x; tests use ``FakeTransport`` for logic and
-the real broker for everything else.
+implements it with the product's MQTT client (``edge_agent.mqtt_client``);
+tests use a fake of their own for logic and the real broker for everything
+else.
 
 paho-mqtt keeps unacknowledged messages only in memory (NOTES.md), so the
 ``Outbox`` never relies on it: a message leaves the spool only when the
@@ -15,14 +16,11 @@ from __future__ import annotations
 
 import collections
 import logging
-import ssl
-import sys
 import threading
 from typing import Protocol
 
-import paho.mqtt.client as mqtt
-
 from .config import BrokerConfig
+from .mqtt_client import MqttClient
 from .state import LANES
 
 log = logging.getLogger(__name__)
@@ -49,63 +47,27 @@ class Transport(Protocol):
 
 
 class PahoTransport:
-    """paho-mqtt 2.x client (CallbackAPIVersion.VERSION2) with automatic reconnect."""
+    """The agent's MQTT connection (``edge_agent.mqtt_client``: MQTT 3.1.1, clean session,
+    automatic reconnect), reduced to events the agent loop reads when it likes."""
 
     def __init__(self, broker: BrokerConfig, *, client_id: str,
                  will: tuple[str, bytes] | None = None):
         self.broker = broker
-        self.connected = False
         self._events: collections.deque = collections.deque()
         self._lock = threading.Lock()
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                             protocol=mqtt.MQTTv311, clean_session=True)
-        if broker.username is not None:
-            client.username_pw_set(broker.username, broker.resolved_password())
-        if broker.tls is not None:
-            tls = broker.tls
-            client.tls_set(ca_certs=str(tls.ca) if tls.ca else None,
-                           certfile=str(tls.cert) if tls.cert else None,
-                           keyfile=str(tls.key) if tls.key else None,
-                           cert_reqs=ssl.CERT_REQUIRED)
-            client.tls_insecure_set(tls.insecure)
-        if will is not None:
-            client.will_set(will[0], will[1], qos=1, retain=True)
-        client.max_inflight_messages_set(broker.max_inflight)
-        client.reconnect_delay_set(min_delay=1, max_delay=30)
-        client.on_connect = self._on_connect
-        client.on_connect_fail = self._on_connect_fail
-        self._connect_error: str | None = None
-        client.on_disconnect = self._on_disconnect
-        client.on_publish = self._on_publish
-        client.on_message = self._on_message
-        self.client = client
-        self.subscriptions: list[str] = []
+        self.client = MqttClient(broker.endpoint(), client_id, log=log, will=will,
+                                 max_inflight=broker.max_inflight,
+                                 on_connected=lambda client, flags: self._push((CONNECTED, None)))
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_publish = self._on_publish
+        self.client.on_message = self._on_message
+
+    @property
+    def connected(self) -> bool:
+        return self.client.is_connected()
 
     # paho calls these from its network thread; they only record events.
-    def _on_connect(self, client, userdata, flags, reason_code, properties):
-        if reason_code.is_failure:
-            log.warning("broker %s:%s refused the connection: %s", self.broker.host,
-                        self.broker.port, reason_code)
-            return
-        self.connected = True
-        self._connect_error = None
-        if self.subscriptions:  # a clean session forgets them at every connection
-            client.subscribe([(topic, 1) for topic in self.subscriptions])
-        self._push((CONNECTED, None))
-
-    def _on_connect_fail(self, client, userdata):
-        # paho retries a failed TCP/TLS connect silently; it calls this from
-        # inside its ``except OSError``, so the reason (refused, certificate
-        # verify failed, hostname mismatch ...) is the exception being handled.
-        # Logged when it changes; the retries (every 1-30 s) only at debug level.
-        reason = str(sys.exc_info()[1] or "unknown error")
-        level = logging.DEBUG if reason == self._connect_error else logging.WARNING
-        self._connect_error = reason
-        log.log(level, "cannot connect to broker %s:%s: %s", self.broker.host, self.broker.port,
-                reason)
-
     def _on_disconnect(self, client, userdata, flags, reason_code, properties):
-        self.connected = False
         self._push((DISCONNECTED, str(reason_code)))
 
     def _on_publish(self, client, userdata, mid, reason_code, properties):
@@ -115,9 +77,7 @@ class PahoTransport:
         self._push((MESSAGE, (message.topic, message.payload)))
 
     def subscribe(self, topics: list[str]) -> None:
-        self.subscriptions = list(topics)
-        if self.connected:
-            self.client.subscribe([(topic, 1) for topic in self.subscriptions])
+        self.client.follow(topics)
 
     def _push(self, event) -> None:
         with self._lock:
@@ -130,63 +90,13 @@ class PahoTransport:
         return events
 
     def start(self) -> None:
-        self.client.connect_async(self.broker.host, self.broker.port, self.broker.keepalive)
-        self.client.loop_start()
+        self.client.start()
 
     def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> int:
         return self.client.publish(topic, payload, qos=qos, retain=retain).mid
 
     def stop(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-        self.connected = False
-
-
-class FakeTransport:
-    """In-memory transport for logic tests: records publishes, acks on demand."""
-
-    def __init__(self, *, connected: bool = True, auto_ack: bool = True):
-        self.connected = connected
-        self.auto_ack = auto_ack
-        self.published: list[tuple[str, bytes, int, bool]] = []
-        self._events: list[tuple[str, object]] = [(CONNECTED, None)] if connected else []
-        self._mid = 0
-        self.unacked: list[int] = []
-        self.subscriptions: list[str] = []
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        self.connected = False
-
-    def publish(self, topic, payload, *, qos=1, retain=False):
-        self._mid += 1
-        self.published.append((topic, payload, qos, retain))
-        if self.auto_ack and self.connected:
-            self._events.append((ACKED, self._mid))
-        else:
-            self.unacked.append(self._mid)
-        return self._mid
-
-    def subscribe(self, topics: list[str]) -> None:
-        self.subscriptions = list(topics)
-
-    def deliver(self, topic: str, payload: bytes) -> None:
-        """Simulate a message arriving on a subscribed topic."""
-        self._events.append((MESSAGE, (topic, payload)))
-
-    def set_connected(self, value: bool) -> None:
-        self.connected = value
-        self._events.append((CONNECTED if value else DISCONNECTED, None))
-
-    def ack_all(self) -> None:
-        self._events.extend((ACKED, mid) for mid in self.unacked)
-        self.unacked.clear()
-
-    def events(self):
-        events, self._events = self._events, []
-        return events
+        self.client.stop()
 
 
 class Outbox:

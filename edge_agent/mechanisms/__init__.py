@@ -7,14 +7,19 @@ compact wire form, and ``pdf``, ``cdf``, ``mean_output``, ``variance``,
 ``expected_error``, ``worst_case_error`` and ``privacy_loss`` are closed forms.
 """
 
+from ._validate import EPSILON_MAX, GRID_BITS_MAX, GRID_BITS_MIN
 from .base import ExactLoss, Mechanism
 from .baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
 from .laplace import BoundedLaplace, TruncatedLaplace
 from .ogpm import ClassicalOGPM, CircularOGPM, PolarOGPM, UnbiasedOGPM, optimal_polar_split
 from .randomness import RandomSource, SeededRandom, SystemRandom
-from .registry import from_description
+from .registry import MECHANISMS, from_description, kind_accepts, linear_mechanism
 
 __all__ = [
+    "EPSILON_MAX",
+    "GRID_BITS_MAX",
+    "GRID_BITS_MIN",
+    "MECHANISMS",
     "BoundedLaplace",
     "CircularOGPM",
     "ClassicalOGPM",
@@ -31,5 +36,7 @@ __all__ = [
     "TruncatedLaplace",
     "UnbiasedOGPM",
     "from_description",
+    "kind_accepts",
+    "linear_mechanism",
     "optimal_polar_split",
 ]

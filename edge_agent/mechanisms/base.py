@@ -135,7 +135,7 @@ class Mechanism(ABC):
         return self.output_low + np.arange(self.n_cells + 1) * self.cell_width
 
     @cached_property
-    def _grid_values(self) -> tuple[float, float]:
+    def grid_values(self) -> tuple[float, float]:
         """(value of code 0, step between codes): code k reports the centre of cell k."""
         return self.output_low + 0.5 * self.cell_width, self.cell_width
 
@@ -144,7 +144,7 @@ class Mechanism(ABC):
         array = np.asarray(codes)
         if array.dtype.kind not in "iu":
             raise TypeError(f"codes must be integers, got dtype {array.dtype}")
-        origin, step = self._grid_values
+        origin, step = self.grid_values
         values, bad = _kernels.cell_values(np.ascontiguousarray(array.reshape(-1)),
                                            value_origin=origin, value_step=step,
                                            n_cells=self.n_cells)

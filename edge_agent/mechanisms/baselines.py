@@ -183,7 +183,7 @@ class Duchi(Mechanism):
         return 0.5 + (e - 1.0) / (2.0 * (e + 1.0)) * t
 
     @cached_property
-    def _grid_values(self) -> tuple[float, float]:
+    def grid_values(self) -> tuple[float, float]:
         """Code 0 is the lower atom, code 1 the upper (not cell centres)."""
         return self.output_low, self._atom_step
 

@@ -161,7 +161,7 @@ class ThreePieceMechanism(Mechanism):
     def _sample(self, x: np.ndarray, source: RandomSource, as_values: bool):
         out = np.empty(x.shape[0], dtype=np.float64 if as_values else np.uint32)
         bad, clipped = _kernels.tpm_linear(x, source.words(x.shape[0]), out, self._kernel_args,
-                                           *self._grid_values)
+                                           *self.grid_values)
         return out, bad, clipped
 
 
@@ -252,7 +252,7 @@ class CircularThreePiece(ThreePieceMechanism):
     def _sample(self, x: np.ndarray, source: RandomSource, as_values: bool):
         out = np.empty(x.shape[0], dtype=np.float64 if as_values else np.uint32)
         bad, wrapped = _kernels.tpm_circular(x, source.words(x.shape[0]), out, self._kernel_args,
-                                             *self._grid_values)
+                                             *self.grid_values)
         return out, bad, wrapped
 
     def describe(self) -> dict[str, Any]:

@@ -10,20 +10,20 @@ counted in ``rejected_rows``.
 
 paho's network thread receives messages and appends parsed records to a
 buffer; ``poll`` swaps the buffer out under a lock, so it never blocks on the
-network.  paho reconnects by itself (``reconnect_delay_set``) and the
-subscription is renewed in ``on_connect``.  The source never finishes.
+network.  The client (``edge_agent.mqtt_client``) reconnects by itself and
+renews the subscription on every connection.  The source never finishes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import deque
 
-import paho.mqtt.client as mqtt
-
 from ..config import MqttSourceConfig
+from ..mqtt_client import MqttClient
 from ..readings import Readings
 from .base import Source
 from .derive import apply_derive, with_derived
@@ -32,8 +32,8 @@ from .jsonl import Record, parse_record, records_to_readings
 # Records kept while the agent does not poll; past this the oldest are dropped
 # (and counted in ``dropped_rows``), bounding memory.
 MAX_BUFFERED_ROWS = 200_000
-RECONNECT_MIN_S, RECONNECT_MAX_S = 1, 30
-KEEPALIVE_S = 30
+
+log = logging.getLogger(__name__)
 
 
 class MqttSource(Source):
@@ -54,7 +54,7 @@ class MqttSource(Source):
         self.dropped_rows = 0
         self._buffer: deque[Record] = deque()
         self._lock = threading.Lock()
-        self._client: mqtt.Client | None = None
+        self._client: MqttClient | None = None
 
     def __repr__(self) -> str:
         return (f"MqttSource({self.name!r}, broker={self.config.host}:{self.config.port}, "
@@ -64,39 +64,31 @@ class MqttSource(Source):
     def start(self) -> None:
         if self._client is not None:
             return
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id)
-        if self.config.username is not None:
-            password = self.config.password
-            client.username_pw_set(self.config.username,
-                                   password.get_secret_value() if password else None)
-        client.reconnect_delay_set(RECONNECT_MIN_S, RECONNECT_MAX_S)
-        client.on_connect = self._on_connect
+        # Connects asynchronously: the network thread keeps retrying if the broker is
+        # not up yet, so a gateway can start before its broker.
+        client = MqttClient(self.config.endpoint(), self.client_id, log=log,
+                            label=f"mqtt source {self.name!r}",
+                            on_connected=self._on_connected)
         client.on_disconnect = self._on_disconnect
         client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
         try:
-            # Asynchronous: the network thread keeps retrying if the broker is
-            # not up yet, so a gateway can start before its broker.
-            client.connect_async(self.config.host, self.config.port, keepalive=KEEPALIVE_S)
+            client.start()
         except (OSError, ValueError) as exc:
             self.fail(f"mqtt source {self.name!r}: cannot connect to "
                       f"{self.config.host}:{self.config.port}: {exc}")
             return
-        client.loop_start()
         self._client = client
 
     def stop(self) -> None:
         client, self._client = self._client, None
         if client is None:
             return
-        client.disconnect()
-        client.loop_stop()
+        client.stop()
         self.connected = self.subscribed = False
 
     # -- paho callbacks (network thread) -------------------------------------------
-    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
-        if reason_code.is_failure:
-            return  # paho retries; a refused login shows up as never connecting
+    def _on_connected(self, client, flags) -> None:
         self.connected = True
         try:
             client.subscribe(self.topic, qos=1)

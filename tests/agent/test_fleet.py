@@ -17,7 +17,8 @@ import pytest
 
 from edge_agent.agent import AgentService
 from edge_agent.config import ConfigError, CsvSourceConfig, parse_config
-from edge_agent.fleet import FleetService, check_fleet, virtual_agent_ids
+import edge_agent.agent as agent_module
+from edge_agent.fleet import check_fleet, fleet_service, virtual_agent_ids
 from edge_agent.readings import Readings
 from edge_agent.sources import CsvSource
 from edge_agent.state import StateStore
@@ -174,7 +175,7 @@ def spooled(store) -> list[dict]:
 
 
 def test_one_record_transaction_per_batch_for_all_cores(tmp_path):
-    service = FleetService(fleet_config(tmp_path), count=40, transport=FakeTransport(),
+    service = fleet_service(fleet_config(tmp_path), count=40, transport=FakeTransport(),
                            rng=np.random.default_rng(0))
     for core in service.cores:
         core.start()
@@ -200,7 +201,7 @@ def test_budget_is_per_virtual_agent(tmp_path, caplog):
     config = fleet_config(tmp_path, budget=60.0, channels=[
         {"name": "ax", "source": "imu", "field": "accel_x", "kind": "linear",
          "epsilon": 1.0, "domain": [-2, 2]}])
-    service = FleetService(config, count=5, transport=FakeTransport())
+    service = fleet_service(config, count=5, transport=FakeTransport())
     for core in service.cores:
         core.start()
     service.tick(T0)
@@ -215,14 +216,15 @@ def test_budget_is_per_virtual_agent(tmp_path, caplog):
     service.store.close()
 
 
-def test_run_loop_records_once_per_batch(tmp_path):
+def test_run_loop_records_once_per_batch(tmp_path, monkeypatch):
     config = fleet_config(tmp_path, sources=[
         {"name": "imu", "type": "synthetic", "rate_hz": 50, "duration": 0.5}])
-    service = FleetService(config, count=12, transport=FakeTransport(), drain_timeout=5)
+    service = fleet_service(config, count=12, transport=FakeTransport(), drain_timeout=5)
     ticks, records = [], []
-    tick, record = service.tick, service.store.record
+    tick, record = service.tick, agent_module.record_batches
     service.tick = lambda now: (ticks.append(now), tick(now))[1]
-    service.store.record = lambda *a, **k: (records.append(1), record(*a, **k))[1]
+    monkeypatch.setattr(agent_module, "record_batches",
+                        lambda *a, **k: (records.append(1), record(*a, **k))[1])
     assert service.run() == 0
     assert len(ticks) >= 3 and 1 <= len(records) <= len(ticks)
     published = [json.loads(p) for t, p, _, _ in service.transport.published
@@ -235,7 +237,7 @@ def test_run_loop_records_once_per_batch(tmp_path):
 
 
 def test_virtual_agents_share_mechanisms_not_state(tmp_path):
-    service = FleetService(fleet_config(tmp_path), count=3, transport=FakeTransport())
+    service = fleet_service(fleet_config(tmp_path), count=3, transport=FakeTransport())
     a, b = service.cores[0], service.cores[1]
     assert a.channels[0].mechanism is b.channels[0].mechanism
     assert a.channels[0].topic == "ldp/v1/demo/w1-0/ax"
@@ -255,9 +257,9 @@ def test_virtual_agents_share_mechanisms_not_state(tmp_path):
 def test_configured_seed_still_gives_each_agent_its_own_stream(tmp_path):
     config = fleet_config(tmp_path, sources=[
         {"name": "imu", "type": "synthetic", "rate_hz": 50, "seed": 7}])
-    seeds = [c.sources["imu"].seed for c in FleetService(
+    seeds = [c.sources["imu"].seed for c in fleet_service(
         config, count=4, transport=FakeTransport()).cores]
-    again = [c.sources["imu"].seed for c in FleetService(
+    again = [c.sources["imu"].seed for c in fleet_service(
         config, count=4, transport=FakeTransport()).cores]
     assert len(set(seeds)) == 4 and seeds == again
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from edge_agent.channels import Selection, build_channel, vector_plan
 from edge_agent.config import VectorChannelConfig, parse_config
 from edge_agent.readings import Readings
-from edge_agent.state import NANO, Charge, StateStore, period_start
+from edge_agent.state import NANO, StateStore, period_start
 from edge_agent.transport import Outbox
 from tests.support import FakeTransport, agent_config
 
@@ -25,7 +27,41 @@ def _config(**overrides):
 
 
 def _message(seq, allowed):
-    return f"ldp/v1/demo/w1/ax", json.dumps({"seq": seq, "n": allowed}).encode()
+    return "ldp/v1/demo/w1/ax", json.dumps({"seq": seq, "n": allowed}).encode()
+
+
+@dataclass
+class Charge:
+    """One channel's wish to release ``wanted`` reports at ``epsilon`` each."""
+
+    agent: str
+    channel: str
+    epsilon: float
+    wanted: int
+    build: Callable = _message
+
+
+@dataclass
+class Released:
+    allowed: int
+    seq: int | None
+    exhausted: bool
+
+
+def record(store: StateStore, charges: list[Charge], *, start: int,
+           budget_epsilon: float) -> list[Released]:
+    """Charge, number and spool in one transaction, as the agent core does."""
+    results = []
+    with store.transaction() as tx:
+        for c in charges:
+            allowed = tx.charge(c.agent, c.channel, epsilon=c.epsilon, wanted=c.wanted,
+                                start=start, budget_epsilon=budget_epsilon)
+            seq = None
+            if allowed:
+                seq = tx.take_seq(c.agent, c.channel)
+                tx.spool(*c.build(seq, allowed))
+            results.append(Released(allowed, seq, allowed < c.wanted))
+    return results
 
 
 # -- the ledger ----------------------------------------------------------------------------
@@ -34,17 +70,17 @@ def test_budget_allows_only_what_fits_and_persists(tmp_path):
     path = tmp_path / "state.sqlite"
     store = StateStore(path)
     start = period_start(1000.0, 86400)
-    [r] = store.record([Charge("w1", "ax", 1.5, 4, _message)], start=start, budget_epsilon=5.0)
+    [r] = record(store, [Charge("w1", "ax", 1.5, 4, _message)], start=start, budget_epsilon=5.0)
     assert (r.allowed, r.seq, r.exhausted) == (3, 0, True)  # 3 * 1.5 <= 5 < 4 * 1.5
     assert store.spent("w1", start) == 4_500_000_000
     store.close()
     again = StateStore(path)  # a restart does not reset the budget
-    [r] = again.record([Charge("w1", "ax", 0.5, 10, _message)], start=start, budget_epsilon=5.0)
+    [r] = record(again, [Charge("w1", "ax", 0.5, 10, _message)], start=start, budget_epsilon=5.0)
     assert (r.allowed, r.seq) == (1, 1)
-    [r] = again.record([Charge("w1", "ax", 0.5, 1, _message)], start=start, budget_epsilon=5.0)
+    [r] = record(again, [Charge("w1", "ax", 0.5, 1, _message)], start=start, budget_epsilon=5.0)
     assert r.allowed == 0 and r.exhausted and r.seq is None
     # A new period starts from zero; the sequence continues.
-    [r] = again.record([Charge("w1", "ax", 0.5, 2, _message)], start=start + 86400,
+    [r] = record(again, [Charge("w1", "ax", 0.5, 2, _message)], start=start + 86400,
                        budget_epsilon=5.0)
     assert (r.allowed, r.seq) == (2, 2)
 
@@ -52,7 +88,7 @@ def test_budget_allows_only_what_fits_and_persists(tmp_path):
 def test_budget_is_shared_by_channels_and_never_overspent_by_rounding(tmp_path):
     store = StateStore(tmp_path / "s.sqlite")
     charges = [Charge("w1", "a", 0.1, 40, _message), Charge("w1", "b", 0.1, 40, _message)]
-    results = store.record(charges, start=0, budget_epsilon=3.0)
+    results = record(store, charges, start=0, budget_epsilon=3.0)
     assert [r.allowed for r in results] == [30, 0]  # 30 * 0.1 = 3.0 exactly, no more
     assert store.spent("w1", 0) <= 3 * NANO
 
@@ -65,7 +101,7 @@ def test_charge_seq_and_message_are_atomic(tmp_path):
         raise RuntimeError("perturbation failed")
 
     with pytest.raises(RuntimeError):
-        store.record([Charge("w1", "ax", 1.0, 2, _message), Charge("w1", "ay", 1.0, 2, broken)],
+        record(store, [Charge("w1", "ax", 1.0, 2, _message), Charge("w1", "ay", 1.0, 2, broken)],
                      start=0, budget_epsilon=100)
     assert store.spent("w1", 0) == 0
     assert store.next_seq("w1", "ax") == 0
@@ -74,7 +110,7 @@ def test_charge_seq_and_message_are_atomic(tmp_path):
 
 def test_agents_sharing_a_file_have_separate_ledgers_and_seqs(tmp_path):
     store = StateStore(tmp_path / "s.sqlite")
-    store.record([Charge("a", "ax", 1.0, 3, _message), Charge("b", "ax", 1.0, 5, _message)],
+    record(store, [Charge("a", "ax", 1.0, 3, _message), Charge("b", "ax", 1.0, 5, _message)],
                  start=0, budget_epsilon=4)
     assert store.spent("a", 0) == 3 * NANO and store.spent("b", 0) == 4 * NANO
     assert store.next_seq("a", "ax") == 1 and store.next_seq("b", "ax") == 1
@@ -83,7 +119,7 @@ def test_agents_sharing_a_file_have_separate_ledgers_and_seqs(tmp_path):
 def test_state_file_is_wal_and_holds_no_raw_readings(tmp_path):
     path = tmp_path / "s.sqlite"
     store = StateStore(path)
-    store.record([Charge("w1", "ax", 1.0, 1, _message)], start=0, budget_epsilon=10)
+    record(store, [Charge("w1", "ax", 1.0, 1, _message)], start=0, budget_epsilon=10)
     mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
 

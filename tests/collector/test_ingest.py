@@ -11,10 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector import ingest
-from collector.ingest import Ingestor, SeqTracker, parse_report, Rejected
+from collector import checkpoint, checkpoint_v0, dedup
+from collector.dedup import SeqTracker
+from collector.ingest import Ingestor
 from collector.store import CollectorStore
 from edge_agent import protocol
+from edge_agent.protocol import Rejected
+from edge_agent.protocol import decode_report as parse_report
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 from tests.support import REPO
 
@@ -128,7 +131,7 @@ def test_duplicates_and_out_of_order_redeliveries():
 
 
 def test_seq_tracker_memory_is_bounded(monkeypatch):
-    monkeypatch.setattr(ingest, "MAX_SPAN", 128)
+    monkeypatch.setattr(dedup, "MAX_SPAN", 128)
     tracker = SeqTracker()
     for seq in range(1, 500):  # seq 0 never arrives (dropped by the agent's spool cap)
         tracker.add(seq)
@@ -153,8 +156,8 @@ def test_seq_tracker_matches_a_plain_set():
 
 
 def test_seq_tracker_loads_checkpoints_of_the_set_form():
-    old = SeqTracker.__new__(SeqTracker)
-    old.__setstate__({"floor": 4, "above": {6, 9}, "max_pending": 10_000})
+    old = SeqTracker.from_state(checkpoint_v0.tracker_state(
+        "w1", "ax", {"floor": 4, "above": {6, 9}, "max_pending": 10_000}))
     assert [s for s in range(12) if old.seen(s)] == [0, 1, 2, 3, 4, 6, 9]
 
 
@@ -227,8 +230,8 @@ def test_fuzzed_fields_of_valid_messages(seq, codes, t, field, junk):
 # -- the store: checkpoint + journal replay gives exactly the committed state -----------------
 
 def test_checkpoint_plus_journal_replay_equals_the_live_state(tmp_path):
+    from collector.checkpoint import restore
     from collector.config import parse_collector_config
-    from collector.service import restore
 
     config = parse_collector_config({"fleet": FLEET, "storage": {"path": str(tmp_path / "s.db")}})
     store = CollectorStore(config.storage.path)
@@ -244,7 +247,7 @@ def test_checkpoint_plus_journal_replay_equals_the_live_state(tmp_path):
             live.ingest(t, p, received)
             position = row_id
         if seq == 15:
-            store.checkpoint(pickle.dumps(live), position)
+            store.checkpoint(checkpoint.dump(live), position)
     store.commit()
     for row_id, t, p, received in store.read_journal(position):
         live.ingest(t, p, received)

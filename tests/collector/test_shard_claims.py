@@ -1,4 +1,4 @@
-"""Exactly-once counting across shards (collector.shards.ClaimBook), simulated in process.
+"""Exactly-once counting across shards (collector.claims.ClaimBook), simulated in process.
 
 Three shards get the report stream round-robin, as Mosquitto's shared
 subscription does (a dead shard's share waits in its session).  Copies of
@@ -11,17 +11,18 @@ At the end the merged shards must equal one collector that saw everything.
 from __future__ import annotations
 
 import collections
-import pickle
 
 import numpy as np
 import orjson
 import pytest
 
-from collector import ingest
-from collector.ingest import Ingestor, parse_report
-from collector.shards import MAX_SEQS_PER_KEY, ClaimBook
+from collector import checkpoint, dedup
+from collector.claims import ClaimBook
+from collector.ingest import Ingestor
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM
+from edge_agent.protocol import decode_report as parse_report
+from edge_agent.protocol.states import MAX_SEQS_PER_KEY
 
 FLEET = "sim"
 TIMEOUT = 1.0
@@ -51,13 +52,29 @@ def report_stream(rng, *, agents=5, messages=60, copies=0.2):
     return stream
 
 
+class Reference(Ingestor):
+    """One collector that saw everything; the copies only the shards see (redispatched by
+    the broker) are duplicates there too."""
+
+    def __init__(self):
+        super().__init__(fleet=FLEET, bins=20, window_seconds=10, keep_windows=4)
+        self.redispatched = 0
+
+    @property
+    def counters(self) -> collections.Counter:
+        totals = super().counters
+        totals["duplicates"] += self.redispatched
+        totals["redispatched"] = self.redispatched
+        return totals
+
+
 class Shard:
     def __init__(self, name, clock):
         self.name, self.clock = name, clock
         self.ingestor = Ingestor(fleet=FLEET, bins=20, window_seconds=10, keep_windows=4)
         self.ingestor.claims = ClaimBook(name, "g", peer_timeout=TIMEOUT)
         self.ingestor.claims.configure(name, "g", peer_timeout=TIMEOUT, clock=clock)
-        self.saved, self.journal = pickle.dumps(self.ingestor), []
+        self.saved, self.journal = checkpoint.dump(self.ingestor), []
         self.alive = True
         self.reports = collections.deque()  # the broker's queue for this shard's session
         self.claims = collections.deque()  # peers' claims messages on their way to us
@@ -77,12 +94,13 @@ class Shard:
     def checkpoint(self):
         claims = self.ingestor.claims
         written = claims.snapshot()
-        self.saved, self.journal = pickle.dumps(self.ingestor), []
+        self.saved, self.journal = checkpoint.dump(self.ingestor), []
         claims.promote(written)
 
     def restart(self, retained):
         """Last checkpoint plus the journal replayed; the peers' retained claims arrive."""
-        ingestor = pickle.loads(self.saved)
+        ingestor, held = checkpoint.load(self.saved)
+        ingestor.claims = ClaimBook(self.name, "g", peer_timeout=TIMEOUT, held=held)
         ingestor.claims.configure(self.name, "g", peer_timeout=TIMEOUT, clock=self.clock)
         for topic, payload, received in self.journal:
             ingestor.ingest(topic, payload, received)
@@ -100,7 +118,7 @@ def simulate(seed, *, crash=None, claims=True, shards=3, redispatch=False, copie
     as EMQX may (MQTT 5 allows it); Mosquitto keeps both for the dead session."""
     rng = np.random.default_rng(seed)
     stream = report_stream(rng, copies=copies)
-    single = Ingestor(fleet=FLEET, bins=20, window_seconds=10, keep_windows=4)
+    single = Reference()
     for topic, payload in stream:
         single.ingest(topic, payload, 0.0)
     now = [0.0]
@@ -111,7 +129,6 @@ def simulate(seed, *, crash=None, claims=True, shards=3, redispatch=False, copie
             shard.ingestor.claims = None
     retained: dict[str, bytes] = {}
     position, step = 0, 0
-    single.counters["redispatched"] = 0  # copies only the shards see
     while True:
         step += 1
         now[0] += STEP
@@ -126,8 +143,7 @@ def simulate(seed, *, crash=None, claims=True, shards=3, redispatch=False, copie
                 dead.alive = False
                 if redispatch:
                     unacked = [(topic, payload) for topic, payload, _ in dead.journal[-10:]]
-                    single.counters["duplicates"] += len(unacked)
-                    single.counters["redispatched"] += len(unacked)
+                    single.redispatched += len(unacked)
                     others = [m for m in members if m is not dead]
                     for i, message in enumerate(unacked + list(dead.reports)):
                         others[i % len(others)].reports.append(message)
@@ -198,7 +214,7 @@ def test_an_outage_longer_than_the_trackers_bound_loses_nothing(seed, monkeypatc
     never reach the restarted shard, or it would drop the reports its session
     queued (they were never counted anywhere).  No copies here: a copy older
     than a tracker's span may be counted twice, by design (SeqTracker)."""
-    monkeypatch.setattr(ingest, "MAX_SPAN", 16)
+    monkeypatch.setattr(dedup, "MAX_SPAN", 16)
     single, merged, steps = simulate(seed, crash=(seed % 3, 60, 600), copies=0)
     assert steps < 20_000, "the shards never settled"
     assert_same(single, merged)
@@ -222,7 +238,10 @@ def test_claims_survive_a_restore_and_refuse_hostile_messages():
     report = parse_report(*report_stream(np.random.default_rng(0))[0], FLEET)
     book.hold(report, 5.0)
     book.message(1.0, {})
-    again = pickle.loads(pickle.dumps(book))
+    ingestor = Ingestor(fleet=FLEET)
+    ingestor.claims = book
+    _, held = checkpoint.load(checkpoint.dump(ingestor))  # a checkpoint and a restart
+    again = ClaimBook("s1", "g", held=held)
     # Held reports survive; the incarnation is new, so their claims must be made again.
     assert again.is_held(report) and again.held[(report.agent, report.channel,
                                                  report.seq)].claimed_in is None
@@ -284,8 +303,8 @@ def test_a_peer_that_restarts_with_an_older_clock_is_heard():
 def test_leaving_shard_mode_settles_held_reports_against_the_tracker():
     """A shard restarted as a single collector applies what it held, except copies
     of reports it had already counted."""
+    from collector.checkpoint import attach_claims
     from collector.config import parse_collector_config
-    from collector.service import shard_setup
 
     ingestor = Ingestor(fleet=FLEET, bins=20, window_seconds=10, keep_windows=4)
     ingestor.claims = ClaimBook("s1", "g")
@@ -293,8 +312,9 @@ def test_leaving_shard_mode_settles_held_reports_against_the_tracker():
     ingestor.claims.hold(parse_report(*first, FLEET), 1.0)
     ingestor.claims.hold(parse_report(*second, FLEET), 1.0)
     report = parse_report(*first, FLEET)
-    ingestor.trackers.setdefault((report.agent, report.channel), ingest.SeqTracker()).add(
+    ingestor.trackers.setdefault((report.agent, report.channel), dedup.SeqTracker()).add(
         report.seq)  # counted already: the held one is a copy
-    shard_setup(parse_collector_config({"fleet": FLEET}), ingestor)
+    held = [(entry.report, entry.received) for entry in ingestor.claims.held.values()]
+    attach_claims(parse_collector_config({"fleet": FLEET}), ingestor, held)
     assert ingestor.claims is None
     assert ingestor.counters["messages"] == 1 and ingestor.counters["duplicates"] == 1

@@ -7,26 +7,36 @@ import json
 import math
 import pickle
 
+import msgspec
 import numpy as np
 import pytest
 
 from collector.ingest import Ingestor
+from collector.merge import MergeView, decode_state
 from collector.series import Series
-from collector.shards import MergeView, decode_state, encode_state, shard_topic
 from collector.stats import StateError
 from collector.views import Views
 from edge_agent import protocol
+from edge_agent.protocol import shard_topic
+from edge_agent.protocol.states import SHARD_STATE_VERSION, AggregateSettings
+from edge_agent.protocol.states import encode_shard_state as encode_state
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 
 from .test_stats import STATISTICS, _make_series, _message, _series_cases
 
 FLEET = "demo"
 SETTINGS = {"bins": 20, "window_seconds": 10.0, "keep_windows": 4}
+TYPED_SETTINGS = AggregateSettings(**SETTINGS)
+
+
+def as_json(state):
+    """A typed state as the plain JSON values it travels as."""
+    return json.loads(protocol.encode(state))
 
 
 def _exactly(a, b) -> bool:
     """Equal to the last bit (floats too), as loaded from JSON text."""
-    return json.dumps(a) == json.dumps(b)
+    return json.dumps(msgspec.to_builtins(a)) == json.dumps(msgspec.to_builtins(b))
 
 
 @pytest.mark.parametrize("name", STATISTICS)
@@ -81,7 +91,7 @@ def test_series_round_trip(name):
     for i in range(12):
         series.update(agent=f"agent-{i % 3}", t=7.0 * i,
                       codes=_message(case, spec["mechanism"], rng, 40))
-    state = json.loads(json.dumps(series.to_state()))
+    state = as_json(series.to_state())
     again = Series.from_state(state, bins=50, window_seconds=10, keep_windows=5)
     assert again == series
     assert _exactly(again.get(windows=True), series.get(windows=True))
@@ -93,11 +103,12 @@ def _series_state():
     rng = np.random.default_rng(1)
     for i in range(4):
         series.update(agent="w1", t=3.0 * i, codes=rng.integers(0, 1 << 16, 30))
-    return series.to_state()
+    return as_json(series.to_state())
 
 
 @pytest.mark.parametrize("mutate, match", [
-    (lambda s: s.update(kind="circular"), "circular channel with mechanism ogpm"),
+    (lambda s: s.update(mechanism=CircularOGPM(epsilon=1).describe()),
+     "linear channel with mechanism ogpm-circular"),
     (lambda s: s.update(kind="spiral"), "kind"),
     (lambda s: s.update(channel="_x"), "channel"),
     (lambda s: s["mechanism"].update(epsilon=-1), "mechanism"),
@@ -107,12 +118,12 @@ def _series_state():
     (lambda s: s.update(messages=-1), "messages"),
     (lambda s: s["total"]["value"]["count"].__setitem__(0, 999), "counts"),
     (lambda s: s["total"]["value"]["raw"][0].__setitem__(0, 10**6), "counts"),
-    (lambda s: s["total"].pop("value"), "blocks"),
+    (lambda s: s["total"].pop("value"), r"missing required field `value` - at `\$\.total`"),
     (lambda s: s["windows"].append(s["windows"][0]), "windows"),
     (lambda s: s["windows"].extend([[100 + i, s["windows"][0][1]] for i in range(5)]),
      "at most 5"),
-    (lambda s: s["windows"][0].__setitem__(0, 1.5), "start"),
-    (lambda s: s.update(extra=1), "keys"),
+    (lambda s: s["windows"][0].__setitem__(0, 1.5), r"windows\[0\]\[0\]"),
+    (lambda s: s.update(extra=1), "unknown field `extra`"),
 ])
 def test_series_refuses_malformed_states(mutate, match):
     state = _series_state()
@@ -167,7 +178,7 @@ def test_ingestor_round_trip_gives_the_same_api_document():
                                     dt=1, mechanism=ClassicalOGPM(epsilon=2, low=-2,
                                                                   high=2).describe(),
                                     codes=[5, 6]), 300.0)
-    again = Ingestor.from_state(json.loads(json.dumps(ingestor.to_state())))
+    again = Ingestor.from_state(as_json(ingestor.to_state()))
     clock = lambda: 1000.0  # noqa: E731
     assert _exactly(Views(lambda: again, clock=clock).channels_json(),
                     Views(lambda: ingestor, clock=clock).channels_json())
@@ -186,7 +197,7 @@ def test_merged_states_equal_one_ingestor_that_saw_everything():
     fill(parts[1], rng, agents=[3])
     merged = new()
     for part in parts:
-        merged.merge(Ingestor.from_state(json.loads(json.dumps(part.to_state()))))
+        merged.merge(Ingestor.from_state(as_json(part.to_state())))
     clock = lambda: 1000.0  # noqa: E731
     a = Views(lambda: merged, clock=clock).channels_json()
     b = Views(lambda: whole, clock=clock).channels_json()
@@ -200,7 +211,8 @@ def test_merged_states_equal_one_ingestor_that_saw_everything():
 
 def _document(ingestor=None, **changes) -> dict:
     ingestor = ingestor or fill(new(), np.random.default_rng(9), agents=[0, 1], seqs=range(3))
-    document = json.loads(encode_state(ingestor.to_state(), shard="s1", group="g", every=5.0, now=50.0))
+    document = json.loads(encode_state(ingestor.to_state(), shard="s1", group="g", every=5.0,
+                                       now=50.0))
     document.update(changes)
     return document
 
@@ -210,13 +222,13 @@ def _payload(document) -> bytes:
 
 
 def _decode(payload: bytes):
-    return decode_state(payload, shard="s1", fleet=FLEET, settings=SETTINGS, group="g")
+    return decode_state(payload, shard="s1", fleet=FLEET, settings=TYPED_SETTINGS, group="g")
 
 
 def test_state_document_decodes():
     envelope, ingestor = _decode(_payload(_document()))
-    assert envelope == {"v": 1, "type": "shard-state", "shard": "s1", "group": "g", "t": 50.0,
-                        "every": 5.0}
+    assert envelope == {"v": SHARD_STATE_VERSION, "type": "shard-state", "shard": "s1",
+                        "group": "g", "t": 50.0, "every": 5.0}
     assert ingestor.counters["messages"] == 2 * 3 * 4
 
 
@@ -238,18 +250,20 @@ def _wrapping_bins(counts: list) -> None:
 HOSTILE = {
     "not json": (lambda d: None, b"\x80{", "json"),
     "nan": (lambda d: None, b'{"v": NaN}', "json"),
-    "huge integer": (lambda d: None, b'{"v": 1' + b"0" * 5000 + b"}", "json"),
-    "deep nesting": (lambda d: None, b"[" * 100_000 + b"]" * 100_000, "json"),
+    # Read through the types, an integer beyond any number is a bad version, and an
+    # array nested 100,000 deep is an array where an object belongs.
+    "huge integer": (lambda d: None, b'{"v": 1' + b"0" * 5000 + b"}", "version"),
+    "deep nesting": (lambda d: None, b"[" * 100_000 + b"]" * 100_000, "schema"),
     "not an object": (lambda d: None, b"[1, 2]", "schema"),
-    "version 2": (_set(["v"], 2), None, "version"),
+    "another version": (_set(["v"], SHARD_STATE_VERSION + 1), None, "version"),
     "other shard's name": (_set(["shard"], "s2"), None, "topic"),
     "other group": (_set(["group"], "h"), None, "group"),
     "other fleet": (_set(["state", "fleet"], "prod"), None, "fleet"),
     "other bins": (_set(["state", "settings", "bins"], 50), None, "settings"),
     "negative t": (_set(["t"], -1), None, "schema"),
-    "counters off": (_set(["state", "counters", "values"], 1), None, "schema"),
+    "counters off": (_set(["state", "agents", "w0", "values"], 1), None, "schema"),
     "agent's messages off": (_set(["state", "agents", "w0", "messages"], 999), None, "schema"),
-    "bool count": (_set(["state", "counters", "messages"], True), None, "schema"),
+    "bool count": (_set(["state", "agents", "w0", "messages"], True), None, "schema"),
     "a bin count changed": (
         lambda d: d["state"]["series"][0]["total"]["value"]["raw"][0].__setitem__(3, 10**6),
         None, "schema"),
@@ -289,7 +303,7 @@ def test_hostile_states_are_rejected_with_a_reason(case):
 
 def test_merge_view_keeps_the_last_good_state_and_counts_rejects():
     clock = [1000.0]
-    view = MergeView(FLEET, SETTINGS, group="g", clock=lambda: clock[0])
+    view = MergeView(FLEET, TYPED_SETTINGS, group="g", clock=lambda: clock[0])
     topic = shard_topic(FLEET, "s1", "state")
     good = _document()
     assert view.update(topic, _payload(good)) == "accepted"
@@ -307,7 +321,8 @@ def test_merge_view_keeps_the_last_good_state_and_counts_rejects():
     assert after == before  # nothing changed the aggregates
     shards = view.shards_json()
     assert sum(shards["shard_rejects"].values()) == len(HOSTILE) + 1
-    assert shards["shards"]["s1"]["messages"] == good["state"]["counters"]["messages"]
+    assert shards["shards"]["s1"]["messages"] == sum(
+        agent["messages"] for agent in good["state"]["agents"].values())
     assert shards["shards"]["s1"]["error"].startswith("stale")
     # A newer good state replaces it and clears the error; an empty retained message
     # (the operator cleared the topic) removes the shard.
@@ -319,11 +334,12 @@ def test_merge_view_keeps_the_last_good_state_and_counts_rejects():
 
 def test_merge_view_merges_shards_and_reports_freshness():
     clock = [1000.0]
-    view = MergeView(FLEET, SETTINGS, group="g", clock=lambda: clock[0])
+    view = MergeView(FLEET, TYPED_SETTINGS, group="g", clock=lambda: clock[0])
     rng = np.random.default_rng(12)
     parts = [fill(new(), rng, agents=[a]) for a in range(3)]
     for i, part in enumerate(parts):
-        payload = encode_state(part.to_state(), shard=f"s{i}", group="g", every=5.0, now=990.0 + i)
+        payload = encode_state(part.to_state(), shard=f"s{i}", group="g", every=5.0,
+                               now=990.0 + i)
         assert view.update(shard_topic(FLEET, f"s{i}", "state"), payload) == "accepted"
     merged = view.ingestor()
     assert merged.counters["messages"] == sum(p.counters["messages"] for p in parts)
@@ -363,7 +379,7 @@ def test_merge_keeps_the_newest_status_whatever_the_shard_order():
     def one(state, t):
         ingestor = new()
         topic = f"{protocol.TOPIC_ROOT}/{FLEET}/w1/status"
-        ingestor.ingest(topic, json.dumps({"state": state, "t": t}).encode(), t)
+        ingestor.ingest(topic, protocol.status(agent="w1", state=state, t=t), t)
         return ingestor
 
     for order in ([one("online", 10.0), one("offline", 20.0)],
@@ -371,7 +387,7 @@ def test_merge_keeps_the_newest_status_whatever_the_shard_order():
         merged = new()
         for part in order:
             merged.merge(part)
-        assert merged.agents["w1"].online is False and merged.agents["w1"].status["t"] == 20.0
+        assert merged.agents["w1"].online is False and merged.agents["w1"].status.t == 20.0
 
 
 def test_a_dead_letter_time_beyond_floats_is_rejected():

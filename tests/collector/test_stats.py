@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import pickle
 
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 
 from collector.series import Series
-from collector.stats import BinCounts, CodeMoments, Count, PolarCross, TrigMoments
+from collector.stats import BinCounts, CodeMoments, Count, PolarCross, Statistic, TrigMoments
+from edge_agent import protocol
 from edge_agent.mechanisms import (
     CircularOGPM,
     ClassicalOGPM,
@@ -26,16 +28,48 @@ def _codes(rng, n):
     return rng.integers(0, N_CODES, n)
 
 
-STATISTICS = {
-    "count": (Count, lambda rng, n: _codes(rng, n)),
-    "moments": (lambda: CodeMoments(-2.0, 4.0 / N_CODES), _codes),
-    "trig": (lambda: TrigMoments(-math.pi, 2 * math.pi / N_CODES, 2 * math.pi), _codes),
-    "bins-clip": (lambda: BinCounts(-6.0, 12.0 / N_CODES, -2.0, 0.08, 50, "clip"), _codes),
-    "bins-drop": (lambda: BinCounts(-6.0, 12.0 / N_CODES, -2.0, 0.08, 50, "drop"), _codes),
-    "bins-wrap": (lambda: BinCounts(0.0, 360.0 / N_CODES, 0.0, 7.2, 50, "wrap"), _codes),
-    "polar-cross": (lambda: PolarCross(0.0, 2.0 / N_CODES, 0.0, 6.28 / N_CODES, 6.28),
-                    lambda rng, n: (_codes(rng, n), _codes(rng, n))),
+def all_statistics() -> list[type[Statistic]]:
+    """Every concrete statistic of collector.stats, found by walking the subclasses."""
+    found, todo = [], list(Statistic.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if not inspect.isabstract(cls):
+            found.append(cls)
+    return sorted(found, key=lambda cls: cls.__name__)
+
+
+# Examples of each statistic: (name, make, draw a batch of n).  A statistic without
+# one gets a case that fails, so a new statistic cannot skip the generic tests.
+EXAMPLES = {
+    Count: [("count", Count, lambda rng, n: _codes(rng, n))],
+    CodeMoments: [("moments", lambda: CodeMoments(-2.0, 4.0 / N_CODES), _codes)],
+    TrigMoments: [("trig", lambda: TrigMoments(-math.pi, 2 * math.pi / N_CODES, 2 * math.pi),
+                   _codes)],
+    BinCounts: [
+        ("bins-clip", lambda: BinCounts(-6.0, 12.0 / N_CODES, -2.0, 0.08, 50, "clip"), _codes),
+        ("bins-drop", lambda: BinCounts(-6.0, 12.0 / N_CODES, -2.0, 0.08, 50, "drop"), _codes),
+        ("bins-wrap", lambda: BinCounts(0.0, 360.0 / N_CODES, 0.0, 7.2, 50, "wrap"), _codes)],
+    PolarCross: [("polar-cross",
+                  lambda: PolarCross(0.0, 2.0 / N_CODES, 0.0, 6.28 / N_CODES, 6.28),
+                  lambda rng, n: (_codes(rng, n), _codes(rng, n)))],
 }
+
+
+def _missing(cls):
+    def make():
+        raise AssertionError(f"{cls.__name__} has no example in EXAMPLES: add one")
+    return make
+
+
+STATISTICS = {name: (make, draw)
+              for cls in all_statistics()
+              for name, make, draw in EXAMPLES.get(
+                  cls, [(f"{cls.__name__}-without-example", _missing(cls), _codes)])}
+
+
+def test_every_statistic_is_discovered_and_has_an_example():
+    assert set(all_statistics()) == set(EXAMPLES)
 
 
 def _split(batch, parts):
@@ -120,7 +154,8 @@ def _series_cases():
         "circular": (dict(kind="circular", mechanism=CircularOGPM(epsilon=1)), "scalar"),
         "polar": (dict(kind="polar", mechanism=polar), "polar"),
         "vector": (dict(kind="vector", mechanism=UnbiasedOGPM(epsilon=1, low=-1, high=1),
-                        fields=["x", "y", "z"], strategy={"k": 1, "d": 3, "epsilon": 1}),
+                        fields=("x", "y", "z"),
+                        strategy=protocol.Strategy(k=1, d=3, epsilon=1.0)),
                    "vector"),
     }
 
@@ -148,7 +183,7 @@ def _same_view(a, b) -> bool:
 def _make_series(spec):
     spec = dict(spec)
     mechanism = spec.pop("mechanism")
-    return Series(channel="c", mechanism=mechanism.describe(), window_seconds=10,
+    return Series(channel="c", description=protocol.describe(mechanism), window_seconds=10,
                   keep_windows=5, **spec)
 
 
@@ -183,9 +218,9 @@ def test_empty_series_view(name):
 
 def test_series_refuse_to_mix_mechanisms():
     a = Series(channel="c", kind="linear",
-               mechanism=ClassicalOGPM(epsilon=1, low=0, high=1).describe())
+               description=protocol.describe(ClassicalOGPM(epsilon=1, low=0, high=1)))
     b = Series(channel="c", kind="linear",
-               mechanism=ClassicalOGPM(epsilon=2, low=0, high=1).describe())
+               description=protocol.describe(ClassicalOGPM(epsilon=2, low=0, high=1)))
     with pytest.raises(ValueError, match="different series"):
         a.merge(b)
 

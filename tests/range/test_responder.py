@@ -20,6 +20,8 @@ NOW = 1_800_000_000.0
 def control(run, **fields):
     message = {"v": 1, "run": run, "channel": "ax", "side": "min", "epsilon": 2.0,
                "strategy": "sequential", "window_seconds": 60.0, **fields}
+    if message.get("type") == "announce":  # what the coordinator searches; agents ignore it
+        message.setdefault("domain", [-10.0, 10.0])
     return protocol.range_control_topic(FLEET, run), json.dumps(message).encode()
 
 
@@ -130,7 +132,6 @@ def test_budget_exhausted_mid_run_stops_answers(tmp_path):
     # 2.0 per run at L = 2 (1.0 each), but only 1.5 left in the period
     store, responder = make(tmp_path, agents=1, budget=2.5)
     responder.handle(*control("r5", type="announce"), NOW)
-    store.answer_range([], start=period_start(NOW, 86400), budget_epsilon=2.5, now=NOW)
     with store._lock:  # spend 1.0 of the period on reports first
         store._db.execute("INSERT INTO ledger VALUES ('w-0', ?, 'ax', ?, 1)",
                           (period_start(NOW, 86400), 10**9))

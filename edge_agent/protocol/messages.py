@@ -1,0 +1,727 @@
+"""Every message agents and collectors exchange, as typed structs (docs/PROTOCOL.md).
+
+Each message is a msgspec ``Struct`` whose field types carry their bounds, so
+decoding and validating are one pass in C.  The agent encodes and the
+collector decodes through these types only, and docs/protocol.schema.json is
+generated from them (``edge_agent.protocol.schema``; a test fails when it is
+stale).
+
+What a type cannot say is checked here too, right after decoding: which
+mechanism a channel kind may carry, the shape of ``codes``, codes inside the
+mechanism's grid, a topic naming the sender.  ``decode_report`` returns a
+``ValidReport`` (the message, its mechanism object and its codes as arrays) or
+raises ``Rejected`` with a short reason that becomes a counter label.
+
+Payloads never contain a raw reading: only grid codes of perturbed values, the
+parameters of the mechanism that produced them, and counts.
+"""
+
+import math
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+import numpy as np
+from msgspec import Meta, Struct
+
+from ..mechanisms import (
+    EPSILON_MAX,
+    GRID_BITS_MAX,
+    GRID_BITS_MIN,
+    MECHANISMS,
+    PTT,
+    BoundedLaplace,
+    CircularOGPM,
+    ClassicalOGPM,
+    Duchi,
+    Mechanism,
+    PiecewiseMechanism,
+    PolarOGPM,
+    SquareWave,
+    TruncatedLaplace,
+    UnbiasedOGPM,
+    from_description,
+    kind_accepts,
+)
+from ..rangefind import MAX_ROUNDS
+from .topics import NAME_CHARS, report_levels
+
+PROTOCOL_VERSION = 1
+MAX_REPORT_BYTES = 1 << 20  # far above a 500-value batch (~4 kB)
+MAX_CODES = 100_000  # per list of codes
+MAX_FIELDS = 64  # axes of a vector channel
+MAX_STATUS_BYTES = 64 * 1024
+MAX_RANGE_CONTROL_BYTES = 4096
+MAX_RANGE_REPLY_BYTES = 1024
+RANGE_WINDOW_MAX = 24 * 3600.0  # seconds of readings an agent keeps for range discovery
+
+_FLOAT_MAX = sys.float_info.max
+
+# -- bounded scalars ---------------------------------------------------------------------------
+# "(?!\n)$": Python's "$" also matches before a final newline, JSON Schema's does not.
+Name = Annotated[str, Meta(pattern=f"^{NAME_CHARS}(?!\\n)$",
+                           description="1-64 characters of A-Z a-z 0-9 . _ -, starting with "
+                                       "a letter or digit")]
+RunId = Annotated[str, Meta(pattern="^[A-Za-z0-9_.-]{1,64}(?!\\n)$")]
+Label = Annotated[str, Meta(max_length=40)]  # a refusal reason or similar short word
+Text = Annotated[str, Meta(max_length=1024)]
+Finite = Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]
+NonNegative = Annotated[float, Meta(ge=0.0, le=_FLOAT_MAX)]
+Positive = Annotated[float, Meta(gt=0.0, le=_FLOAT_MAX)]
+Epsilon = Annotated[float, Meta(gt=0.0, le=EPSILON_MAX)]
+SplitEpsilon = Annotated[float, Meta(ge=0.0, le=EPSILON_MAX)]  # one side of a polar split
+GridBits = Annotated[int, Meta(ge=GRID_BITS_MIN, le=GRID_BITS_MAX)]
+Count = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Code = Annotated[int, Meta(ge=0, lt=1 << GRID_BITS_MAX)]
+CodeList = Annotated[list[Code], Meta(max_length=MAX_CODES)]
+Fields = Annotated[tuple[Name, ...], Meta(min_length=2, max_length=MAX_FIELDS)]
+Side = Literal["min", "max"]
+Kind = Literal["linear", "circular", "polar", "vector"]
+KINDS: tuple[str, ...] = Kind.__args__
+
+
+class Rejected(Exception):
+    """A message that breaks the protocol; ``reason`` is a short counter label."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+# -- mechanism descriptions (a mechanism's describe(), tagged by its wire name) ---------------
+
+class _Interval(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name"):
+    epsilon: Epsilon
+    low: Finite
+    high: Finite
+    grid_bits: GridBits
+
+
+class _Compressible(_Interval):
+    compressed: bool
+
+
+class _TwoAtoms(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name"):
+    epsilon: Epsilon
+    low: Finite
+    high: Finite
+
+
+class _Circle(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name"):
+    epsilon: Epsilon
+    period: Positive
+    origin: Finite
+    grid_bits: GridBits
+
+
+class _PolarPair(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name"):
+    epsilon: Epsilon
+    radius_max: Positive
+    weight: Positive
+    period: Positive
+    origin: Finite
+    grid_bits: GridBits
+    epsilon_radius: SplitEpsilon
+    epsilon_angle: SplitEpsilon
+
+
+class ClassicalOGPMDescription(_Interval, tag=ClassicalOGPM.name):
+    pass
+
+
+class UnbiasedOGPMDescription(_Interval, tag=UnbiasedOGPM.name):
+    pass
+
+
+class CircularOGPMDescription(_Circle, tag=CircularOGPM.name):
+    pass
+
+
+class PolarOGPMDescription(_PolarPair, tag=PolarOGPM.name):
+    pass
+
+
+class PiecewiseMechanismDescription(_Compressible, tag=PiecewiseMechanism.name):
+    pass
+
+
+class SquareWaveDescription(_Compressible, tag=SquareWave.name):
+    pass
+
+
+class PTTDescription(_Interval, tag=PTT.name):
+    pass
+
+
+class DuchiDescription(_TwoAtoms, tag=Duchi.name):
+    pass
+
+
+class TruncatedLaplaceDescription(_Interval, tag=TruncatedLaplace.name):
+    pass
+
+
+class BoundedLaplaceDescription(_Interval, tag=BoundedLaplace.name):
+    pass
+
+
+# One per registered mechanism (edge_agent.mechanisms.registry), by wire name.
+DESCRIPTIONS: dict[str, type[Struct]] = {
+    cls.__struct_config__.tag: cls
+    for cls in (ClassicalOGPMDescription, UnbiasedOGPMDescription, CircularOGPMDescription,
+                PolarOGPMDescription, PiecewiseMechanismDescription, SquareWaveDescription,
+                PTTDescription, DuchiDescription, TruncatedLaplaceDescription,
+                BoundedLaplaceDescription)}
+if DESCRIPTIONS.keys() != MECHANISMS.keys():  # a mechanism registered without its parameters
+    raise ImportError(f"mechanism descriptions {sorted(DESCRIPTIONS)} differ from the "
+                      f"registry's {sorted(MECHANISMS)}")
+MechanismDescription = Union[tuple(DESCRIPTIONS.values())]  # noqa: UP007 (built from a tuple)
+
+
+def description_name(description: Struct) -> str:
+    return type(description).__struct_config__.tag
+
+
+def describe(mechanism: Mechanism | dict) -> Struct:
+    """A mechanism's typed description (from the mechanism or its ``describe()`` dict)."""
+    described = mechanism if isinstance(mechanism, dict) else mechanism.describe()
+    return msgspec.convert(described, MechanismDescription)
+
+
+@lru_cache(maxsize=4096)  # bounded: a hostile sender cannot grow it
+def mechanism_of(description: Struct) -> Mechanism:
+    """The mechanism a description names, built once per description (the one cache)."""
+    return from_description({"name": description_name(description),
+                             **msgspec.structs.asdict(description)})
+
+
+def as_dict(message: Struct) -> dict:
+    """A struct as plain JSON values (tags included), e.g. for the API's documents."""
+    return msgspec.to_builtins(message)
+
+
+# -- reports -----------------------------------------------------------------------------------
+
+class Strategy(Struct, frozen=True, forbid_unknown_fields=True):
+    """A vector channel's k-of-d sampling: each reading reports k of the d axes at
+    ``epsilon / k`` each (k = d is the even split); ``epsilon`` is per reading."""
+
+    k: Annotated[int, Meta(ge=1, le=MAX_FIELDS)]
+    d: Annotated[int, Meta(ge=2, le=MAX_FIELDS)]
+    epsilon: Epsilon
+
+
+_CODES_SHAPE = {"anyOf": [
+    {"items": {"type": "integer"}, "description": "linear, circular: one list of codes"},
+    {"items": {"type": "array"},
+     "description": "polar: [radius codes, angle codes]; vector: one list per field"}]}
+
+
+class Report(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One channel's perturbed reports for one batch (grid codes only, never readings)."""
+
+    v: Literal[1]
+    agent: Name
+    channel: Name
+    kind: Kind
+    seq: Annotated[Seq, Meta(description="per agent and channel, +1 per message, persisted "
+                                         "across restarts")]
+    t: Annotated[Finite, Meta(description="batch start, seconds since the epoch")]
+    dt: Annotated[NonNegative, Meta(description="batch length in seconds")]
+    mechanism: MechanismDescription
+    codes: Annotated[list[Union[Code, CodeList]],  # noqa: UP007 (msgspec's union of kinds)
+                     Meta(max_length=MAX_CODES, extra_json_schema=_CODES_SHAPE)]
+    fields: Fields | None = None
+    strategy: Strategy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ValidReport:
+    """A report that passed every check, with what aggregating it needs."""
+
+    message: Report
+    mechanism: Mechanism  # built from message.mechanism (mechanism_of: cached)
+    codes: Any  # int64 array; polar: (radius, angle); vector: one array per field
+
+    @property
+    def agent(self) -> str:
+        return self.message.agent
+
+    @property
+    def channel(self) -> str:
+        return self.message.channel
+
+    @property
+    def seq(self) -> int:
+        return self.message.seq
+
+    @property
+    def t(self) -> float:
+        return self.message.t
+
+    @property
+    def kind(self) -> str:
+        return self.message.kind
+
+
+def report(*, agent: str, channel: str, kind: str, seq: int, t: float, dt: float,
+           mechanism: dict | Struct, codes: list, fields: list[str] | None = None,
+           strategy: dict | Strategy | None = None) -> bytes:
+    """One report message.  ``codes``: a list of ints (linear, circular), two lists
+    (polar: radius, angle) or one list per field (vector); ``t`` is the batch start
+    and ``dt`` its length, in seconds."""
+    if isinstance(mechanism, dict):
+        mechanism = describe(mechanism)
+    if isinstance(strategy, dict):
+        strategy = Strategy(**strategy)
+    return encode(Report(v=PROTOCOL_VERSION, agent=agent, channel=channel, kind=kind, seq=seq,
+                         t=round(t, 3), dt=round(dt, 3), mechanism=mechanism, codes=codes,
+                         fields=tuple(fields) if fields is not None else None,
+                         strategy=strategy))
+
+
+_report_decoder = msgspec.json.Decoder(Report)
+# Where a field's error is reported: (the field itself, an element inside it).
+_REPORT_REASONS = {"v": "version", "mechanism": "mechanism", "codes": ("schema", "bad_code")}
+
+
+def decode_report(topic: str, payload: bytes, fleet: str) -> ValidReport:
+    """A valid report of ``fleet`` received on ``topic``, or ``Rejected``; never raises
+    anything else for any payload."""
+    if len(payload) > MAX_REPORT_BYTES:
+        raise Rejected("oversized", f"payload of {len(payload)} bytes")
+    levels = report_levels(topic, fleet)
+    if levels is None:
+        raise Rejected("topic", "not a report topic of this fleet")
+    message = decode_checked(_report_decoder, payload, _REPORT_REASONS, not_an_object="json")
+    if (message.agent, message.channel) != levels:
+        raise Rejected("spoofed", "agent or channel differs from the topic")
+    return check_report(message)
+
+
+def check_report(message: Report) -> ValidReport:
+    """What the types cannot say of a decoded report: its mechanism builds, the kind may
+    carry it, and the codes have the kind's shape and lie in the mechanism's grid."""
+    try:
+        mechanism = mechanism_of(message.mechanism)
+    except (TypeError, ValueError) as exc:
+        raise Rejected("mechanism", f"invalid mechanism: {exc}") from None
+    problem = kind_problem(message.kind, mechanism, message.fields, message.strategy)
+    if problem is not None:
+        raise Rejected(*problem)
+    return ValidReport(message, mechanism, _report_codes(message, mechanism))
+
+
+def kind_problem(kind: str, mechanism: Mechanism, fields: tuple | None,
+                 strategy: Strategy | None) -> tuple[str, str] | None:
+    """Why a (kind, mechanism, fields, strategy) series identity is impossible, as
+    (reason, detail), or None: for reports and for series loaded from a state."""
+    if not kind_accepts(kind, mechanism.name):
+        return "kind", f"{kind} channel with mechanism {mechanism.name}"
+    if kind == "vector":
+        if fields is None or len(set(fields)) != len(fields):
+            return "schema", "vector fields must be 2-64 distinct names"
+        if strategy is None or strategy.d != len(fields) or strategy.k > strategy.d \
+                or not math.isclose(strategy.epsilon / strategy.k, mechanism.epsilon,
+                                    rel_tol=1e-9):
+            return "schema", "vector strategy must be {k, d, epsilon} matching fields"
+    elif fields is not None or strategy is not None:
+        # A polar report's mechanism is already a pair: extra fields make it another kind.
+        return ("kind" if kind == "polar" else "schema"), \
+            "fields/strategy are for vector channels"
+    return None
+
+
+def _report_codes(message: Report, mechanism: Mechanism):
+    codes = message.codes
+    if message.kind in ("linear", "circular"):
+        return _grid_codes(codes, mechanism.n_cells)
+    if not all(isinstance(part, list) for part in codes):
+        raise Rejected("shape", f"{message.kind} codes must be lists of codes")
+    if message.kind == "polar":
+        if len(codes) != 2:
+            raise Rejected("shape", "polar codes must be [radius codes, angle codes]")
+        radius, angle = mechanism.components
+        parsed = (_grid_codes(codes[0], radius.n_cells), _grid_codes(codes[1], angle.n_cells))
+        if parsed[0].size != parsed[1].size:
+            raise Rejected("shape", "radius and angle code lists differ in length")
+        return parsed
+    if len(codes) != len(message.fields):
+        raise Rejected("shape", "vector codes need one list per field")
+    return tuple(_grid_codes(part, mechanism.n_cells) for part in codes)
+
+
+_NO_CODES = np.empty(0, dtype=np.int64)
+_NO_CODES.flags.writeable = False
+
+
+def _grid_codes(codes: list, n_cells: int) -> np.ndarray:
+    """Codes as an int64 array.  The type checked each is an integer in [0, 2**16) or a
+    list; a list where codes belong is refused here, and so are codes beyond the grid."""
+    if not codes:
+        return _NO_CODES
+    try:
+        array = np.fromiter(codes, dtype=np.int64, count=len(codes))
+    except (TypeError, ValueError):  # a list among the codes
+        raise Rejected("bad_code", "codes must be integers") from None
+    if int(array.max()) >= n_cells:
+        raise Rejected("bad_code", f"codes must be in [0, {n_cells - 1}]")
+    return array
+
+
+# -- statuses -----------------------------------------------------------------------------------
+
+class BudgetStatus(Struct, forbid_unknown_fields=True):
+    epsilon: Positive
+    spent: NonNegative
+    period: Annotated[str, Meta(max_length=32)]
+    period_start: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+
+
+class ChannelStatus(Struct, forbid_unknown_fields=True):
+    exhausted: bool
+    nan_dropped: Count
+    clipped: Count
+    reports: Count
+    budget_refused: Count
+    messages: Count
+
+
+class SourceStatus(Struct, forbid_unknown_fields=True):
+    finished: bool
+    error: Text | None
+    rejected_rows: Count
+
+
+class RangeStatus(Struct, forbid_unknown_fields=True):
+    joined: Count
+    answered: Count
+    refused: dict[Label, Count]
+    last_refusal: Label | None
+
+
+class FleetInfo(Struct, forbid_unknown_fields=True):
+    """The fleet simulator's last will: which virtual agents its connection carried."""
+
+    agents: Count
+    first: Name
+    last: Name
+
+
+class Status(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    """Retained on ldp/v1/<fleet>/<agent>/status; also the last will (``offline``)."""
+
+    v: Literal[1]
+    agent: Name
+    state: Literal["online", "offline"]
+    t: Finite | None = None
+    budget: BudgetStatus | None = None
+    channels: dict[Name, ChannelStatus] | None = None
+    sources: dict[Name, SourceStatus] | None = None
+    range: RangeStatus | None = None
+    simulator: FleetInfo | None = None
+
+
+def status(*, agent: str, state: str, t: float | None = None, **details: Any) -> bytes:
+    """An agent's status; ``details`` are the optional fields of ``Status`` as dicts."""
+    message = {"v": PROTOCOL_VERSION, "agent": agent, "state": state, **details}
+    if t is not None:
+        message["t"] = round(t, 3)
+    return encode(msgspec.convert(message, Status))
+
+
+_status_decoder = msgspec.json.Decoder(Status)
+
+
+def decode_status(payload: bytes) -> Status | None:
+    """A status, or None for an empty payload (a cleared retained message); ``Rejected``
+    (reason ``status``) otherwise."""
+    if not payload:
+        return None
+    if len(payload) > MAX_STATUS_BYTES:
+        raise Rejected("status", f"status of {len(payload)} bytes")
+    try:
+        return _status_decoder.decode(payload)
+    except msgspec.DecodeError as exc:  # also ValidationError
+        raise Rejected("status", f"bad status: {exc}") from None
+
+
+# -- range discovery (docs/PROTOCOL.md, "Range discovery") --------------------------------------
+
+class _RangeControl(Struct, forbid_unknown_fields=True, tag_field="type"):
+    v: Literal[1]
+    run: RunId
+
+
+class RangeTerms(_RangeControl):
+    """What a run announced; every round repeats it unchanged."""
+
+    channel: Name
+    side: Side
+    epsilon: Epsilon
+    strategy: Literal["sequential", "split"]
+    window_seconds: Annotated[float, Meta(ge=0.0, le=RANGE_WINDOW_MAX)]
+
+
+class Announce(RangeTerms, tag="announce"):
+    domain: tuple[Finite, Finite]
+
+
+class Round(RangeTerms, tag="round"):
+    round: Annotated[int, Meta(ge=0, lt=MAX_ROUNDS)]
+    rounds: Annotated[int, Meta(ge=1, le=MAX_ROUNDS)]
+    threshold: Annotated[float, Meta(ge=-1e300, le=1e300)]
+
+
+class End(_RangeControl, tag="end"):
+    status: Literal["done", "insufficient"] | None
+
+
+RangeControl = Union[Announce, Round, End]  # noqa: UP007
+
+
+def terms_of(message: RangeTerms) -> RangeTerms:
+    """The terms alone (what an agent agrees to at join and compares every round with)."""
+    return RangeTerms(v=message.v, run=message.run, channel=message.channel, side=message.side,
+                      epsilon=message.epsilon, strategy=message.strategy,
+                      window_seconds=message.window_seconds)
+
+
+_control_decoder = msgspec.json.Decoder(RangeControl)
+
+
+def decode_range_control(payload: bytes) -> Announce | Round | End:
+    """An announce, round or end, or ``Rejected`` saying why not."""
+    if len(payload) > MAX_RANGE_CONTROL_BYTES:
+        raise Rejected("oversized", f"{len(payload)} bytes")
+    message = decode_checked(_control_decoder, payload, {})
+    if isinstance(message, Round) and message.round >= message.rounds:
+        raise Rejected("schema", "round must be < rounds")
+    return message
+
+
+class _RangeReply(Struct, forbid_unknown_fields=True, tag_field="type"):
+    v: Literal[1]
+    agent: Name
+    run: RunId
+
+
+class Join(_RangeReply, tag="join", omit_defaults=True):
+    accept: bool
+    reason: Label | None = None  # why not: disabled, epsilon_above_max, no_data, budget
+
+
+class Answer(_RangeReply, tag="answer"):
+    round: Annotated[int, Meta(ge=0, lt=MAX_ROUNDS)]
+    z: Literal[-1, 1]
+
+
+RangeReply = Union[Join, Answer]  # noqa: UP007
+
+
+def range_join(*, agent: str, run: str, accept: bool, reason: str | None = None) -> bytes:
+    return encode(Join(v=PROTOCOL_VERSION, agent=agent, run=run, accept=accept, reason=reason))
+
+
+def range_answer(*, agent: str, run: str, round: int, z: int) -> bytes:
+    return encode(Answer(v=PROTOCOL_VERSION, agent=agent, run=run, round=round, z=z))
+
+
+_reply_decoder = msgspec.json.Decoder(RangeReply)
+
+
+def decode_range_reply(payload: bytes) -> Join | Answer:
+    if len(payload) > MAX_RANGE_REPLY_BYTES:
+        raise Rejected("oversized", f"{len(payload)} bytes")
+    return decode_checked(_reply_decoder, payload, {})
+
+
+class RangeParameters(Struct, forbid_unknown_fields=True):
+    strategy: Literal["sequential", "split"]
+    epsilon: Epsilon
+    rounds: Annotated[int, Meta(ge=1, le=MAX_ROUNDS)]
+    h: Finite
+    participants: Count
+    alpha_min: Positive | None
+    answer_epsilon: Epsilon
+    window_seconds: NonNegative
+
+
+class RoundRecord(Struct, forbid_unknown_fields=True):
+    round: Annotated[int, Meta(ge=0, lt=MAX_ROUNDS)]
+    threshold: Finite
+    answers: Count
+    phi: float | None  # an estimated share (None if not finite)
+    gamma: float | None
+    beyond: bool
+
+
+class RangeResult(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    """A run's outcome, retained on ldp/v1/<fleet>/_range/result/<channel>/<side>."""
+
+    v: Literal[1]
+    run: RunId
+    channel: Name
+    side: Side
+    domain: tuple[Finite, Finite]
+    started_at: Finite
+    participants: Count | None = None
+    refused: dict[Label, Count] | None = None
+    status: Literal["done", "insufficient"] | None = None
+    reason: Text | None = None
+    parameters: RangeParameters | None = None
+    estimate: Finite | None = None
+    rounds: Annotated[int, Meta(ge=1, le=MAX_ROUNDS)] | None = None
+    history: Annotated[list[RoundRecord], Meta(max_length=MAX_ROUNDS)] | None = None
+    finished_at: Finite | None = None
+    ignored_replies: dict[Label, Count] | None = None
+
+
+_result_decoder = msgspec.json.Decoder(RangeResult)
+
+
+def decode_range_result(payload: bytes) -> RangeResult | None:
+    """A range result, or None for an empty payload (a cleared retained message)."""
+    if not payload:
+        return None
+    if len(payload) > MAX_STATUS_BYTES:
+        raise Rejected("oversized", f"{len(payload)} bytes")
+    return decode_checked(_result_decoder, payload, {})
+
+
+# -- aggregate snapshots (retained on ldp/v1/<fleet>/_aggregates/<channel>; docs/API.md) -----
+
+Estimate = float | None  # None where the data cannot tell (or the value is not finite)
+
+
+class MeanEstimate(Struct, forbid_unknown_fields=True):
+    raw: Estimate
+    estimate: Estimate
+    stderr: Estimate
+    bias_bound: Estimate
+    ci95: tuple[Estimate, Estimate] | None
+    method: Literal["unbiased", "affine", "ems"] | None
+
+
+class Histogram(Struct, forbid_unknown_fields=True):
+    edges: list[float]
+    raw: list[float]
+    estimate: list[float] | None
+
+
+class LinearSummary(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    mean: MeanEstimate
+    histogram: Histogram
+    quantiles: dict[str, Estimate] | None
+    count: Count | None = None  # per axis of a vector channel
+
+
+class ResultantLength(Struct, forbid_unknown_fields=True):
+    raw: Estimate
+    estimate: Estimate
+
+
+class CircularSummary(Struct, forbid_unknown_fields=True):
+    circular_mean: Estimate
+    resultant_length: ResultantLength
+    circular_std: Estimate
+    histogram: Histogram
+
+
+class MeanVector(Struct, forbid_unknown_fields=True):
+    x: Estimate
+    y: Estimate
+    magnitude: Estimate
+    direction: Estimate
+
+
+class OtherSeries(Struct, forbid_unknown_fields=True):
+    mechanism: MechanismDescription
+    count: Count
+
+
+class _Snapshot(Struct, forbid_unknown_fields=True, tag_field="kind", kw_only=True):
+    channel: Name
+    t: Finite
+    mechanism: MechanismDescription
+    count: Count
+    messages: Count
+    agents: Count
+    other_series: list[OtherSeries]
+
+
+class LinearSnapshot(_Snapshot, tag="linear"):
+    mean: MeanEstimate
+    histogram: Histogram
+    quantiles: dict[str, Estimate] | None
+
+
+class CircularSnapshot(_Snapshot, tag="circular"):
+    circular_mean: Estimate
+    resultant_length: ResultantLength
+    circular_std: Estimate
+    histogram: Histogram
+
+
+class PolarSnapshot(_Snapshot, tag="polar"):
+    radius: LinearSummary
+    angle: CircularSummary
+    mean_vector: MeanVector
+
+
+class VectorSnapshot(_Snapshot, tag="vector"):
+    axes: dict[Name, LinearSummary]
+    strategy: Strategy
+
+
+ChannelSnapshot = Union[LinearSnapshot, CircularSnapshot, PolarSnapshot,  # noqa: UP007
+                        VectorSnapshot]
+
+
+def snapshot(view: dict, *, channel: str, t: float) -> bytes:
+    """A channel's API entry (``Views``) as its typed snapshot message."""
+    return encode(msgspec.convert({**view, "channel": channel, "t": t}, ChannelSnapshot))
+
+
+# -- encoding and decoding ---------------------------------------------------------------------
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(message: Struct) -> bytes:
+    """Compact JSON; a non-finite float becomes null (JSON has no NaN)."""
+    return _encoder.encode(message)
+
+
+# " - at `$.codes[3]`" ends a validation error about a field; errors about the document
+# itself ("Object missing required field `seq`") name no path.
+_ERROR_PATH = re.compile(r" - at `\$\.?([A-Za-z_]*)(.*)`$")
+
+
+def decode_checked(decoder: msgspec.json.Decoder, payload: bytes, reasons: dict,
+            not_an_object: str = "schema"):
+    """``decoder.decode(payload)``, or ``Rejected``: ``json`` for what is not JSON,
+    ``not_an_object`` for a document that is not an object, ``reasons[field]`` for an
+    error in that field (a pair: (the field itself, an element inside it)), else
+    ``schema``."""
+    try:
+        return decoder.decode(payload)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        match = _ERROR_PATH.search(text)
+        if match is None:
+            reason = not_an_object if text.startswith("Expected `object`") else "schema"
+        else:
+            field, inside = match.groups()
+            reason = reasons.get(field, "schema")
+            if isinstance(reason, tuple):
+                reason = reason[1] if inside else reason[0]
+        raise Rejected(reason, text[:300]) from None
+    except msgspec.DecodeError as exc:  # not JSON at all (or not UTF-8)
+        raise Rejected("json", str(exc)[:300]) from None
+

@@ -1,0 +1,294 @@
+"""A collector's state as typed structs: one versioned codec for what is saved and exchanged.
+
+The same types serve
+
+* the **checkpoint** a collector writes to its SQLite file (``Checkpoint``:
+  aggregates, sequence trackers, a shard's held reports), and
+* the **shard state** a collector shard publishes for the merge view
+  (``ShardState``, retained on ldp/v1/<fleet>/_shards/<shard>/state,
+  docs/SCALE_OUT.md), and the **claims** shards exchange (``Claims``).
+
+Both are JSON (msgspec): sums of codes are exact integers of any size, which
+msgpack cannot carry.  Decoding checks every type and bound; what depends on
+parameters (a block counting the same values in every statistic, sums a grid
+could produce) is checked where the statistics are rebuilt
+(``collector.stats``, ``collector.series``).  Totals are not stored: they are
+sums over the agents (and over the series), which must agree.
+"""
+
+from typing import Annotated, Literal, Union
+
+import msgspec
+from msgspec import Meta, Struct
+
+from .messages import (
+    BudgetStatus,
+    Count,
+    Fields,
+    Finite,
+    MechanismDescription,
+    Name,
+    NonNegative,
+    Rejected,
+    Report,
+    Strategy,
+    Text,
+    decode_checked,
+    encode,
+)
+from .topics import is_name
+
+SHARD_STATE_VERSION = 2  # 1 carried the totals too (now derived from the agents)
+CHECKPOINT_VERSION = 1
+CLAIMS_VERSION = 2  # 1: durable floors and lists (replaced: a dead peer's gaps made them grow)
+MAX_SHARD_STATE_BYTES = 64 << 20
+MAX_CLAIMS_BYTES = 16 << 20
+MAX_SEQS_PER_KEY = 100_000
+DEAD_LETTERS = 200  # recent rejects a collector keeps (and a state may carry)
+MAX_REJECT_REASONS = 256
+
+BigCount = Annotated[int, Meta(ge=0)]  # an exact sum (of codes, of squared codes)
+BinCount = Annotated[int, Meta(ge=0, le=2**63 - 1)]  # summed in int64
+# floor(t / window_seconds) for a finite t: below 2**1024 in size, beyond what msgspec's
+# bounds take; Series.load_state checks it.
+WindowStart = int
+
+# -- statistics (collector.stats): their sums, without their parameters ------------------------
+CountState = tuple[Count]
+MomentsState = tuple[Count, BigCount, BigCount]  # n, sum of codes, sum of squared codes
+TrigState = tuple[Count, Finite, Finite]  # n, sum of cos, sum of sin
+BinsState = tuple[list[BinCount], Count]  # counts per bin, values outside (drop)
+CrossState = tuple[Count, Finite, Finite]  # n, sum of r cos, sum of r sin
+
+
+class LinearBlockState(Struct, forbid_unknown_fields=True):
+    count: CountState
+    moments: MomentsState
+    raw: BinsState
+    out: BinsState
+
+
+class CircularBlockState(Struct, forbid_unknown_fields=True):
+    count: CountState
+    trig: TrigState
+    hist: BinsState
+
+
+class CrossBlockState(Struct, forbid_unknown_fields=True):
+    count: CountState
+    cross: CrossState
+
+
+class ScalarBlocks(Struct, forbid_unknown_fields=True):
+    value: LinearBlockState
+
+
+class CircularBlocks(Struct, forbid_unknown_fields=True):
+    value: CircularBlockState
+
+
+class PolarBlocks(Struct, forbid_unknown_fields=True):
+    radius: LinearBlockState
+    angle: CircularBlockState
+    cross: CrossBlockState
+
+
+VectorBlocks = dict[Name, LinearBlockState]
+
+
+# -- series (collector.series): one channel under one mechanism -------------------------------
+
+class _SeriesState(Struct, forbid_unknown_fields=True, tag_field="kind", kw_only=True):
+    channel: Name
+    mechanism: MechanismDescription
+    fields: Fields | None = None
+    strategy: Strategy | None = None
+    messages: Count
+    agents: list[Name]
+
+
+class LinearSeriesState(_SeriesState, tag="linear"):
+    total: ScalarBlocks
+    windows: list[tuple[WindowStart, ScalarBlocks]]
+
+
+class CircularSeriesState(_SeriesState, tag="circular"):
+    total: CircularBlocks
+    windows: list[tuple[WindowStart, CircularBlocks]]
+
+
+class PolarSeriesState(_SeriesState, tag="polar"):
+    total: PolarBlocks
+    windows: list[tuple[WindowStart, PolarBlocks]]
+
+
+class VectorSeriesState(_SeriesState, tag="vector"):
+    total: VectorBlocks
+    windows: list[tuple[WindowStart, VectorBlocks]]
+
+
+SeriesState = Union[LinearSeriesState, CircularSeriesState, PolarSeriesState,  # noqa: UP007
+                    VectorSeriesState]
+
+
+# -- a whole collector (collector.ingest.Ingestor) -------------------------------------------
+
+class AggregateSettings(Struct, frozen=True, forbid_unknown_fields=True):
+    """What collectors must share to merge their aggregates ([aggregates] of the config)."""
+
+    bins: Annotated[int, Meta(ge=4, le=1000)]
+    window_seconds: Annotated[float, Meta(ge=1.0, le=86400.0)]
+    keep_windows: Annotated[int, Meta(ge=1, le=10_000)]
+
+
+class StatusSummary(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """What a collector keeps of an agent's latest status."""
+
+    state: Literal["online", "offline"] | None = None
+    budget: BudgetStatus | None = None
+    t: Finite | None = None
+
+
+class AgentState(Struct, forbid_unknown_fields=True):
+    messages: Count
+    values: Count
+    duplicates: Count
+    rejects: Count
+    last_seen: Finite | None
+    online: bool | None
+    status: StatusSummary
+
+
+class DeadLetter(Struct, forbid_unknown_fields=True):
+    """A rejected message, truncated (``GET /api/rejects``)."""
+
+    t: Finite
+    topic: Text
+    reason: Text
+    detail: Text
+    payload: Text
+
+
+class IngestorState(Struct, forbid_unknown_fields=True):
+    fleet: Name
+    settings: AggregateSettings
+    rejects: Annotated[dict[Name, Count], Meta(max_length=MAX_REJECT_REASONS)]
+    agents: dict[Name, AgentState]
+    series: list[SeriesState]
+    # channel -> (index of its newest series in ``series``, when it was last reported)
+    latest: dict[Name, tuple[Count, Finite | None]]
+    dead_letters: Annotated[list[DeadLetter], Meta(max_length=DEAD_LETTERS)]
+
+
+# -- the shard state (docs/SCALE_OUT.md, "Shard state") ----------------------------------------
+
+class ShardState(Struct, forbid_unknown_fields=True):
+    v: Literal[2]
+    type: Literal["shard-state"]
+    shard: Name
+    group: Name | None
+    t: NonNegative  # when the shard published it (its clock)
+    every: NonNegative  # how often it publishes
+    state: IngestorState
+
+
+_shard_state_decoder = msgspec.json.Decoder(ShardState)
+_SHARD_STATE_REASONS = {"v": "version", "type": "version"}
+
+
+def encode_shard_state(state: IngestorState, *, shard: str, group: str | None, every: float,
+                       now: float) -> bytes:
+    return encode(ShardState(v=SHARD_STATE_VERSION, type="shard-state", shard=shard,
+                             group=group, t=now, every=every, state=state))
+
+
+def decode_shard_state(payload: bytes) -> ShardState:
+    """A typed shard state, or ``Rejected`` (``oversized``, ``json``, ``version``,
+    ``schema``); whether it belongs here is the caller's question."""
+    if len(payload) > MAX_SHARD_STATE_BYTES:
+        raise Rejected("oversized", f"{len(payload)} bytes")
+    return decode_checked(_shard_state_decoder, payload, _SHARD_STATE_REASONS)
+
+
+# -- the checkpoint (collector.checkpoint) ---------------------------------------------------
+
+class TrackerState(Struct, array_like=True, forbid_unknown_fields=True):
+    """A sequence tracker (collector.dedup): numbers up to ``floor`` counted, up to
+    ``skipped`` given up on, and a bitmap of those past the larger (little-endian)."""
+
+    agent: Name
+    channel: Name
+    floor: Annotated[int, Meta(ge=-1)]
+    skipped: Annotated[int, Meta(ge=-1)]
+    bits: bytes
+
+
+class HeldReport(Struct, array_like=True, forbid_unknown_fields=True):
+    """A shard's report waiting for its peers' claims (collector.claims)."""
+
+    report: Report
+    received: Finite
+
+
+class Checkpoint(Struct, forbid_unknown_fields=True):
+    v: Literal[1]
+    type: Literal["collector-checkpoint"]
+    state: IngestorState
+    trackers: list[TrackerState]
+    held: list[HeldReport]
+
+
+_checkpoint_decoder = msgspec.json.Decoder(Checkpoint)
+
+
+def encode_checkpoint(state: IngestorState, trackers: list[TrackerState],
+                      held: list[HeldReport]) -> bytes:
+    return encode(Checkpoint(v=CHECKPOINT_VERSION, type="collector-checkpoint", state=state,
+                             trackers=trackers, held=held))
+
+
+def decode_checkpoint(payload: bytes) -> Checkpoint:
+    return decode_checked(_checkpoint_decoder, payload, {"v": "version", "type": "version"})
+
+
+# -- claims between shards (collector.claims, docs/PROTOCOL.md "Collector shards") ------------
+
+SeqList = Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_SEQS_PER_KEY)]
+
+
+class Claims(Struct, forbid_unknown_fields=True):
+    v: Literal[2]
+    type: Literal["claims"]
+    shard: Name
+    group: Name
+    t: Finite
+    incarnation: Annotated[str, Meta(min_length=1, max_length=64)]
+    version: Annotated[int, Meta(ge=1)]
+    durable: Annotated[int, Meta(ge=0)]
+    # peer -> (its incarnation, the version of its claims this message took into account)
+    seen: dict[Name, tuple[Annotated[str, Meta(max_length=64)], int]]
+    # "agent/channel" -> (held, have, applied)
+    keys: dict[Annotated[str, Meta(max_length=129)], tuple[SeqList, SeqList, SeqList]]
+
+
+_claims_decoder = msgspec.json.Decoder(Claims)
+
+
+def encode_claims(claims: Claims) -> bytes:
+    return encode(claims)
+
+
+def decode_claims(payload: bytes) -> Claims:
+    """Typed claims, or ``Rejected`` (``oversized``, ``json``, ``schema``)."""
+    if len(payload) > MAX_CLAIMS_BYTES:
+        raise Rejected("oversized", "claims message too large")
+    claims = decode_checked(_claims_decoder, payload, {"v": "schema", "type": "schema"})
+    if claims.durable >= claims.version:
+        raise Rejected("schema", "durable must be below version")
+    return claims
+
+
+def parse_key(text: str) -> tuple[str, str] | None:
+    """(agent, channel) of a claims key "agent/channel", or None."""
+    agent, _, channel = text.partition("/")
+    return (agent, channel) if is_name(agent) and is_name(channel) else None

@@ -1,0 +1,154 @@
+"""The shape of the code: no import cycles, no private names across modules, one MQTT
+client constructor, and the wire protocol validated in one module only."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.support import REPO
+
+PACKAGES = ("edge_agent", "collector")
+
+
+def project_modules() -> dict[str, Path]:
+    """Every module of the product by dotted name (packages by their __init__)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = project_modules()
+
+
+def _package_of(module: str) -> str:
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def imports(module: str) -> list[tuple[str, str | None, int]]:
+    """(imported module, imported name or None, line) for every import statement of
+    ``module``, also those inside functions; relative imports resolved."""
+    tree = ast.parse(MODULES[module].read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = _package_of(module).split(".")
+                package = package[:len(package) - node.level + 1]
+                base = ".".join(package + ([base] if base else []))
+            found += [(base, alias.name, node.lineno) for alias in node.names]
+    return found
+
+
+def edges(module: str) -> set[str]:
+    """The project modules importing ``module`` runs (a submodule runs its packages)."""
+    out = set()
+    for target, name, _ in imports(module):
+        if name is not None and f"{target}.{name}" in MODULES:
+            target = f"{target}.{name}"
+        parts = target.split(".")
+        for i in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:i])
+            if prefix in MODULES and prefix != module and not module.startswith(prefix + "."):
+                out.add(prefix)
+    return out
+
+
+def test_the_module_list_is_the_product():
+    assert {"edge_agent.agent", "edge_agent.protocol.messages", "collector.service",
+            "collector.ingest"} <= set(MODULES)
+
+
+def test_no_import_cycles():
+    graph = {module: edges(module) for module in MODULES}
+    cycles, state = [], {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_imports_another_modules_private_names():
+    offences = []
+    for module in MODULES:
+        for target, name, line in imports(module):
+            if not target.startswith(PACKAGES):
+                continue
+            where = f"{MODULES[module].relative_to(REPO)}:{line}"
+            # A private module (``_kernels``) belongs to its package.
+            dotted = target.split(".") + ([name] if name else [])
+            for i, part in enumerate(dotted):
+                owner = ".".join(dotted[:i])
+                if _private(part) and not (module == owner or module.startswith(owner + ".")):
+                    offences.append(f"{where} imports {'.'.join(dotted)}")
+                    break
+            else:
+                if name is not None and _private(name) and f"{target}.{name}" not in MODULES:
+                    offences.append(f"{where} imports {name} from {target}")
+    assert offences == []
+
+
+def _calls(path: Path, names: set[str]) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if called in names:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    return found
+
+
+def test_one_mqtt_client_constructor():
+    """paho's Client is built in edge_agent/mqtt_client.py only (TLS, credentials,
+    sessions, back-off and connection logging in one place)."""
+    built = [call for module, path in MODULES.items() if module != "edge_agent.mqtt_client"
+             for call in _calls(path, {"Client"})]
+    assert built == []
+
+
+# Inputs a user hands the agent (files, standard input, a local broker of raw readings)
+# and HTTP documents the collector's own tools fetch are not the wire protocol.
+LOCAL_INPUTS = {"edge_agent.sources.jsonl", "edge_agent.sources.mqtt_source",
+                "collector.watch", "collector.demo", "collector.cli"}
+
+
+def test_wire_messages_are_decoded_in_the_protocol_module_only():
+    """Every message from the network goes through a typed decoder of
+    edge_agent/protocol: no other module parses JSON by hand or decodes with msgspec."""
+    found = []
+    for module, path in MODULES.items():
+        if module.startswith("edge_agent.protocol") or module in LOCAL_INPUTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            call = ast.unparse(node.func)
+            if call in ("json.loads", "orjson.loads", "msgspec.json.decode",
+                        "msgspec.json.Decoder"):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {call}")
+    assert found == []

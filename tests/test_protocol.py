@@ -1,0 +1,187 @@
+"""The typed protocol: the schema file is generated from the types, every message the
+agent and collector write decodes through them and validates against the schema, and
+mechanism names come from one registry."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import msgspec
+import numpy as np
+import pytest
+
+from edge_agent import protocol
+from edge_agent.config import LinearMechanism, OgpmOnly
+from edge_agent.mechanisms import (
+    MECHANISMS,
+    CircularOGPM,
+    ClassicalOGPM,
+    PolarOGPM,
+    UnbiasedOGPM,
+    linear_mechanism,
+)
+from edge_agent.mechanisms.registry import KIND_CONFIG_NAMES, LINEAR, kind_accepts
+from edge_agent.protocol import messages, schema, states
+from tests.support import REPO
+
+SCHEMA = json.loads((REPO / "docs" / "protocol.schema.json").read_text())
+FLEET = "demo"
+
+
+def validator(definition: str | None = None):
+    """A validator of the published schema's root (the report), or of one definition."""
+    if definition is None:
+        return jsonschema.Draft202012Validator(SCHEMA)
+    return jsonschema.Draft202012Validator({"$ref": f"#/$defs/{definition}",
+                                            "$defs": SCHEMA["$defs"]})
+
+
+def test_schema_file_is_generated_from_the_types():
+    assert (REPO / "docs" / "protocol.schema.json").read_text() == schema.render(), \
+        "docs/protocol.schema.json is stale: run `make docs`"
+
+
+def test_every_topic_names_a_definition():
+    assert set(SCHEMA["x-topics"]) == set(schema.MESSAGES)
+    for topic, ref in SCHEMA["x-topics"].items():
+        refs = [r["$ref"] for r in ref.get("anyOf", [ref])]
+        assert all(r.removeprefix("#/$defs/") in SCHEMA["$defs"] for r in refs), topic
+
+
+# -- one registry of mechanism names -------------------------------------------------------
+
+def test_mechanism_names_come_from_one_registry():
+    assert set(messages.DESCRIPTIONS) == set(MECHANISMS)
+    assert set(LinearMechanism.__args__) == set(LINEAR) == set(KIND_CONFIG_NAMES["linear"])
+    assert OgpmOnly.__args__ == KIND_CONFIG_NAMES["circular"] == KIND_CONFIG_NAMES["polar"]
+    mapping = SCHEMA["properties"]["mechanism"]["discriminator"]["mapping"]
+    assert set(mapping) == set(MECHANISMS)
+    for name in LINEAR:  # every configuration name builds a mechanism the wire knows
+        built = linear_mechanism(name, epsilon=1.0, low=-1.0, high=1.0, grid_bits=8)
+        assert built.name in MECHANISMS and kind_accepts("linear", built.name)
+        assert not kind_accepts("circular", built.name) and not kind_accepts("polar", built.name)
+    assert kind_accepts("circular", CircularOGPM.name) and kind_accepts("polar", PolarOGPM.name)
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+def test_every_description_round_trips_to_the_same_mechanism(name):
+    mechanism = {"ogpm-circular": lambda: CircularOGPM(epsilon=1.5),
+                 "ogpm-polar": lambda: PolarOGPM(epsilon=4.0, radius_max=2.0)}.get(
+        name, lambda: next(c.build(epsilon=1.5, low=-2.0, high=2.0, grid_bits=10)
+                           for c in LINEAR.values() if c.cls.name == name))()
+    description = protocol.describe(mechanism)
+    assert protocol.description_name(description) == name
+    assert protocol.mechanism_of(description) == mechanism
+    # one cache: the same description (even decoded anew) gives the same object
+    again = msgspec.json.decode(protocol.encode(description), type=protocol.MechanismDescription)
+    assert protocol.mechanism_of(again) is protocol.mechanism_of(description)
+    validator().validate(json.loads(_report_of(mechanism)))
+
+
+# -- what the agent writes decodes, and matches the published schema -----------------------
+
+def _report_of(mechanism, **changes) -> bytes:
+    kind = {"ogpm-circular": "circular", "ogpm-polar": "polar"}.get(mechanism.name, "linear")
+    codes = [[1, 2], [3, 4]] if kind == "polar" else [0, 1]
+    message = dict(agent="w1", channel="ch", kind=kind, seq=3, t=1.7e9, dt=1.0,
+                   mechanism=mechanism.describe(), codes=codes)
+    return protocol.report(**{**message, **changes})
+
+
+REPORTS = {
+    "linear": lambda: _report_of(ClassicalOGPM(epsilon=1.0, low=-2, high=2)),
+    "circular": lambda: _report_of(CircularOGPM(epsilon=1.0)),
+    "polar": lambda: _report_of(PolarOGPM(epsilon=4.0, radius_max=2.0)),
+    "vector": lambda: _report_of(UnbiasedOGPM(epsilon=0.5, low=-1, high=1), kind="vector",
+                                 codes=[[1], [], [2, 3]], fields=["x", "y", "z"],
+                                 strategy={"k": 2, "d": 3, "epsilon": 1.0}),
+}
+
+
+@pytest.mark.parametrize("kind", REPORTS)
+def test_reports_decode_with_their_mechanism_and_codes(kind):
+    payload = REPORTS[kind]()
+    validator().validate(json.loads(payload))
+    report = protocol.decode_report(protocol.data_topic(FLEET, "w1", "ch"), payload, FLEET)
+    assert report.kind == kind and report.seq == 3
+    assert report.mechanism is protocol.mechanism_of(report.message.mechanism)
+    codes = report.codes if kind in ("polar", "vector") else [report.codes]
+    assert all(part.dtype == np.int64 for part in codes)
+    # the typed message encodes back to the same JSON
+    assert json.loads(protocol.encode(report.message)) == json.loads(payload)
+
+
+def test_every_status_the_agent_writes_decodes_and_validates():
+    full = protocol.status(
+        agent="w1", state="online", t=1.7e9,
+        budget={"epsilon": 5.0, "spent": 1.5, "period": "1d", "period_start": 1_700_000_000},
+        channels={"ax": {"exhausted": False, "nan_dropped": 0, "clipped": 3, "reports": 41,
+                         "budget_refused": 0, "messages": 41}},
+        sources={"imu": {"finished": False, "error": None, "rejected_rows": 0}},
+        range={"joined": 1, "answered": 1, "refused": {"budget": 1}, "last_refusal": "budget"})
+    will = protocol.status(agent="w1", state="offline",
+                           simulator={"agents": 3, "first": "w1-0", "last": "w1-2"})
+    for payload in (full, will):
+        validator("Status").validate(json.loads(payload))
+        assert protocol.decode_status(payload).agent == "w1"
+    with pytest.raises(msgspec.ValidationError):  # the agent cannot write what is not typed
+        protocol.status(agent="w1", state="online", budget={"epsilon": "lots"})
+
+
+def test_range_messages_round_trip_and_validate():
+    terms = dict(v=1, run="ax-min-1-abc", channel="ax", side="min", epsilon=1.0,
+                 strategy="split", window_seconds=300.0)
+    for message in (protocol.Announce(**terms, domain=(-2.0, 2.0)),
+                    protocol.Round(**terms, round=0, rounds=3, threshold=0.5),
+                    protocol.End(v=1, run=terms["run"], status="done")):
+        payload = protocol.encode(message)
+        validator(type(message).__name__).validate(
+            json.loads(payload))
+        assert protocol.decode_range_control(payload) == message
+    for payload in (protocol.range_join(agent="w1", run="r1", accept=False, reason="budget"),
+                    protocol.range_answer(agent="w1", run="r1", round=2, z=-1)):
+        decoded = protocol.decode_range_reply(payload)
+        validator(type(decoded).__name__).validate(json.loads(payload))
+        assert protocol.encode(decoded) == payload
+
+
+@pytest.mark.parametrize("payload, reason", [
+    (b'{"v":1,"type":"round","run":"r","channel":"ax","side":"min","epsilon":1,'
+     b'"strategy":"split","window_seconds":1,"round":3,"rounds":3,"threshold":0}', "schema"),
+    (b'{"v":1,"type":"announce"}', "schema"),
+    (b'{"v":1,"type":"gossip","run":"r"}', "schema"),
+    (b'{"v":1,"type":"end","run":"../x","status":null}', "schema"),
+    (b"not json", "json"),
+    (b"x" * 5000, "oversized"),
+])
+def test_bad_range_control_is_rejected_with_a_reason(payload, reason):
+    with pytest.raises(protocol.Rejected) as caught:
+        protocol.decode_range_control(payload)
+    assert caught.value.reason == reason
+
+
+def test_range_results_and_snapshots_validate_against_their_definitions():
+    result = protocol.RangeResult(v=1, run="r1", channel="ax", side="max", domain=(-1.0, 1.0),
+                                  started_at=1.0, participants=0, refused={},
+                                  status="insufficient", reason="0 agents joined",
+                                  finished_at=2.0, ignored_replies={})
+    payload = protocol.encode(result)
+    validator("RangeResult").validate(json.loads(payload))
+    assert protocol.decode_range_result(payload) == result
+
+
+def test_shard_states_and_checkpoints_are_versioned():
+    state = states.IngestorState(
+        fleet=FLEET, settings=states.AggregateSettings(bins=10, window_seconds=60.0,
+                                                       keep_windows=5),
+        rejects={}, agents={}, series=[], latest={}, dead_letters=[])
+    document = states.encode_shard_state(state, shard="s1", group="g", every=5.0, now=1.0)
+    validator("ShardState").validate(json.loads(document))
+    assert states.decode_shard_state(document).state == state
+    old = json.loads(document) | {"v": 1}
+    with pytest.raises(protocol.Rejected) as caught:
+        states.decode_shard_state(json.dumps(old).encode())
+    assert caught.value.reason == "version"
+    checkpoint = states.encode_checkpoint(state, [], [])
+    assert states.decode_checkpoint(checkpoint).state == state
