@@ -19,8 +19,8 @@ import statistics
 import time
 from types import SimpleNamespace
 
-from collector.dedup import SeqTracker
 from collector.claims import ClaimBook
+from collector.dedup import SeqTracker
 
 from .machine import describe_machine
 

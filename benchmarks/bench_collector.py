@@ -4,11 +4,11 @@ Throughput: ``--messages`` reports of ``--batch`` codes each are queued on a
 private Mosquitto for an offline persistent session, then a subscriber
 connects and drains the queue; the time from connecting to the last message
 is measured (for the collector, from its network process's subscription;
-the one-off process start-up is shown separately).  Once for a bare paho subscriber that only counts messages
-(QoS 1, automatic acks), once for the collector (validation, dedup, series
-updates, journal commits, manual acks after each commit), same broker, same
-messages.  Goals: the collector at >= 90% of the bare rate and >= 1 million
-values/s with 500-value batches.
+the one-off process start-up is shown separately).  Once for a bare paho
+subscriber that only counts messages (QoS 1, automatic acks), once for the
+collector (validation, dedup, series updates, journal commits, manual acks
+after each commit), same broker, same messages.  Goals: the collector at >= 90%
+of the bare rate and >= 1 million values/s with 500-value batches.
 
 Latency: one report is published at a time and the API is polled until it
 counts it; the agent's own batching (``batch_seconds``) comes on top.

@@ -72,8 +72,9 @@ def per_sample(mech, uniform):
     if isinstance(mech, ThreePieceMechanism):
         def one(x):
             x = min(max(x, mech.low), mech.high)
-            left = min(max(mech._centre_at_low + mech._centre_slope * (x - mech.low) - mech.length / 2,
-                           mech.output_low), mech.output_high - mech.length)
+            centre = mech._centre_at_low + mech._centre_slope * (x - mech.low)
+            left = min(max(centre - mech.length / 2, mech.output_low),
+                       mech.output_high - mech.length)
             if uniform() < mech.p_high * mech.length:
                 return left + uniform() * mech.length
             v = mech.output_low + uniform() * (mech.output_high - mech.output_low - mech.length)

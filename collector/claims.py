@@ -18,8 +18,8 @@ import logging
 import math
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from edge_agent.protocol import Rejected, ValidReport
 from edge_agent.protocol.states import (

@@ -3,46 +3,21 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 
 import click
 
-from edge_agent.config import ConfigError
+from edge_agent.commandline import EXIT_CONFIG, add_check_config, command_group, load_or_exit
 
 from .config import CollectorConfig, load_collector_config
 
-EXIT_CONFIG = 78  # sysexits EX_CONFIG, as for the agent
-
 
 def _load(path: str, exit_code: int = 2) -> CollectorConfig:
-    try:
-        return load_collector_config(path)
-    except ConfigError as exc:
-        click.echo(f"{path}: invalid configuration:", err=True)
-        for line in str(exc).splitlines():
-            click.echo(f"  {line}", err=True)
-        sys.exit(exit_code)
+    return load_or_exit(load_collector_config, path, exit_code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def main(log_level: str) -> None:
-    """Fleet-wide aggregates of locally privatised sensor reports."""
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-@main.command("check-config")
-@click.argument("file", type=click.Path(dir_okay=False))
-def check_config(file: str) -> None:
-    """Validate FILE and print the effective configuration (exit 2 if invalid)."""
-    config = _load(file)
-    effective = config.model_dump(mode="json")
-    if config.broker.password is not None:
-        effective["broker"]["password"] = "********"
-    click.echo(json.dumps(effective, indent=2))
+main = command_group("Fleet-wide aggregates of locally privatised sensor reports.")
+add_check_config(main, load_collector_config)
 
 
 @main.command()

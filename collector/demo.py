@@ -22,6 +22,7 @@ temporary directory, removed at the end); an existing one must be empty.
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import secrets
@@ -40,78 +41,8 @@ from rich.table import Table
 
 from .watch import fetch, render
 
-DEMO_CHANNELS = """
-[[sources]]
-name = "imu"
-type = "synthetic"
-rate_hz = 20
-derive = ["horizontal"]
-
-[[channels]]
-name = "accel_x"
-source = "imu"
-field = "accel_x"
-kind = "linear"
-epsilon = 1.0
-domain = [-2.0, 2.0]
-report_interval = 0.25
-
-[[channels]]
-name = "accel_y"
-source = "imu"
-field = "accel_y"
-kind = "linear"
-mechanism = "ogpm-unbiased"
-epsilon = 1.0
-domain = [-2.0, 2.0]
-report_interval = 0.25
-
-[[channels]]
-name = "accel_z"
-source = "imu"
-field = "accel_z"
-kind = "linear"
-epsilon = 2.0
-domain = [-1.0, 3.0]
-report_interval = 0.25
-
-[[channels]]
-name = "roll"
-source = "imu"
-field = "roll"
-kind = "circular"
-epsilon = 1.0
-origin = -3.141592653589793
-report_interval = 0.25
-
-[[channels]]
-name = "pitch"
-source = "imu"
-field = "pitch"
-kind = "circular"
-epsilon = 1.0
-origin = -3.141592653589793
-report_interval = 0.25
-
-[[channels]]
-name = "yaw"
-source = "imu"
-field = "yaw"
-kind = "circular"
-epsilon = 1.0
-report_interval = 0.25
-
-[[channels]]
-name = "accel_polar"
-source = "imu"
-fields = ["accel_h_mag", "accel_h_dir"]
-kind = "polar"
-# The optimal split (paper Sec. 6) weighs worst-case errors: at epsilon 3 the radius
-# would get 0.25 and its mean an interval of about +-0.5; at 4 it gets 0.90.
-epsilon = 4.0
-radius_max = 2.0
-report_interval = 0.25
-"""
+# The wearables' sources and channels: a data file beside this module.
+DEMO_CHANNELS = importlib.resources.files("collector").joinpath("demo_channels.toml")
 
 
 # SIGTERM and SIGHUP (a closed terminal) stop the demo as Ctrl-C does: the children
@@ -261,7 +192,7 @@ budget_epsilon = 1000000.0
 budget_period = "1h"
 state_dir = {toml_str(self.workdir / 'agents')}
 range_epsilon_max = 2.0
-""" + DEMO_CHANNELS)
+""" + DEMO_CHANNELS.read_text())
         collector = self.workdir / "collector.toml"
         collector.write_text(f"""fleet = "demo"
 [broker]

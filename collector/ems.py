@@ -26,7 +26,6 @@ def transition_matrix(mechanism, in_edges: np.ndarray, out_edges: np.ndarray, *,
     Built from the mechanism's closed-form CDF, averaged over
     ``points_per_bin`` midpoints of each input bin.
     """
-    k_in = in_edges.size - 1
     fractions = (np.arange(points_per_bin) + 0.5) / points_per_bin
     xs = in_edges[:-1, None] + fractions[None, :] * np.diff(in_edges)[:, None]  # (k_in, m)
     if getattr(mechanism, "name", "") == "duchi":

@@ -15,8 +15,8 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from edge_agent import protocol
 from edge_agent.protocol import Rejected

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from edge_agent import protocol
 from edge_agent.mqtt_client import MqttClient

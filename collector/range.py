@@ -31,8 +31,8 @@ import queue
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from edge_agent import protocol
 from edge_agent.mqtt_client import MqttClient
@@ -179,7 +179,6 @@ class RangeCoordinator:
             window_seconds=s.window_seconds)
         needed = s.min_participants if s.strategy == "sequential" else max(
             1, math.ceil(s.min_participants / plan.rounds))
-        history = []
         while not search.done:
             index = search.round
             expected = joined if s.strategy == "sequential" else {

@@ -28,17 +28,12 @@ import numpy as np
 from edge_agent.mechanisms import Mechanism
 from edge_agent.protocol import KINDS, as_dict, kind_problem, mechanism_of
 from edge_agent.protocol.states import (
-    CircularBlocks,
+    SERIES_BLOCKS,
+    SERIES_STATES,
     CircularBlockState,
-    CircularSeriesState,
     CrossBlockState,
     LinearBlockState,
-    LinearSeriesState,
-    PolarBlocks,
-    PolarSeriesState,
-    ScalarBlocks,
     SeriesState,
-    VectorSeriesState,
 )
 
 from . import ems
@@ -122,7 +117,7 @@ class _Block:
         for statistic, part in zip(self._statistics(), summary):
             statistic.add(part)
 
-    def merge(self, other: "_Block") -> "_Block":
+    def merge(self, other: _Block) -> _Block:
         if (other.description, other.component, other.bins) != (self.description,
                                                                 self.component, self.bins):
             raise ValueError("cannot merge blocks of different mechanisms")
@@ -241,7 +236,8 @@ class LinearBlock(_Block):
         half = Z95 * stderr + bias
         return {"raw": _finite(raw), "estimate": _finite(estimate), "stderr": _finite(stderr),
                 "bias_bound": _finite(bias),
-                "ci95": [_finite(max(m.low, estimate - half)), _finite(min(m.high, estimate + half))],
+                "ci95": [_finite(max(m.low, estimate - half)),
+                         _finite(min(m.high, estimate + half))],
                 "method": method}
 
     def _ems_mean(self, p: np.ndarray, centres: np.ndarray, raw: float) -> tuple[float, float]:
@@ -356,11 +352,6 @@ def _load_block(block, state, where: str) -> None:
                 raise StateError(f"{where}.{name}: sums beyond {n} codes of at most {top}")
 
 
-_STATE_TYPES = {"linear": (LinearSeriesState, ScalarBlocks),
-                "circular": (CircularSeriesState, CircularBlocks),
-                "polar": (PolarSeriesState, PolarBlocks), "vector": (VectorSeriesState, dict)}
-
-
 class Series:
     """One channel under one mechanism: cumulative and windowed statistics."""
 
@@ -453,7 +444,7 @@ class Series:
                 del self.windows[min(self.windows)]
         return window
 
-    def merge(self, other: "Series") -> "Series":
+    def merge(self, other: Series) -> Series:
         if other.identity != self.identity:
             raise ValueError("cannot merge different series")
         for name, block in self.total.items():
@@ -478,21 +469,21 @@ class Series:
     # -- saved and exchanged state (edge_agent.protocol.states) -----------------------------
     def to_state(self) -> SeriesState:
         """Identity, counters and every block's sums, typed."""
-        state_type, blocks_type = _STATE_TYPES[self.kind]
+        blocks_type = SERIES_BLOCKS[self.kind]
 
         def blocks(of: dict):
             states = {name: block.to_state() for name, block in of.items()}
-            return states if blocks_type is dict else blocks_type(**states)
+            return states if self.kind == "vector" else blocks_type(**states)
 
-        return state_type(channel=self.channel, mechanism=self.description, fields=self.fields,
-                          strategy=self.strategy, messages=self.messages,
-                          agents=sorted(self.agents), total=blocks(self.total),
-                          windows=[(start, blocks(of))
-                                   for start, of in sorted(self.windows.items())])
+        return SERIES_STATES[self.kind](
+            channel=self.channel, mechanism=self.description, fields=self.fields,
+            strategy=self.strategy, messages=self.messages, agents=sorted(self.agents),
+            total=blocks(self.total),
+            windows=[(start, blocks(of)) for start, of in sorted(self.windows.items())])
 
     @classmethod
     def from_state(cls, state: SeriesState | dict, *, bins: int, window_seconds: float,
-                   keep_windows: int, where: str = "series") -> "Series":
+                   keep_windows: int, where: str = "series") -> Series:
         """A series from ``to_state()`` (typed, or as plain JSON values, which are checked
         here); ``StateError`` if it is not one these reports could have given."""
         if not isinstance(state, SeriesState.__args__):
@@ -570,7 +561,8 @@ class Series:
 
 
 class _CrossBlock:
-    """Polar mean vector: E[r' e^{i t'}] = m_r(r) rho e^{i t} since the components are independent."""
+    """Polar mean vector: E[r' e^{i t'}] = m_r(r) rho e^{i t}, the components being
+    independent."""
 
     STATE_NAMES = ("count", "cross")
     STATE_TYPE = CrossBlockState
@@ -593,7 +585,7 @@ class _CrossBlock:
         self.cross.add(summary[0])
         self.count.add(summary[1])
 
-    def merge(self, other: "_CrossBlock") -> "_CrossBlock":
+    def merge(self, other: _CrossBlock) -> _CrossBlock:
         self.cross.merge(other.cross)
         self.count.merge(other.count)
         return self
@@ -620,7 +612,7 @@ class _CrossBlock:
             return {"x": None, "y": None, "magnitude": None, "direction": None}
         a, b = affine[0], affine[1]
         # E[r e^{it}] = (mean(r' e^{it'}) / rho - b mean(e^{it'}) / rho) / a
-        mean_cos, mean_sin = trig.cos / trig.n, trig.sin / trig.n
+        mean_cos, mean_sin = trig.x / trig.n, trig.y / trig.n
         x = (cross["x"] / rho - b * mean_cos / rho) / a
         y = (cross["y"] / rho - b * mean_sin / rho) / a
         unit = a_mech.period / (2.0 * math.pi)

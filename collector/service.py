@@ -26,7 +26,7 @@ import logging
 import signal
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from edge_agent import protocol
 
@@ -133,7 +133,7 @@ class CollectorService:
         if not rows:
             return 0
         with self.lock, self.ingestor.batch():
-            for row_id, topic, payload, received in rows:
+            for _row_id, topic, payload, received in rows:
                 if self.ingestor.ingest(topic, payload, received) not in ("status", "ignored") \
                         and self.shard is not None:
                     self.shard.last_report = received

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from edge_agent import protocol
 from edge_agent.protocol.states import encode_shard_state

@@ -71,14 +71,14 @@ class Statistic(ABC):
         ...
 
     @abstractmethod
-    def merge(self, other: "Statistic") -> "Statistic":
+    def merge(self, other: Statistic) -> Statistic:
         ...
 
     @abstractmethod
     def get(self):
         ...
 
-    def _check(self, other: "Statistic") -> None:
+    def _check(self, other: Statistic) -> None:
         if type(other) is not type(self) or other.params() != self.params():
             raise ValueError(f"cannot merge {other!r} into {self!r}: different parameters")
 
@@ -95,7 +95,7 @@ class Statistic(ABC):
         statistic's (e.g. sums no codes could give)."""
 
     @classmethod
-    def from_state(cls, params: tuple, state, where: str = "state") -> "Statistic":
+    def from_state(cls, params: tuple, state, where: str = "state") -> Statistic:
         """Rebuild from ``to_state()`` output (plain JSON values, checked here)."""
         try:
             typed = msgspec.convert(state, cls.state_type)
@@ -120,10 +120,35 @@ class Statistic(ABC):
         return f"{type(self).__name__}{self.params()}"
 
 
-class Count(Statistic):
+class _Sums(Statistic):
+    """A statistic that is a fixed set of sums, named by ``SUMS``: adding a summary,
+    merging, saving and loading are the same for all of them."""
+
+    SUMS: ClassVar[tuple[str, ...]]
+
+    def add(self, summary) -> None:
+        for name, part in zip(self.SUMS, summary):
+            setattr(self, name, getattr(self, name) + part)
+
+    def merge(self, other):
+        self._check(other)
+        for name in self.SUMS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
+    def to_state(self) -> list:
+        return [getattr(self, name) for name in self.SUMS]
+
+    def load_state(self, state, where="state") -> None:
+        for name, value in zip(self.SUMS, state):
+            setattr(self, name, value)
+
+
+class Count(_Sums):
     """Number of values seen."""
 
     state_type = CountState
+    SUMS = ("n",)
 
     def __init__(self):
         self.n = 0
@@ -131,28 +156,18 @@ class Count(Statistic):
     def summarize(self, batch) -> int:
         return int(np.size(batch))
 
-    def add(self, summary: int) -> None:
+    def add(self, summary: int) -> None:  # the summary is the count itself
         self.n += summary
-
-    def merge(self, other):
-        self._check(other)
-        self.n += other.n
-        return self
 
     def get(self) -> int:
         return self.n
 
-    def to_state(self) -> list:
-        return [self.n]
 
-    def load_state(self, state, where="state") -> None:
-        self.n = state[0]
-
-
-class CodeMoments(Statistic):
+class CodeMoments(_Sums):
     """Mean and variance of the reported values, from exact sums of codes."""
 
     state_type = MomentsState
+    SUMS = ("n", "sum", "sum_sq")
 
     def __init__(self, origin: float, step: float):
         self.origin, self.step = float(origin), float(step)
@@ -167,28 +182,12 @@ class CodeMoments(Statistic):
         codes = np.asarray(batch, dtype=np.int64)
         return codes.size, _sum(codes), _sum(codes * codes)
 
-    def add(self, summary) -> None:
-        n, total, total_sq = summary
-        self.n += n
-        self.sum += total
-        self.sum_sq += total_sq
-
-    def merge(self, other):
-        self._check(other)
-        self.n += other.n
-        self.sum += other.sum
-        self.sum_sq += other.sum_sq
-        return self
-
-    def to_state(self) -> list:
-        return [self.n, self.sum, self.sum_sq]
-
     def load_state(self, state, where="state") -> None:
         n, total, total_sq = state
         # Codes are integers >= 0, so c <= c*c, and (sum c)^2 <= n * sum c^2.
         if total > total_sq or total * total > n * total_sq:
             raise StateError(f"{where}: sums of codes and of their squares are inconsistent")
-        self.n, self.sum, self.sum_sq = n, total, total_sq
+        super().load_state(state, where)
 
     def get(self) -> dict:
         if self.n == 0:
@@ -200,16 +199,26 @@ class CodeMoments(Statistic):
                 "variance": self.step**2 * var_code}
 
 
-class TrigMoments(Statistic):
-    """Sums of cos and sin of reported angles (mean direction, resultant length)."""
+class _PlaneSums(_Sums):
+    """A count and the sums of a 2-D vector per value, ``x`` and ``y`` (floats)."""
+
+    SUMS = ("n", "x", "y")
+
+    def __init__(self):
+        self.n = 0
+        self.x = 0.0
+        self.y = 0.0
+
+
+class TrigMoments(_PlaneSums):
+    """Sums of cos (``x``) and sin (``y``) of reported angles: the mean direction and
+    resultant length."""
 
     state_type = TrigState
 
     def __init__(self, origin: float, step: float, period: float):
+        super().__init__()
         self.origin, self.step, self.period = float(origin), float(step), float(period)
-        self.n = 0
-        self.cos = 0.0
-        self.sin = 0.0
 
     def params(self):
         return (self.origin, self.step, self.period)
@@ -222,33 +231,17 @@ class TrigMoments(Statistic):
         theta = self.radians(batch)
         return theta.size, float(np.cos(theta).sum()), float(np.sin(theta).sum())
 
-    def add(self, summary) -> None:
-        n, cos, sin = summary
-        self.n += n
-        self.cos += cos
-        self.sin += sin
-
-    def merge(self, other):
-        self._check(other)
-        self.n += other.n
-        self.cos += other.cos
-        self.sin += other.sin
-        return self
-
-    def to_state(self) -> list:
-        return [self.n, self.cos, self.sin]
-
     def load_state(self, state, where="state") -> None:
-        self.n, self.cos, self.sin = state
-        if math.hypot(self.cos, self.sin) > self.n * (1 + 1e-9) + 1e-9:
+        super().load_state(state, where)
+        if math.hypot(self.x, self.y) > self.n * (1 + 1e-9) + 1e-9:
             raise StateError(f"{where}: resultant longer than the number of angles")
 
     def get(self) -> dict:
         if self.n == 0:
             return {"n": 0, "direction": None, "resultant": None}
-        direction = math.atan2(self.sin, self.cos)  # radians, in (-pi, pi]
+        direction = math.atan2(self.y, self.x)  # radians, in (-pi, pi]
         return {"n": self.n, "direction": direction,
-                "resultant": math.hypot(self.cos, self.sin) / self.n}
+                "resultant": math.hypot(self.x, self.y) / self.n}
 
 
 class BinCounts(Statistic):
@@ -341,18 +334,17 @@ class BinCounts(Statistic):
         self.outside_count = outside
 
 
-class PolarCross(Statistic):
-    """Sums of r' cos(theta') and r' sin(theta') over paired radius/angle codes."""
+class PolarCross(_PlaneSums):
+    """Sums of r' cos(theta') (``x``) and r' sin(theta') (``y``) over paired radius and
+    angle codes."""
 
     state_type = CrossState
 
     def __init__(self, r_origin: float, r_step: float, a_origin: float, a_step: float,
                  period: float):
+        super().__init__()
         self.r_origin, self.r_step = float(r_origin), float(r_step)
         self.angle = TrigMoments(a_origin, a_step, period)
-        self.n = 0
-        self.x = 0.0
-        self.y = 0.0
 
     def params(self):
         return (self.r_origin, self.r_step) + self.angle.params()
@@ -363,27 +355,7 @@ class PolarCross(Statistic):
         theta = self.angle.radians(angle_codes)
         return r.size, float((r * np.cos(theta)).sum()), float((r * np.sin(theta)).sum())
 
-    def add(self, summary) -> None:
-        n, x, y = summary
-        self.n += n
-        self.x += x
-        self.y += y
-
-    def merge(self, other):
-        self._check(other)
-        self.n += other.n
-        self.x += other.x
-        self.y += other.y
-        return self
-
-    def to_state(self) -> list:
-        return [self.n, self.x, self.y]
-
-    def load_state(self, state, where="state") -> None:
-        self.n, self.x, self.y = state
-
     def get(self) -> dict:
         if self.n == 0:
             return {"n": 0, "x": None, "y": None}
         return {"n": self.n, "x": self.x / self.n, "y": self.y / self.n}
-

@@ -110,7 +110,7 @@ def _static_type(name: str) -> str:
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], web: "WebServer"):
+    def __init__(self, address: tuple[str, int], web: WebServer):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.web = web
@@ -291,7 +291,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not head:
                 web._close_stream()
 
-    def _stream(self, web: "WebServer") -> None:
+    def _stream(self, web: WebServer) -> None:
         """Write an event now and every push_seconds until the client leaves
         (a write fails) or the server stops."""
         self._write(f"retry: {SSE_RETRY_MS}\n\n".encode())
@@ -375,7 +375,7 @@ class WebServer:
 
     # -- lifecycle --
 
-    def start(self) -> "WebServer":
+    def start(self) -> WebServer:
         if self._httpd is not None:
             raise RuntimeError("WebServer already started")
         self._stopping.clear()
@@ -408,7 +408,7 @@ class WebServer:
                 thread.join(max(0.0, deadline - time.monotonic()))
         self._httpd = self._thread = None
 
-    def __enter__(self) -> "WebServer":
+    def __enter__(self) -> WebServer:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

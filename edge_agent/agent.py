@@ -21,15 +21,16 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import protocol, sdnotify
 from .channels import Channel, Selection, build_channel
 from .config import AgentConfig
-from .readings import Readings
 from .range_responder import RangeResponder
+from .readings import Readings
 from .sources import build_source
 from .sources.base import Source
 from .state import StateStore, Transaction, period_start
@@ -50,7 +51,7 @@ def open_state(config: AgentConfig) -> StateStore:
 class Batch:
     """One core's readings selected for release in one tick (raw, in memory only)."""
 
-    core: "AgentCore"
+    core: AgentCore
     now: float
     start: int  # the budget period
     t: float  # the batch's start and length, as reports carry them

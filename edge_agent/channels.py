@@ -69,7 +69,7 @@ class Channel:
         self.counters = {"nan_dropped": 0, "clipped": 0, "reports": 0, "budget_refused": 0,
                          "messages": 0}
 
-    def for_agent(self, agent_id: str, fleet: str) -> "Channel":
+    def for_agent(self, agent_id: str, fleet: str) -> Channel:
         """This channel for another agent: same config and (immutable, shared) mechanism,
         its own topic, counters and report_interval state (the fleet simulator's clones)."""
         clone = copy.copy(self)

@@ -3,49 +3,22 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 from pathlib import Path
 
 import click
 
+from .commandline import EXIT_CONFIG, add_check_config, command_group, load_or_exit
 from .config import FLEET_MAX_COUNT, AgentConfig, ConfigError, load_config
-
-# sysexits EX_CONFIG: the unit's RestartPreventExitStatus=78 stops systemd from
-# restarting an agent whose configuration cannot work.
-EXIT_CONFIG = 78
 
 
 def _load(path: str, exit_code: int = 2) -> AgentConfig:
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        click.echo(f"{path}: invalid configuration:", err=True)
-        for line in str(exc).splitlines():
-            click.echo(f"  {line}", err=True)
-        sys.exit(exit_code)
+    return load_or_exit(load_config, path, exit_code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def main(log_level: str) -> None:
-    """Local-differential-privacy agent for sensor streams."""
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-@main.command("check-config")
-@click.argument("file", type=click.Path(dir_okay=False))
-def check_config(file: str) -> None:
-    """Validate FILE and print the effective configuration (exit 2 if invalid)."""
-    config = _load(file)
-    effective = config.model_dump(mode="json")
-    if config.broker.password is not None:
-        effective["broker"]["password"] = "********"
-    effective["mechanisms"] = describe_channels(config)
-    click.echo(json.dumps(effective, indent=2))
+main = command_group("Local-differential-privacy agent for sensor streams.")
+add_check_config(main, load_config, lambda config: {"mechanisms": describe_channels(config)})
 
 
 def describe_channels(config: AgentConfig) -> dict:

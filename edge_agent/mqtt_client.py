@@ -28,8 +28,8 @@ import logging
 import ssl
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes

@@ -29,8 +29,9 @@ from __future__ import annotations
 import collections
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -110,12 +111,9 @@ class RangeResponder:
                  budget_epsilon: float, range_epsilon_max: float, period_seconds: float,
                  rng: Any = None, keep_seconds: float = KEEP_SECONDS):
         """``agents``: agent id -> names of its linear channels."""
-        self.fleet = fleet
-        self.store = store
-        self.budget_epsilon = budget_epsilon
+        self.fleet, self.store, self.rng = fleet, store, rng
+        self.budget_epsilon, self.period_seconds = budget_epsilon, period_seconds
         self.range_epsilon_max = range_epsilon_max
-        self.period_seconds = period_seconds
-        self.rng = rng
         self.windows = {(agent, channel): RangeWindow(keep_seconds)
                         for agent, channels in agents.items() for channel in channels}
         self.agents = list(agents)

@@ -38,11 +38,11 @@ class Readings:
         return f"Readings({len(self)} rows, fields={sorted(self.fields)})"
 
     @classmethod
-    def empty(cls, names=()) -> "Readings":
+    def empty(cls, names=()) -> Readings:
         return cls(np.empty(0), {n: np.empty(0) for n in names})
 
     @classmethod
-    def concat(cls, parts: list["Readings"]) -> "Readings":
+    def concat(cls, parts: list[Readings]) -> Readings:
         parts = [p for p in parts if len(p)]
         if not parts:
             return cls.empty()
@@ -59,5 +59,5 @@ class Readings:
         values = self.fields.get(name)
         return np.full(len(self), np.nan) if values is None else values
 
-    def take(self, index: np.ndarray) -> "Readings":
+    def take(self, index: np.ndarray) -> Readings:
         return Readings(self.times[index], {n: v[index] for n, v in self.fields.items()})

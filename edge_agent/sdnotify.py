@@ -37,7 +37,7 @@ import math
 import os
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["notify", "ready", "stopping", "status", "watchdog", "extend_timeout",
            "watchdog_interval", "Watchdog"]

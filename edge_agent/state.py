@@ -24,9 +24,9 @@ import math
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger (
@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS spool (
 CREATE TABLE IF NOT EXISTS range_runs (  -- range-discovery runs an agent has joined
     agent TEXT NOT NULL,
     run TEXT NOT NULL,
-    terms TEXT NOT NULL,                -- what was agreed at join (JSON): channel, side, epsilon, ...
+    terms TEXT NOT NULL,                -- agreed at join (JSON): channel, side, epsilon, ...
     rounds INTEGER,                     -- L, fixed by the first round answered
     joined REAL NOT NULL,
     PRIMARY KEY (agent, run)
@@ -107,7 +107,7 @@ class Transaction:
     The agent decides and this records: charges, sequence numbers and spooled
     messages written through one transaction are on disk together or not at all."""
 
-    def __init__(self, db: sqlite3.Connection, store: "StateStore", now: float):
+    def __init__(self, db: sqlite3.Connection, store: StateStore, now: float):
         self._db, self._store, self.now = db, store, now
         self._spent: dict[tuple[str, int], int] = {}  # (agent, period) -> nano-epsilon
 

@@ -45,7 +45,6 @@ from pathlib import Path
 import annotated_types
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -443,7 +442,7 @@ _CONTINUES = (",", "...", "…")
 class Block:
     path: str  # dotted table path, array markers dropped
     array: bool
-    parent: "Block | None"
+    parent: Block | None
     comment: str | None = None
     entries: dict[str, str | None] = field(default_factory=dict)  # key -> comment
     values: dict[str, str] = field(default_factory=dict)  # key -> value text
@@ -556,7 +555,7 @@ class SampleComments:
     variants: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, path: Path, model: type[BaseModel]) -> "SampleComments":
+    def load(cls, path: Path, model: type[BaseModel]) -> SampleComments:
         out = cls()
         for block in parse_sample(path.read_text()):
             for key, comment in block.entries.items():

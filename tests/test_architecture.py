@@ -6,8 +6,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 from tests.support import REPO
 
 PACKAGES = ("edge_agent", "collector")

@@ -11,7 +11,7 @@ from ._validate import EPSILON_MAX, GRID_BITS_MAX, GRID_BITS_MIN
 from .base import ExactLoss, Mechanism
 from .baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
 from .laplace import BoundedLaplace, TruncatedLaplace
-from .ogpm import ClassicalOGPM, CircularOGPM, PolarOGPM, UnbiasedOGPM, optimal_polar_split
+from .ogpm import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM, optimal_polar_split
 from .randomness import RandomSource, SeededRandom, SystemRandom
 from .registry import MECHANISMS, from_description, kind_accepts, linear_mechanism
 

@@ -37,16 +37,12 @@ def _tpm_tick(word, left, shift, base_total, extra, inv_extra, mask):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _tpm_linear(x, words, codes, values, value_origin, value_step, low, high, slope, intercept,
-                max_left, shift, base_total, extra, inv_extra, cell_shift, mask):
-    """Perturb ``x`` on a bounded line; returns (non-finite count, clipped count).
-
-    Writes cell codes to ``codes``, or, when ``values`` is non-empty, the cell
-    centres ``value_origin + code * value_step`` to ``values`` instead.
-    """
+def _tpm_linear(x, words, codes, low, high, slope, intercept, max_left, shift, base_total,
+                extra, inv_extra, cell_shift, mask):
+    """Perturb ``x`` on a bounded line into cell ``codes``; returns (non-finite count,
+    clipped count)."""
     bad = 0
     clipped = 0
-    emit_values = values.shape[0] > 0
     for i in range(x.shape[0]):
         v = x[i]
         bad += not math.isfinite(v)
@@ -56,23 +52,20 @@ def _tpm_linear(x, words, codes, values, value_origin, value_step, low, high, sl
         # after the clamp to [0, max_left].
         left = np.int64(slope * (c - low) + intercept)
         left = min(max(left, 0), max_left)
-        cell = _tpm_tick(words[i], left, shift, base_total, extra, inv_extra, mask) >> cell_shift
-        if emit_values:
-            values[i] = value_origin + cell * value_step
-        else:
-            codes[i] = np.uint32(cell)
+        tick = _tpm_tick(words[i], left, shift, base_total, extra, inv_extra, mask)
+        codes[i] = np.uint32(tick >> cell_shift)
     return bad, clipped
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _tpm_circular(x, words, codes, values, value_origin, value_step, origin, period, scale,
-                  offset, shift, base_total, extra, inv_extra, cell_shift, mask):
-    """Perturb angles on a circle; returns (non-finite count, wrapped count)."""
+def _tpm_circular(x, words, codes, origin, period, scale, offset, shift, base_total, extra,
+                  inv_extra, cell_shift, mask):
+    """Perturb angles on a circle into cell ``codes``; returns (non-finite count, wrapped
+    count)."""
     bad = 0
     wrapped = 0
     ticks = np.float64(mask + 1)
     inv_ticks = 1.0 / ticks  # exact: the tick count is a power of two
-    emit_values = values.shape[0] > 0
     for i in range(x.shape[0]):
         v = x[i]
         bad += not math.isfinite(v)
@@ -82,11 +75,7 @@ def _tpm_circular(x, words, codes, values, value_origin, value_step, origin, per
         t -= math.floor(t * inv_ticks) * ticks  # wrap into [0, T)
         left = np.int64(math.floor(t + offset)) & mask
         tick = _tpm_tick(words[i], left, shift, base_total, extra, inv_extra, mask) & mask
-        cell = tick >> cell_shift
-        if emit_values:
-            values[i] = value_origin + cell * value_step
-        else:
-            codes[i] = np.uint32(cell)
+        codes[i] = np.uint32(tick >> cell_shift)
     return bad, wrapped
 
 
@@ -106,23 +95,13 @@ def _is(array, kind, itemsize):
     return array.dtype.kind == kind and array.dtype.itemsize == itemsize
 
 
-def _check_batch(x, words, out, words_needed):
+def _check_batch(x, words, codes, words_needed):
     if not _is(x, "f", 8) or x.ndim != 1 or not x.flags.c_contiguous:
         raise TypeError("x must be a contiguous 1-D float64 array")
-    if not (_is(out, "u", 4) or _is(out, "f", 8)) or out.shape != x.shape:
-        raise TypeError("out must be a uint32 (codes) or float64 (values) array shaped like x")
+    if not _is(codes, "u", 4) or codes.shape != x.shape:
+        raise TypeError("codes must be a uint32 array shaped like x")
     if not _is(words, "u", 8) or words.ndim != 1 or words.shape[0] < words_needed:
         raise ValueError(f"need at least {words_needed} uint64 random words")
-
-
-_NO_CODES = np.empty(0, dtype=np.uint32)
-_NO_VALUES = np.empty(0, dtype=np.float64)
-
-
-def _outputs(out, value_origin, value_step):
-    if out.dtype.kind == "f":
-        return _NO_CODES, out, value_origin, value_step
-    return out, _NO_VALUES, 0.0, 0.0
 
 
 def linear_args(*, low, high, slope, intercept, max_left, constants):
@@ -136,20 +115,17 @@ def circular_args(*, origin, period, scale, offset, constants):
             *(int(c) if isinstance(c, int) else float(c) for c in constants))
 
 
-def tpm_linear(x, words, out, args, value_origin=0.0, value_step=0.0):
-    """Validated entry to the bounded-line kernel; ``args`` from ``linear_args``.
-
-    ``out`` uint32 receives codes; float64 receives cell centres
-    ``value_origin + code * value_step``.
-    """
-    _check_batch(x, words, out, x.shape[0])
-    return _tpm_linear(x, words, *_outputs(out, value_origin, value_step), *args)
+def tpm_linear(x, words, codes, args):
+    """Validated entry to the bounded-line kernel; ``args`` from ``linear_args``; the
+    uint32 ``codes`` receive the draws (``cell_values`` turns them into cell centres)."""
+    _check_batch(x, words, codes, x.shape[0])
+    return _tpm_linear(x, words, codes, *args)
 
 
-def tpm_circular(x, words, out, args, value_origin=0.0, value_step=0.0):
+def tpm_circular(x, words, codes, args):
     """Validated entry to the circle kernel; ``args`` from ``circular_args``."""
-    _check_batch(x, words, out, x.shape[0])
-    return _tpm_circular(x, words, *_outputs(out, value_origin, value_step), *args)
+    _check_batch(x, words, codes, x.shape[0])
+    return _tpm_circular(x, words, codes, *args)
 
 
 def cell_values(codes, *, value_origin, value_step, n_cells):

@@ -70,7 +70,8 @@ class TickLayout:
             raise ValueError("weights must be positive")
         if not 1 <= self.length <= self.ticks:
             raise ValueError(f"central interval of {self.length} ticks does not fit {self.ticks}")
-        if not (0 < self.last_extra <= self.extra_weight or self.extra_weight == 0 == self.last_extra):
+        if not (0 < self.last_extra <= self.extra_weight
+                or self.extra_weight == 0 == self.last_extra):
             raise ValueError("last_extra must be in (0, extra_weight]")
         if self.total != 1 << TOTAL_BITS:
             raise ValueError("tick weights must add up to 2**TOTAL_BITS")
@@ -79,7 +80,7 @@ class TickLayout:
     @classmethod
     def for_fraction(
         cls, *, epsilon: float, fraction: float, grid_bits: int, tick_bits: int = TICK_BITS
-    ) -> "TickLayout":
+    ) -> TickLayout:
         """Layout whose central interval covers ``fraction`` of the output domain.
 
         The low weight follows from the continuous normalisation
@@ -110,7 +111,7 @@ class TickLayout:
     @classmethod
     def for_exact_length(
         cls, *, epsilon: float, length: int, grid_bits: int, tick_bits: int = TICK_BITS
-    ) -> "TickLayout":
+    ) -> TickLayout:
         """Layout with exactly ``length`` full ticks (``length`` must divide T).
 
         Duchi's mechanism needs this: its 'interval' is exactly half the ticks,

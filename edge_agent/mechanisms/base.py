@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from functools import cached_property
 from decimal import Decimal, localcontext
 from fractions import Fraction
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -73,7 +73,7 @@ class ExactLoss:
     ratio: Fraction = Fraction(1)
     exponent: Fraction = Fraction(0)
 
-    def __add__(self, other: "ExactLoss") -> "ExactLoss":
+    def __add__(self, other: ExactLoss) -> ExactLoss:
         return ExactLoss(self.ratio * other.ratio, self.exponent + other.exponent)
 
     def __float__(self) -> float:
@@ -173,23 +173,19 @@ class Mechanism(ABC):
         ``rng=None`` draws from the OS-seeded CSPRNG; pass a seeded
         ``numpy.random.Generator`` only for tests and benchmarks.
         """
-        x, shape = as_batch(values)
-        out, bad, _ = self._sample(x, as_random_source(rng), as_values=True)
-        raise_non_finite(bad, x.size)
-        return out.reshape(shape)
+        return self.from_codes(self.perturb_codes(values, rng))
 
     def perturb_codes(self, values: Any, rng: Any = None, *, return_clipped: bool = False):
         """Grid codes (uint32) of privatised values, same shape as ``values``."""
         x, shape = as_batch(values)
-        codes, bad, clipped = self._sample(x, as_random_source(rng), as_values=False)
+        codes, bad, clipped = self._sample(x, as_random_source(rng))
         raise_non_finite(bad, x.size)
         codes = codes.reshape(shape)
         return (codes, int(clipped)) if return_clipped else codes
 
     @abstractmethod
-    def _sample(self, x: np.ndarray, source: RandomSource,
-                as_values: bool) -> tuple[np.ndarray, int, int]:
-        """Codes (or cell centres) for a 1-D float64 batch, with (non-finite, clipped) counts."""
+    def _sample(self, x: np.ndarray, source: RandomSource) -> tuple[np.ndarray, int, int]:
+        """Codes (uint32) for a 1-D float64 batch, with (non-finite, clipped) counts."""
 
     # -- closed forms --------------------------------------------------------
     @abstractmethod

@@ -30,11 +30,24 @@ class _Compressible(ThreePieceMechanism):
     epsilon-LDP but report inside the input domain, biased towards its middle.
     """
 
-    def _set_unit_pieces(self, *, epsilon: float, low: float, high: float, compressed: bool,
-                         grid_bits: int, unit_low: float, unit_high: float, unit_length: float,
+    def __init__(self, *, epsilon: float, low: float, high: float, compressed: bool = False,
+                 grid_bits: int = 16):
+        epsilon = _validate.epsilon(epsilon)
+        low, high = _validate.interval(low, high)
+        self.compressed = _validate.flag("compressed", compressed)
+        self._set_unit_pieces(epsilon=epsilon, low=low, high=high,
+                              grid_bits=_validate.grid_bits(grid_bits),
+                              **self._unit_pieces(epsilon))
+
+    def _unit_pieces(self, epsilon: float) -> dict[str, float]:
+        """The pieces on the unit input domain [0, 1] -> [unit_low, unit_high]: unit_low,
+        unit_high, unit_length, unit_centre_at_low and unit_centre_slope."""
+        raise NotImplementedError
+
+    def _set_unit_pieces(self, *, epsilon: float, low: float, high: float, grid_bits: int,
+                         unit_low: float, unit_high: float, unit_length: float,
                          unit_centre_at_low: float, unit_centre_slope: float) -> None:
-        """Pieces given on the unit input domain [0, 1] -> [unit_low, unit_high]."""
-        self.compressed = compressed
+        compressed = self.compressed
         w = high - low
         if compressed:  # map [unit_low, unit_high] onto [low, high]
             scale = w / (unit_high - unit_low)
@@ -61,22 +74,18 @@ class PiecewiseMechanism(_Compressible):
 
     name = "pm"
 
-    def __init__(self, *, epsilon: float, low: float, high: float, compressed: bool = False,
-                 grid_bits: int = 16):
-        epsilon = _validate.epsilon(epsilon)
-        low, high = _validate.interval(low, high)
-        compressed = _validate.flag("compressed", compressed)
+    @property
+    def unbiased(self) -> bool:
+        return not self.compressed
+
+    def _unit_pieces(self, epsilon: float) -> dict[str, float]:
         s = math.exp(epsilon / 2.0)
         c = (s + 1.0) / (s - 1.0)
-        self.unbiased = not compressed
         # On [0, 1]: x' = 2x - 1, so the centre (C+1)/2 x' becomes (C+1)x - (C+1)/2,
         # and the output [-C, C] of x' halves in scale: [-C/2 + 1/2, C/2 + 1/2].
-        self._set_unit_pieces(epsilon=epsilon, low=low, high=high, compressed=compressed,
-                              grid_bits=_validate.grid_bits(grid_bits),
-                              unit_low=0.5 - c / 2.0, unit_high=0.5 + c / 2.0,
-                              unit_length=(c - 1.0) / 2.0,
-                              unit_centre_at_low=0.5 - (c + 1.0) / 4.0,
-                              unit_centre_slope=(c + 1.0) / 2.0)
+        return dict(unit_low=0.5 - c / 2.0, unit_high=0.5 + c / 2.0,
+                    unit_length=(c - 1.0) / 2.0, unit_centre_at_low=0.5 - (c + 1.0) / 4.0,
+                    unit_centre_slope=(c + 1.0) / 2.0)
 
 
 class SquareWave(_Compressible):
@@ -88,19 +97,13 @@ class SquareWave(_Compressible):
 
     name = "sw"
 
-    def __init__(self, *, epsilon: float, low: float, high: float, compressed: bool = False,
-                 grid_bits: int = 16):
-        epsilon = _validate.epsilon(epsilon)
-        low, high = _validate.interval(low, high)
-        compressed = _validate.flag("compressed", compressed)
+    def _unit_pieces(self, epsilon: float) -> dict[str, float]:
         e = math.exp(epsilon)
         # expm1 keeps both numerator and denominator accurate as eps -> 0 (both ~ eps**2/2).
         b = (epsilon * e - math.expm1(epsilon)) / (2.0 * e * (math.expm1(epsilon) - epsilon))
         self.half_width = b
-        self._set_unit_pieces(epsilon=epsilon, low=low, high=high, compressed=compressed,
-                              grid_bits=_validate.grid_bits(grid_bits), unit_low=-b,
-                              unit_high=1.0 + b, unit_length=2.0 * b, unit_centre_at_low=0.0,
-                              unit_centre_slope=1.0)
+        return dict(unit_low=-b, unit_high=1.0 + b, unit_length=2.0 * b,
+                    unit_centre_at_low=0.0, unit_centre_slope=1.0)
 
 
 def ptt_eta(epsilon: float) -> float:
@@ -191,7 +194,8 @@ class Duchi(Mechanism):
         y = np.asarray(values, dtype=np.float64)
         upper, lower = y == self.output_high, y == self.output_low
         if not np.all(upper | lower):
-            raise ValueError(f"Duchi reports are exactly {self.output_low!r} or {self.output_high!r}")
+            raise ValueError(f"Duchi reports are exactly {self.output_low!r} or "
+                             f"{self.output_high!r}")
         return upper.astype(np.uint32)
 
     def pdf(self, x: Any, y: Any) -> np.ndarray:
@@ -220,7 +224,8 @@ class Duchi(Mechanism):
         p = _validate.error_power(p)
         x = self.mean_output(x)
         up = self._upper_probability(x)
-        return up * np.abs(self.output_high - x) ** p + (1.0 - up) * np.abs(x - self.output_low) ** p
+        return (up * np.abs(self.output_high - x) ** p
+                + (1.0 - up) * np.abs(x - self.output_low) ** p)
 
     def start_ticks(self, x: Any) -> np.ndarray:
         x = np.clip(np.asarray(x, dtype=np.float64), self.low, self.high)
@@ -234,11 +239,10 @@ class Duchi(Mechanism):
     def exact_privacy_loss(self) -> ExactLoss:
         return ExactLoss(Fraction(*self.layout.max_cell_ratio(0, self.layout.ticks // 2, False)))
 
-    def _sample(self, x: np.ndarray, source: RandomSource, as_values: bool):
-        out = np.empty(x.shape[0], dtype=np.float64 if as_values else np.uint32)
-        bad, clipped = _kernels.tpm_linear(x, source.words(x.shape[0]), out, self._kernel_args,
-                                           self.output_low, self._atom_step)
-        return out, bad, clipped
+    def _sample(self, x: np.ndarray, source: RandomSource):
+        codes = np.empty(x.shape[0], dtype=np.uint32)
+        bad, clipped = _kernels.tpm_linear(x, source.words(x.shape[0]), codes, self._kernel_args)
+        return codes, bad, clipped
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "epsilon": self.epsilon, "low": self.low, "high": self.high}

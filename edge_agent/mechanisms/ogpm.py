@@ -62,7 +62,7 @@ class ClassicalOGPM(ThreePieceMechanism):
                          grid_bits=grid_bits)
 
     @classmethod
-    def _uniform_share(cls, low: float, high: float, grid_bits: int) -> "ClassicalOGPM":
+    def _uniform_share(cls, low: float, high: float, grid_bits: int) -> ClassicalOGPM:
         """The epsilon = 0 limit (uniform report), for a zero PolarOGPM share."""
         self = cls.__new__(cls)
         self._build(0.0, low, high, grid_bits)

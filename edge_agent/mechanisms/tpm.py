@@ -158,11 +158,10 @@ class ThreePieceMechanism(Mechanism):
         first, last = self._reachable_starts()
         return ExactLoss(Fraction(*self.layout.max_cell_ratio(first, last, self.circular)))
 
-    def _sample(self, x: np.ndarray, source: RandomSource, as_values: bool):
-        out = np.empty(x.shape[0], dtype=np.float64 if as_values else np.uint32)
-        bad, clipped = _kernels.tpm_linear(x, source.words(x.shape[0]), out, self._kernel_args,
-                                           *self.grid_values)
-        return out, bad, clipped
+    def _sample(self, x: np.ndarray, source: RandomSource):
+        codes = np.empty(x.shape[0], dtype=np.uint32)
+        bad, clipped = _kernels.tpm_linear(x, source.words(x.shape[0]), codes, self._kernel_args)
+        return codes, bad, clipped
 
 
 class CircularThreePiece(ThreePieceMechanism):
@@ -249,11 +248,11 @@ class CircularThreePiece(ThreePieceMechanism):
     def _reachable_starts(self) -> tuple[int, int]:
         return 0, self.layout.ticks - 1
 
-    def _sample(self, x: np.ndarray, source: RandomSource, as_values: bool):
-        out = np.empty(x.shape[0], dtype=np.float64 if as_values else np.uint32)
-        bad, wrapped = _kernels.tpm_circular(x, source.words(x.shape[0]), out, self._kernel_args,
-                                             *self.grid_values)
-        return out, bad, wrapped
+    def _sample(self, x: np.ndarray, source: RandomSource):
+        codes = np.empty(x.shape[0], dtype=np.uint32)
+        bad, wrapped = _kernels.tpm_circular(x, source.words(x.shape[0]), codes,
+                                             self._kernel_args)
+        return codes, bad, wrapped
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "epsilon": self.epsilon, "period": self.period,

@@ -130,56 +130,26 @@ class _PolarPair(Struct, frozen=True, forbid_unknown_fields=True, tag_field="nam
     epsilon_angle: SplitEpsilon
 
 
-class ClassicalOGPMDescription(_Interval, tag=ClassicalOGPM.name):
-    pass
+def define(module: str, name: str, base: type[Struct], tag: str, fields: list = (),
+           **options) -> type[Struct]:
+    """A struct ``module.name`` with ``base``'s fields and ``fields``, tagged ``tag``: one of
+    a family of messages defined by a table.  It is made a module attribute, so it pickles
+    and the JSON Schema calls it by its name."""
+    cls = msgspec.defstruct(name, list(fields), bases=(base,), tag=tag, module=module,
+                            **options)
+    setattr(sys.modules[module], name, cls)
+    return cls
 
 
-class UnbiasedOGPMDescription(_Interval, tag=UnbiasedOGPM.name):
-    pass
-
-
-class CircularOGPMDescription(_Circle, tag=CircularOGPM.name):
-    pass
-
-
-class PolarOGPMDescription(_PolarPair, tag=PolarOGPM.name):
-    pass
-
-
-class PiecewiseMechanismDescription(_Compressible, tag=PiecewiseMechanism.name):
-    pass
-
-
-class SquareWaveDescription(_Compressible, tag=SquareWave.name):
-    pass
-
-
-class PTTDescription(_Interval, tag=PTT.name):
-    pass
-
-
-class DuchiDescription(_TwoAtoms, tag=Duchi.name):
-    pass
-
-
-class TruncatedLaplaceDescription(_Interval, tag=TruncatedLaplace.name):
-    pass
-
-
-class BoundedLaplaceDescription(_Interval, tag=BoundedLaplace.name):
-    pass
-
-
-# One per registered mechanism (edge_agent.mechanisms.registry), by wire name.
+# Each registered mechanism's parameters (what its describe() gives), by wire name; a
+# mechanism registered without a shape here fails at import.
+_SHAPES = {ClassicalOGPM: _Interval, UnbiasedOGPM: _Interval, PTT: _Interval,
+           TruncatedLaplace: _Interval, BoundedLaplace: _Interval,
+           PiecewiseMechanism: _Compressible, SquareWave: _Compressible, Duchi: _TwoAtoms,
+           CircularOGPM: _Circle, PolarOGPM: _PolarPair}
 DESCRIPTIONS: dict[str, type[Struct]] = {
-    cls.__struct_config__.tag: cls
-    for cls in (ClassicalOGPMDescription, UnbiasedOGPMDescription, CircularOGPMDescription,
-                PolarOGPMDescription, PiecewiseMechanismDescription, SquareWaveDescription,
-                PTTDescription, DuchiDescription, TruncatedLaplaceDescription,
-                BoundedLaplaceDescription)}
-if DESCRIPTIONS.keys() != MECHANISMS.keys():  # a mechanism registered without its parameters
-    raise ImportError(f"mechanism descriptions {sorted(DESCRIPTIONS)} differ from the "
-                      f"registry's {sorted(MECHANISMS)}")
+    name: define(__name__, f"{cls.__name__}Description", _SHAPES[cls], name)
+    for name, cls in MECHANISMS.items()}
 MechanismDescription = Union[tuple(DESCRIPTIONS.values())]  # noqa: UP007 (built from a tuple)
 
 
@@ -242,31 +212,17 @@ class Report(Struct, forbid_unknown_fields=True, omit_defaults=True):
 
 @dataclass(frozen=True, slots=True)
 class ValidReport:
-    """A report that passed every check, with what aggregating it needs."""
+    """A report that passed every check, with what aggregating it needs.  Its other
+    attributes (``agent``, ``channel``, ``seq``, ``t``, ``kind`` ...) are the message's."""
 
     message: Report
     mechanism: Mechanism  # built from message.mechanism (mechanism_of: cached)
     codes: Any  # int64 array; polar: (radius, angle); vector: one array per field
 
-    @property
-    def agent(self) -> str:
-        return self.message.agent
-
-    @property
-    def channel(self) -> str:
-        return self.message.channel
-
-    @property
-    def seq(self) -> int:
-        return self.message.seq
-
-    @property
-    def t(self) -> float:
-        return self.message.t
-
-    @property
-    def kind(self) -> str:
-        return self.message.kind
+    def __getattr__(self, name: str):
+        if name == "message":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.message, name)
 
 
 def report(*, agent: str, channel: str, kind: str, seq: int, t: float, dt: float,
@@ -614,7 +570,7 @@ class Histogram(Struct, forbid_unknown_fields=True):
     estimate: list[float] | None
 
 
-class LinearSummary(Struct, forbid_unknown_fields=True, omit_defaults=True):
+class LinearSummary(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
     mean: MeanEstimate
     histogram: Histogram
     quantiles: dict[str, Estimate] | None
@@ -626,7 +582,7 @@ class ResultantLength(Struct, forbid_unknown_fields=True):
     estimate: Estimate
 
 
-class CircularSummary(Struct, forbid_unknown_fields=True):
+class CircularSummary(Struct, forbid_unknown_fields=True, kw_only=True):
     circular_mean: Estimate
     resultant_length: ResultantLength
     circular_std: Estimate
@@ -640,47 +596,33 @@ class MeanVector(Struct, forbid_unknown_fields=True):
     direction: Estimate
 
 
-class OtherSeries(Struct, forbid_unknown_fields=True):
-    mechanism: MechanismDescription
-    count: Count
-
-
-class _Snapshot(Struct, forbid_unknown_fields=True, tag_field="kind", kw_only=True):
-    channel: Name
-    t: Finite
-    mechanism: MechanismDescription
-    count: Count
-    messages: Count
-    agents: Count
-    other_series: list[OtherSeries]
-
-
-class LinearSnapshot(_Snapshot, tag="linear"):
-    mean: MeanEstimate
-    histogram: Histogram
-    quantiles: dict[str, Estimate] | None
-
-
-class CircularSnapshot(_Snapshot, tag="circular"):
-    circular_mean: Estimate
-    resultant_length: ResultantLength
-    circular_std: Estimate
-    histogram: Histogram
-
-
-class PolarSnapshot(_Snapshot, tag="polar"):
+class PolarSummary(Struct, forbid_unknown_fields=True, kw_only=True):
     radius: LinearSummary
     angle: CircularSummary
     mean_vector: MeanVector
 
 
-class VectorSnapshot(_Snapshot, tag="vector"):
+class VectorSummary(Struct, forbid_unknown_fields=True, kw_only=True):
     axes: dict[Name, LinearSummary]
     strategy: Strategy
 
 
-ChannelSnapshot = Union[LinearSnapshot, CircularSnapshot, PolarSnapshot,  # noqa: UP007
-                        VectorSnapshot]
+class OtherSeries(Struct, forbid_unknown_fields=True):
+    mechanism: MechanismDescription
+    count: Count
+
+
+# A channel's snapshot (its entry of GET /api/channels): what the channel is, then its
+# kind's summary, side by side in one object.
+_SNAPSHOT_HEADER = [("channel", Name), ("t", Finite), ("mechanism", MechanismDescription),
+                    ("count", Count), ("messages", Count), ("agents", Count),
+                    ("other_series", list[OtherSeries])]
+SNAPSHOTS: dict[str, type[Struct]] = {
+    kind: define(__name__, f"{kind.title()}Snapshot", summary, kind, _SNAPSHOT_HEADER,
+                 tag_field="kind")
+    for kind, summary in (("linear", LinearSummary), ("circular", CircularSummary),
+                          ("polar", PolarSummary), ("vector", VectorSummary))}
+ChannelSnapshot = Union[tuple(SNAPSHOTS.values())]  # noqa: UP007
 
 
 def snapshot(view: dict, *, channel: str, t: float) -> bytes:

@@ -34,6 +34,7 @@ from .messages import (
     Strategy,
     Text,
     decode_checked,
+    define,
     encode,
 )
 from .topics import is_name
@@ -107,28 +108,14 @@ class _SeriesState(Struct, forbid_unknown_fields=True, tag_field="kind", kw_only
     agents: list[Name]
 
 
-class LinearSeriesState(_SeriesState, tag="linear"):
-    total: ScalarBlocks
-    windows: list[tuple[WindowStart, ScalarBlocks]]
-
-
-class CircularSeriesState(_SeriesState, tag="circular"):
-    total: CircularBlocks
-    windows: list[tuple[WindowStart, CircularBlocks]]
-
-
-class PolarSeriesState(_SeriesState, tag="polar"):
-    total: PolarBlocks
-    windows: list[tuple[WindowStart, PolarBlocks]]
-
-
-class VectorSeriesState(_SeriesState, tag="vector"):
-    total: VectorBlocks
-    windows: list[tuple[WindowStart, VectorBlocks]]
-
-
-SeriesState = Union[LinearSeriesState, CircularSeriesState, PolarSeriesState,  # noqa: UP007
-                    VectorSeriesState]
+# A series' blocks of statistics, by kind: cumulative (``total``) and per tumbling window.
+SERIES_BLOCKS = {"linear": ScalarBlocks, "circular": CircularBlocks, "polar": PolarBlocks,
+                 "vector": VectorBlocks}
+SERIES_STATES: dict[str, type[Struct]] = {
+    kind: define(__name__, f"{kind.title()}SeriesState", _SeriesState, kind,
+                 [("total", blocks), ("windows", list[tuple[WindowStart, blocks]])])
+    for kind, blocks in SERIES_BLOCKS.items()}
+SeriesState = Union[tuple(SERIES_STATES.values())]  # noqa: UP007
 
 
 # -- a whole collector (collector.ingest.Ingestor) -------------------------------------------

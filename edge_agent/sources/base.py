@@ -11,21 +11,36 @@ description, never containing readings) and ``finished``.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 
 from ..readings import Readings
+from .derive import with_derived
 
 
 class Source(ABC):
     #: field names the source provides (used to check channel configs)
     fields: tuple[str, ...] = ()
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, *, derive: Iterable[str] = (), base_fields: Iterable[str] = ()):
+        """``derive``: the derived fields it adds (``[[sources]] derive``); ``base_fields``:
+        the fields it provides before those (none: whatever the data carries)."""
         self.name = name
+        self.derive = tuple(derive)
+        self.fields = with_derived(base_fields, self.derive)
         self.finished = False
         self.error: str | None = None
         #: rows that could not be parsed and were skipped
         self.rejected_rows = 0
+
+    def __repr__(self) -> str:  # names where readings come from, never a reading
+        details = "".join(f", {key}={value}" for key, value in self.origin().items())
+        return f"{type(self).__name__}({self.name!r}{details})"
+
+    def origin(self) -> dict[str, object]:
+        """Where the readings come from (shown by ``repr``)."""
+        return {}
 
     def start(self) -> None:  # noqa: B027 - optional hook
         """Open resources (files, buses, connections)."""
@@ -40,3 +55,26 @@ class Source(ABC):
     def fail(self, message: str) -> None:
         self.error = message
         self.finished = True
+
+
+class ThreadedSource(Source):
+    """A source that reads on a thread of its own (a bus, a file, standard input)."""
+
+    def __init__(self, name: str, **fields):
+        super().__init__(name, **fields)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _start_reading(self, target: Callable[..., None], *args, kind: str) -> None:
+        self._stopping.clear()
+        self._thread = threading.Thread(target=target, args=args, name=f"{kind}-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _stop_reading(self, join_seconds: float) -> None:
+        """Ask the thread to stop and wait for it (a thread blocked in a read is a daemon:
+        it does not hold the process)."""
+        self._stopping.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=join_seconds)

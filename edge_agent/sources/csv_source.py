@@ -55,7 +55,7 @@ import numpy as np
 from ..config import CsvSourceConfig
 from ..readings import Readings
 from .base import Source
-from .derive import apply_derive, with_derived
+from .derive import apply_derive
 
 MAX_FAST_ROWS = 5000
 # Bound on one batch in the real-time paces (an agent that stalled catches up
@@ -91,7 +91,7 @@ def parse_float(cell: str) -> float:
 
 class CsvSource(Source):
     def __init__(self, config: CsvSourceConfig, *, offset: int = 0, stride: int = 1):
-        super().__init__(config.name)
+        super().__init__(config.name, derive=config.derive, base_fields=config.columns)
         if not isinstance(stride, int) or stride < 1:
             raise ValueError(f"stride: must be an integer >= 1, got {stride!r}")
         if not isinstance(offset, int) or not 0 <= offset < stride:
@@ -102,9 +102,7 @@ class CsvSource(Source):
         self.pace = config.pace
         self.rate_hz = float(config.rate_hz)
         self.loop = config.loop
-        self.derive = tuple(config.derive)
         self.names = tuple(config.columns)
-        self.fields = with_derived(self.names, self.derive)
         self._file: io.TextIOBase | None = None
         self._lines: list[str] | None = None  # strided: the shared lines of the file
         self._reader = None
@@ -125,10 +123,9 @@ class CsvSource(Source):
         self._pass_offset = 0.0
         self._last_offset = -math.inf
 
-    def __repr__(self) -> str:
-        strided = f", offset={self.offset}, stride={self.stride}" if self.stride > 1 else ""
-        return (f"CsvSource({self.name!r}, path={str(self.path)!r}, pace={self.pace!r}"
-                f"{strided})")
+    def origin(self) -> dict[str, object]:
+        strided = {"offset": self.offset, "stride": self.stride} if self.stride > 1 else {}
+        return {"path": repr(str(self.path)), "pace": repr(self.pace), **strided}
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:

@@ -25,8 +25,8 @@ import numpy as np
 
 from ..config import I2C_FIELDS, I2cSourceConfig
 from ..readings import Readings
-from .base import Source
-from .derive import apply_derive, with_derived
+from .base import ThreadedSource
+from .derive import apply_derive
 
 PWR_MGMT_1 = 0x6B
 ACCEL_XOUT_H = 0x3B
@@ -53,15 +53,13 @@ def decode_block(raw: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-class I2cSource(Source):
+class I2cSource(ThreadedSource):
     def __init__(self, config: I2cSourceConfig, *, bus: Any | None = None):
         """``bus``: an object with write_byte_data / read_i2c_block_data (tests)."""
-        super().__init__(config.name)
+        super().__init__(config.name, derive=config.derive, base_fields=I2C_FIELDS)
         self.config = config
         self.address = config.address
         self.rate_hz = float(config.rate_hz)
-        self.derive = tuple(config.derive)
-        self.fields = with_derived(I2C_FIELDS, self.derive)
         #: bus errors so far (each retried)
         self.io_errors = 0
         self._bus = bus
@@ -69,13 +67,11 @@ class I2cSource(Source):
         self._times: list[float] = []
         self._raw: list[list[int]] = []
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
         self._failure: str | None = None
 
-    def __repr__(self) -> str:
-        return (f"I2cSource({self.name!r}, bus={self.config.bus}, "
-                f"address=0x{self.address:02x}, rate_hz={self.rate_hz:g})")
+    def origin(self) -> dict[str, object]:
+        return {"bus": self.config.bus, "address": f"0x{self.address:02x}",
+                "rate_hz": f"{self.rate_hz:g}"}
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -90,15 +86,10 @@ class I2cSource(Source):
                       f"on bus {self.config.bus}: {_reason(exc)}")
             self._close_bus()
             return
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name=f"i2c-{self.name}", daemon=True)
-        self._thread.start()
+        self._start_reading(self._run, kind="i2c")
 
     def stop(self) -> None:
-        self._stopping.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=2.0)
+        self._stop_reading(join_seconds=2.0)
         self._close_bus()
 
     def _open_bus(self) -> bool:

@@ -19,7 +19,6 @@ import json
 import math
 import queue
 import sys
-import threading
 import time
 from collections.abc import Iterable
 from typing import IO, Any
@@ -28,8 +27,8 @@ import numpy as np
 
 from ..config import JsonlSourceConfig
 from ..readings import Readings
-from .base import Source
-from .derive import apply_derive, with_derived
+from .base import ThreadedSource
+from .derive import apply_derive
 
 MAX_LINE_CHARS = 1 << 20  # longer lines are skipped (and counted) unread
 QUEUE_ROWS = 50_000
@@ -81,24 +80,20 @@ def records_to_readings(records: Iterable[Record]) -> Readings:
 
 # -- the source ---------------------------------------------------------------------
 
-class JsonlSource(Source):
+class JsonlSource(ThreadedSource):
     def __init__(self, config: JsonlSourceConfig, *, stream: IO | None = None):
         """``stream``: read this file-like object (text or bytes) instead of ``path``."""
-        super().__init__(config.name)
+        # Whatever the lines carry: only the derived names are known up front.
+        super().__init__(config.name, derive=config.derive)
         self.config = config
         self.path = config.path
         self.timestamp_field = config.timestamp_field
-        self.derive = tuple(config.derive)
-        # Whatever the lines carry; only the derived names are known up front.
-        self.fields = with_derived((), self.derive)
         self._stream = stream
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_ROWS)
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
         self._read_error: str | None = None
 
-    def __repr__(self) -> str:
-        return f"JsonlSource({self.name!r}, path={self.path!r})"
+    def origin(self) -> dict[str, object]:
+        return {"path": repr(self.path)}
 
     def start(self) -> None:
         if self._thread is not None:
@@ -115,16 +110,10 @@ class JsonlSource(Source):
                 self.fail(f"jsonl source {self.name!r}: {what}: {self.path}")
                 return
             owned = True
-        self._thread = threading.Thread(target=self._read, args=(stream, owned),
-                                        name=f"jsonl-{self.name}", daemon=True)
-        self._thread.start()
+        self._start_reading(self._read, stream, owned, kind="jsonl")
 
     def stop(self) -> None:
-        self._stopping.set()
-        thread, self._thread = self._thread, None
-        # A reader blocked on stdin cannot be interrupted; it is a daemon thread.
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=0.5)
+        self._stop_reading(join_seconds=0.5)  # a read blocked on stdin cannot be interrupted
 
     # -- the reader thread -----------------------------------------------------------
     def _read(self, stream: IO, owned: bool) -> None:

@@ -26,7 +26,7 @@ from ..config import MqttSourceConfig
 from ..mqtt_client import MqttClient
 from ..readings import Readings
 from .base import Source
-from .derive import apply_derive, with_derived
+from .derive import apply_derive
 from .jsonl import Record, parse_record, records_to_readings
 
 # Records kept while the agent does not poll; past this the oldest are dropped
@@ -38,13 +38,11 @@ log = logging.getLogger(__name__)
 
 class MqttSource(Source):
     def __init__(self, config: MqttSourceConfig, *, agent_id: str = "edge-agent"):
-        super().__init__(config.name)
+        # Whatever the payloads carry: only the derived names are known up front.
+        super().__init__(config.name, derive=config.derive)
         self.config = config
         self.topic = config.topic
         self.timestamp_field = config.timestamp_field
-        self.derive = tuple(config.derive)
-        # Whatever the payloads carry; only the derived names are known up front.
-        self.fields = with_derived((), self.derive)
         # Distinct from the agent's own upstream client id, which may use the
         # same broker.
         self.client_id = f"{agent_id}-src-{config.name}"
@@ -56,9 +54,8 @@ class MqttSource(Source):
         self._lock = threading.Lock()
         self._client: MqttClient | None = None
 
-    def __repr__(self) -> str:
-        return (f"MqttSource({self.name!r}, broker={self.config.host}:{self.config.port}, "
-                f"topic={self.topic!r})")
+    def origin(self) -> dict[str, object]:
+        return {"broker": f"{self.config.host}:{self.config.port}", "topic": repr(self.topic)}
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:

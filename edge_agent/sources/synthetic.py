@@ -36,7 +36,7 @@ import numpy as np
 from ..config import SYNTHETIC_FIELDS, SyntheticSourceConfig
 from ..readings import Readings
 from .base import Source
-from .derive import TWO_PI, apply_derive, with_derived, wrap_2pi, wrap_pi
+from .derive import TWO_PI, apply_derive, wrap_2pi, wrap_pi
 
 REST, WALK, RUN = 0, 1, 2
 # Mean seconds spent in each state, and where the chain goes next.
@@ -103,18 +103,16 @@ class _Segments:
 
 class SyntheticSource(Source):
     def __init__(self, config: SyntheticSourceConfig, *, agent_id: str):
-        super().__init__(config.name)
+        super().__init__(config.name, derive=config.derive, base_fields=SYNTHETIC_FIELDS)
         self.config = config
         self.rate_hz = float(config.rate_hz)
-        self.derive = tuple(config.derive)
-        self.fields = with_derived(SYNTHETIC_FIELDS, self.derive)
         self.seed = config.seed if config.seed is not None else stable_seed(agent_id, config.name)
         self._total = (None if config.duration is None
                        else max(1, math.ceil(config.duration * self.rate_hz - 1e-9)))
         self._reset()
 
-    def __repr__(self) -> str:
-        return f"SyntheticSource({self.name!r}, rate_hz={self.rate_hz:g})"
+    def origin(self) -> dict[str, object]:
+        return {"rate_hz": f"{self.rate_hz:g}"}
 
     def _reset(self) -> None:
         children = np.random.SeedSequence(self.seed).spawn(3)

@@ -40,8 +40,10 @@ def error_for(mutate) -> str:
 
 
 @pytest.mark.parametrize("mutate,message", [
-    (lambda d: d["channels"][2].update(epsilon=-1), "channels[2].epsilon: must be in (0, 20], got -1"),
-    (lambda d: d["channels"][0].update(epsilon=0), "channels[0].epsilon: must be in (0, 20], got 0"),
+    (lambda d: d["channels"][2].update(epsilon=-1),
+     "channels[2].epsilon: must be in (0, 20], got -1"),
+    (lambda d: d["channels"][0].update(epsilon=0),
+     "channels[0].epsilon: must be in (0, 20], got 0"),
     (lambda d: d["privacy"].update(budget_epsilon=0), "privacy.budget_epsilon: must be > 0, got 0"),
     (lambda d: d["broker"] if "broker" in d else d.update(broker={"port": 70000}),
      "broker.port: must be <= 65535, got 70000"),
@@ -51,7 +53,8 @@ def error_for(mutate) -> str:
     (lambda d: d["channels"][1].update(kind="spiral"),
      "channels[1]: must be one of 'linear', 'circular', 'polar', 'vector'"),
     (lambda d: d["channels"][0].update(mechanism="gauss"), "channels[0].mechanism: must be one of"),
-    (lambda d: d["channels"][1].update(unit="grad"), "channels[1].unit: must be one of 'rad' or 'deg', got 'grad'"),
+    (lambda d: d["channels"][1].update(unit="grad"),
+     "channels[1].unit: must be one of 'rad' or 'deg', got 'grad'"),
     (lambda d: d["channels"][0].update(name="status"),
      "channels[0].name: 'status' is reserved for the agent's status topic"),
     (lambda d: d.update(agent_id="_collector"), "agent_id: must be 1-64 letters"),
@@ -59,7 +62,8 @@ def error_for(mutate) -> str:
     (lambda d: d["channels"][0].update(field="heart_rate"),
      "channels[0]: source 'imu' has no field 'heart_rate'"),
     (lambda d: d["channels"][0].update(source="gps"), "channels[0].source: no source named 'gps'"),
-    (lambda d: d["channels"].append(dict(d["channels"][0])), "channels[3].name: 'ax' is used twice"),
+    (lambda d: d["channels"].append(dict(d["channels"][0])),
+     "channels[3].name: 'ax' is used twice"),
     (lambda d: d["privacy"].update(budget_period="1 day"),
      "privacy.budget_period: must look like 30m, 12h, 1d or 1w, got '1 day'"),
     (lambda d: d["privacy"].update(budget_period="10s"), "must be at least 1 minute"),

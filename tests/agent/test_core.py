@@ -1,4 +1,4 @@
-"""AgentCore and AgentService logic with scripted sources, an injected clock and a fake transport."""
+"""AgentCore and AgentService logic: scripted sources, an injected clock, a fake transport."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import logging
 
 import numpy as np
-import pytest
 
 from edge_agent.agent import AgentCore, AgentService
 from edge_agent.config import parse_config

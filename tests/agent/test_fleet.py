@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import edge_agent.agent as agent_module
 from edge_agent.agent import AgentService
 from edge_agent.config import ConfigError, CsvSourceConfig, parse_config
-import edge_agent.agent as agent_module
 from edge_agent.fleet import check_fleet, fleet_service, virtual_agent_ids
 from edge_agent.readings import Readings
 from edge_agent.sources import CsvSource

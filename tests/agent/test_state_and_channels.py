@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest

@@ -21,9 +21,16 @@ import pytest
 from edge_agent import sdnotify
 from tests.support import REPO
 
-from ..systemd_units import analyze  # noqa: F401  (a fixture)
-from ..systemd_units import (environment, exposure, is_true, last, parse_unit, values,
-                             verify)
+from ..systemd_units import (
+    analyze,  # noqa: F401  (a fixture)
+    environment,
+    exposure,
+    is_true,
+    last,
+    parse_unit,
+    values,
+    verify,
+)
 from ..systemd_units import stage_unit as _stage_unit
 
 UNIT = REPO / "systemd" / "edge-agent.service"

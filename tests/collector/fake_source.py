@@ -211,7 +211,6 @@ class FakeSource:
     def _build(self) -> dict:
         t = T0 + self.steps * 1.0
         rng = self._rng
-        p = self._params
         n_agents = len(self._agents) - len(self._offline)
         channels = {
             "accel_x": self._linear_channel(rng, n_agents),

@@ -9,7 +9,6 @@ import time
 import urllib.request
 
 import numpy as np
-import pytest
 
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM

@@ -16,9 +16,9 @@ from collector.dedup import SeqTracker
 from collector.ingest import Ingestor
 from collector.store import CollectorStore
 from edge_agent import protocol
+from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 from edge_agent.protocol import Rejected
 from edge_agent.protocol import decode_report as parse_report
-from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 from tests.support import REPO
 
 SCHEMA = json.loads((REPO / "docs" / "protocol.schema.json").read_text())
@@ -249,7 +249,7 @@ def test_checkpoint_plus_journal_replay_equals_the_live_state(tmp_path):
         if seq == 15:
             store.checkpoint(checkpoint.dump(live), position)
     store.commit()
-    for row_id, t, p, received in store.read_journal(position):
+    for _row_id, t, p, received in store.read_journal(position):
         live.ingest(t, p, received)
     uncommitted = report(seq=40)
     store.append(*uncommitted, 2000.0)  # buffered, never committed: lost with the "crash"

@@ -1,4 +1,4 @@
-"""Shard states: to_state/from_state round trips, the JSON document, hostile payloads, the merge view."""
+"""Shard states: round trips, the JSON document, hostile payloads, the merge view."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from collector.series import Series
 from collector.stats import StateError
 from collector.views import Views
 from edge_agent import protocol
+from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 from edge_agent.protocol import shard_topic
 from edge_agent.protocol.states import SHARD_STATE_VERSION, AggregateSettings
 from edge_agent.protocol.states import encode_shard_state as encode_state
-from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 
 from .test_stats import STATISTICS, _make_series, _message, _series_cases
 

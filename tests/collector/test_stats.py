@@ -1,4 +1,5 @@
-"""Generic properties of every statistic: incremental = batch, merge = both streams, pickle, empty."""
+"""Generic properties of every statistic: incremental = batch, merge = both streams, pickle,
+empty."""
 
 from __future__ import annotations
 

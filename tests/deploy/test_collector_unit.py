@@ -19,9 +19,16 @@ import pytest
 
 from tests.support import REPO
 
-from ..systemd_units import analyze  # noqa: F401  (a fixture)
-from ..systemd_units import (environment, exposure, is_true, last, parse_unit, values,
-                             verify)
+from ..systemd_units import (
+    analyze,  # noqa: F401  (a fixture)
+    environment,
+    exposure,
+    is_true,
+    last,
+    parse_unit,
+    values,
+    verify,
+)
 from ..systemd_units import stage_unit as _stage_unit
 
 UNIT = REPO / "systemd" / "edge-collector.service"
@@ -142,9 +149,9 @@ def test_sample_config_with_every_example_enabled_is_valid():
     assert set(config["broker"]["tls"]) == {"ca"}
     parse_collector_config(config)
     # The check can fail: shared_group below the TLS header ends up in [broker.tls].
-    line = next(l for l in text.splitlines() if l.startswith("# shared_group"))
-    moved = text.replace(line + "\n", "").replace(
-        '# ca = "/etc/edge-collector/ca.crt"\n', '# ca = "/etc/edge-collector/ca.crt"\n' + line + "\n")
+    line = next(each for each in text.splitlines() if each.startswith("# shared_group"))
+    ca = '# ca = "/etc/edge-collector/ca.crt"\n'
+    moved = text.replace(line + "\n", "").replace(ca, ca + line + "\n")
     assert "shared_group" in tomllib.loads(uncomment_examples(moved))["broker"]["tls"]
 
 

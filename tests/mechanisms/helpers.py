@@ -6,53 +6,24 @@ import math
 
 import numpy as np
 
-from edge_agent.mechanisms import (
-    PTT,
-    BoundedLaplace,
-    CircularOGPM,
-    ClassicalOGPM,
-    Duchi,
-    PiecewiseMechanism,
-    SquareWave,
-    TruncatedLaplace,
-    UnbiasedOGPM,
-)
+from edge_agent.mechanisms import CircularOGPM, Duchi
+from edge_agent.mechanisms.registry import CIRCULAR, LINEAR
 
 FALSE_ALARM = 1e-6
 
 
 def make(kind: str, epsilon: float, low: float = 0.0, high: float = 1.0, grid_bits: int = 16):
-    """Every scalar mechanism by a short name, on [low, high] (circles use that as one turn)."""
-    if kind == "ogpm":
-        return ClassicalOGPM(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
-    if kind == "ogpm-u":
-        return UnbiasedOGPM(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
-    if kind == "circular":
+    """Every scalar mechanism by its name in the registry (edge_agent.mechanisms.registry):
+    a linear mechanism's configuration name on [low, high], or circular OGPM's wire name
+    with [low, high) as one turn."""
+    if kind == CIRCULAR:
         return CircularOGPM(epsilon=epsilon, period=high - low, origin=low, grid_bits=grid_bits)
-    if kind == "pm":
-        return PiecewiseMechanism(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
-    if kind == "pm-c":
-        return PiecewiseMechanism(epsilon=epsilon, low=low, high=high, compressed=True,
-                                  grid_bits=grid_bits)
-    if kind == "sw":
-        return SquareWave(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
-    if kind == "sw-c":
-        return SquareWave(epsilon=epsilon, low=low, high=high, compressed=True,
-                          grid_bits=grid_bits)
-    if kind == "ptt":
-        return PTT(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
-    if kind == "duchi":
-        return Duchi(epsilon=epsilon, low=low, high=high)
-    if kind == "t-laplace":
-        return TruncatedLaplace(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
-    if kind == "b-laplace":
-        return BoundedLaplace(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
-    raise KeyError(kind)
+    return LINEAR[kind].build(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
 
 
-KINDS = ["ogpm", "ogpm-u", "circular", "pm", "pm-c", "sw", "sw-c", "ptt", "duchi",
-         "t-laplace", "b-laplace"]
-PIECEWISE_KINDS = ["ogpm", "ogpm-u", "circular", "pm", "pm-c", "sw", "sw-c", "ptt"]
+KINDS = [*LINEAR, CIRCULAR]
+LAPLACE_KINDS = ["laplace", "bounded-laplace"]
+PIECEWISE_KINDS = [kind for kind in KINDS if kind not in ("duchi", *LAPLACE_KINDS)]
 
 
 def dkw_threshold(n: int, alpha: float = FALSE_ALARM) -> float:

@@ -8,7 +8,6 @@ leave mid-run, or not show up at all.
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import numpy as np

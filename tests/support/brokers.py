@@ -81,7 +81,7 @@ class Mosquitto(ChildProcess):
         """What the broker logged so far."""
         return self.broker_log.read_text(errors="replace") if self.broker_log.exists() else ""
 
-    def start(self) -> "Mosquitto":
+    def start(self) -> Mosquitto:
         """Start, and return once it accepts connections."""
         super().start()
 
@@ -120,7 +120,7 @@ class Mosquitto(ChildProcess):
                           interval=0.05), self.log_text()[mark:]
         time.sleep(0.2)  # the new files take effect just after the line
 
-    def __enter__(self) -> "Mosquitto":
+    def __enter__(self) -> Mosquitto:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import ssl
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -91,7 +91,7 @@ class MqttClient:
 
     # -- what a test does ----------------------------------------------------------------
 
-    def connect(self, timeout: float = 10, *, receive_maximum: int | None = None) -> "MqttClient":
+    def connect(self, timeout: float = 10, *, receive_maximum: int | None = None) -> MqttClient:
         """Connect and wait for the CONNACK (accepted or not: see ``connack``);
         ``receive_maximum`` is announced in CONNECT (MQTT 5), as the collector does."""
         properties = None

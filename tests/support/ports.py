@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
 
 LOOPBACK = "127.0.0.1"
 

@@ -14,8 +14,8 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from .configs import collector_config, write_toml
 from .paths import REPO, child_env
@@ -143,7 +143,7 @@ class CollectorProcess(ChildProcess):
         super().__init__(python_module("collector", command, "--config", self.config),
                          tmp_path / f"{name}.log", env=child_env())
 
-    def start(self) -> "CollectorProcess":
+    def start(self) -> CollectorProcess:
         """Start, and return once it is subscribed: from then on nothing published is lost."""
         super().start()
 
