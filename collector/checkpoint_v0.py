@@ -21,11 +21,13 @@ from edge_agent.protocol.states import HeldReport, IngestorState, TrackerState, 
 
 _PICKLE_MAGIC = b"\x80"  # pickle protocol 2 and later start with PROTO
 _OURS = ("collector.", "edge_agent.")
+# What numpy arrays and the standard containers unpickle through (numpy 1 and 2 names).
 _ALLOWED = {("collections", "Counter"), ("collections", "deque"), ("copyreg", "_reconstructor"),
             ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "object"),
-            ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
-            ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
-            ("numpy._core.multiarray", "scalar")}
+            ("numpy", "ndarray"), ("numpy", "dtype"),
+            *((f"numpy.{core}.{module}", name) for core in ("core", "_core")
+              for module, name in (("multiarray", "_reconstruct"), ("multiarray", "scalar"),
+                                   ("numeric", "_frombuffer")))}
 
 
 def is_legacy(payload: bytes) -> bool:

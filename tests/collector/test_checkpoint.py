@@ -1,0 +1,121 @@
+"""Checkpoints: the typed codec, and the pickles collectors wrote before it, migrated.
+
+``tests/data/checkpoint_v0.pickle`` was written by the collector of commit 482e47e
+(an ingestor with every kind of series, statuses, rejects, duplicates, sequence
+trackers with gaps and a shard's held reports); ``checkpoint_v0.json`` is what that
+collector's API and trackers said of it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from collector import checkpoint
+from collector.checkpoint import CheckpointError, restore
+from collector.config import parse_collector_config
+from collector.ingest import Ingestor
+from collector.store import CollectorStore
+from collector.views import Views
+from edge_agent import protocol
+from edge_agent.mechanisms import ClassicalOGPM
+from tests.support import REPO
+
+DATA = REPO / "tests" / "data"
+FLEET = "demo"
+
+
+def document(ingestor: Ingestor) -> dict:
+    return json.loads(json.dumps(Views(lambda: ingestor, clock=lambda: 1000.0).channels_json()))
+
+
+def seen(ingestor: Ingestor) -> dict:
+    return {f"{agent}/{channel}": [seq for seq in range(12) if tracker.seen(seq)]
+            for (agent, channel), tracker in ingestor.trackers.items()}
+
+
+@pytest.fixture(scope="module")
+def legacy():
+    return (DATA / "checkpoint_v0.pickle").read_bytes(), \
+        json.loads((DATA / "checkpoint_v0.json").read_text())
+
+
+def test_a_pickled_checkpoint_of_the_previous_collector_is_migrated(legacy):
+    payload, said = legacy
+    ingestor, held = checkpoint.load(payload)
+    assert document(ingestor) == said["channels_json"]
+    assert seen(ingestor) == said["seen"]
+    assert sorted(f"{r.agent}/{r.channel}/{r.seq}" for r, _ in held) == said["held"]
+    assert ingestor.agents["w1"].status.budget.spent == 1.0
+    # and it is written back in the typed form, unchanged by a round trip
+    ingestor.claims = None
+    again, _ = checkpoint.load(checkpoint.dump(ingestor))
+    assert document(again) == said["channels_json"] and seen(again) == said["seen"]
+
+
+def _store_with(tmp_path, state: bytes, journal=()) -> CollectorStore:
+    store = CollectorStore(tmp_path / "collector.sqlite")
+    for topic, payload, received in journal:
+        store.append(topic, payload, received)
+    store.commit()
+    store.checkpoint(state, 0)  # the journal rows come after the checkpoint
+    return store
+
+
+def _report(seq: int) -> tuple[str, bytes, float]:
+    mechanism = ClassicalOGPM(epsilon=1.0, low=-2, high=2)
+    payload = protocol.report(agent="w0", channel="x", kind="linear", seq=seq, t=500.0, dt=1.0,
+                              mechanism=mechanism.describe(), codes=[1, 2, 3])
+    return protocol.data_topic(FLEET, "w0", "x"), payload, 500.0
+
+
+@pytest.mark.parametrize("shard", [True, False])
+def test_restore_migrates_an_old_checkpoint_and_replays_the_journal(tmp_path, legacy, shard):
+    payload, said = legacy
+    store = _store_with(tmp_path, payload, journal=[_report(10), _report(2)])
+    settings = {"fleet": FLEET, "storage": {"path": str(tmp_path / "collector.sqlite")},
+                "aggregates": {"histogram_bins": 20, "window_seconds": 10, "keep_windows": 4}}
+    if shard:
+        settings["broker"] = {"shared_group": "g", "client_id": "s1"}
+    ingestor, _ = restore(parse_collector_config(settings), store)
+    before = said["channels_json"]["ingest"]
+    if shard:  # the held reports wait for the peers again; the journal's new report too
+        assert len(ingestor.claims.held) == 3
+        assert ingestor.counters["messages"] == before["messages"]
+    else:  # no longer a shard: what it held is applied (it had not counted those)
+        assert ingestor.claims is None
+        assert ingestor.counters["messages"] == before["messages"] + 2 + 1
+    assert ingestor.counters["duplicates"] == before["duplicates"] + 1  # seq 2 was counted
+    store.close()
+
+
+@pytest.mark.parametrize("payload, reason", [
+    (b"\x80\x05not a pickle", "pickled"),
+    (b'{"v": 9, "type": "collector-checkpoint"}', "version"),
+    (b"{}", "schema"),
+])
+def test_an_unreadable_checkpoint_stops_the_collector_saying_why(tmp_path, payload, reason):
+    store = _store_with(tmp_path, payload)
+    config = parse_collector_config({"fleet": FLEET,
+                                     "storage": {"path": str(tmp_path / "collector.sqlite")}})
+    with pytest.raises(CheckpointError) as caught:
+        restore(config, store)
+    message = str(caught.value)
+    assert str(store.path) in message and reason in message and "move the file away" in message
+
+
+def test_the_typed_checkpoint_keeps_trackers_and_held_reports():
+    ingestor = Ingestor(fleet=FLEET)
+    rng = np.random.default_rng(0)
+    for seq in (0, 1, 5, 200_000):
+        topic, payload, received = _report(seq)
+        ingestor.ingest(topic, payload, received + rng.random())
+    again, held = checkpoint.load(checkpoint.dump(ingestor))
+    assert held == []
+    assert seen(again) == seen(ingestor)
+    tracker, restored = ingestor.trackers[("w0", "x")], again.trackers[("w0", "x")]
+    assert (restored.floor, restored.skipped, restored.bits) == \
+        (tracker.floor, tracker.skipped, tracker.bits)
+    assert document(again) == document(ingestor)
