@@ -239,7 +239,7 @@ class RangeResults:
         try:
             result = protocol.decode_range_result(message.payload)
         except Rejected as exc:
-            log.warning("ignored a range result on %s: %s", message.topic, exc.detail)
+            log.debug("ignored a range result on %s: %s", message.topic, exc.detail)
             return
         if where is not None and result is not None:
             channel, side = where
