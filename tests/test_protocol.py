@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import jsonschema
 import msgspec
 import numpy as np
 import pytest
@@ -24,17 +23,10 @@ from edge_agent.mechanisms import (
 from edge_agent.mechanisms.registry import KIND_CONFIG_NAMES, LINEAR, kind_accepts
 from edge_agent.protocol import messages, schema, states
 from tests.support import REPO
+from tests.support.schema import SCHEMA, protocol_validator
 
-SCHEMA = json.loads((REPO / "docs" / "protocol.schema.json").read_text())
 FLEET = "demo"
-
-
-def validator(definition: str | None = None):
-    """A validator of the published schema's root (the report), or of one definition."""
-    if definition is None:
-        return jsonschema.Draft202012Validator(SCHEMA)
-    return jsonschema.Draft202012Validator({"$ref": f"#/$defs/{definition}",
-                                            "$defs": SCHEMA["$defs"]})
+validator = protocol_validator
 
 
 def test_schema_file_is_generated_from_the_types():

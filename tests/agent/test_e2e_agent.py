@@ -8,7 +8,6 @@ import sqlite3
 import time
 from collections import defaultdict
 
-import jsonschema
 import numpy as np
 import pytest
 
@@ -21,15 +20,14 @@ from tests.support import (
     run_module,
     write_agent_config,
 )
-
-SCHEMA = json.loads((REPO / "docs" / "protocol.schema.json").read_text())
+from tests.support.schema import protocol_validator
 
 
 def check_messages(reports: list[dict]) -> dict[str, list[dict]]:
     """Schema, grid and seq continuity; returns the unique messages per channel in seq order."""
     by_channel: dict[str, dict[int, dict]] = defaultdict(dict)
     for message in reports:
-        jsonschema.validate(message, SCHEMA)
+        protocol_validator().validate(message)
         seen = by_channel[message["channel"]].setdefault(message["seq"], message)
         assert seen == message, "a redelivered seq must carry the same message"
         mechanism = from_description(message["mechanism"])
