@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from edge_agent import protocol
-from edge_agent.protocol import Rejected, ValidReport
+from edge_agent.protocol import Rejected, Report, ValidReport
 from edge_agent.protocol.states import (
     DEAD_LETTERS,
     AgentState,
@@ -139,10 +139,11 @@ class Ingestor:
             return self._reject(topic, payload, rejection, now)
         except Exception as exc:  # defence in depth: no message may crash the collector
             return self._reject(topic, payload, Rejected("internal", type(exc).__name__), now)
-        agent = self.agents.setdefault(report.agent, AgentStats())
+        message = report.message
+        agent = self.agents.setdefault(message.agent, AgentStats())
         agent.last_seen = now
-        tracker = self.trackers.setdefault((report.agent, report.channel), SeqTracker())
-        if tracker.seen(report.seq) or (
+        tracker = self.trackers.setdefault((message.agent, message.channel), SeqTracker())
+        if tracker.seen(message.seq) or (
                 self.claims is not None and self.claims.is_held(report)):
             return self.duplicate(report)
         if self.claims is not None:
@@ -166,27 +167,28 @@ class Ingestor:
 
     def duplicate(self, report: ValidReport) -> str:
         """Count a report already counted (here, or by another shard)."""
-        self.agents.setdefault(report.agent, AgentStats()).duplicates += 1
+        self.agents.setdefault(report.message.agent, AgentStats()).duplicates += 1
         return "duplicate"
 
     def accept(self, report: ValidReport, now: float) -> None:
         """Count a new report: its codes go to its series, its seq to the tracker."""
-        series = self._series_for(report, now)
+        message = report.message
+        series = self._series_for(message, now)
         if self._batch is None:
-            values = series.update(agent=report.agent, t=report.t, codes=report.codes)
+            values = series.update(agent=message.agent, t=message.t, codes=report.codes)
         else:
             values = series.values_in(report.codes)
             self._batch.setdefault(id(series), (series, []))[1].append(
-                (report.agent, report.t, report.codes))
-        self.trackers.setdefault((report.agent, report.channel), SeqTracker()).add(report.seq)
+                (message.agent, message.t, report.codes))
+        key = (message.agent, message.channel)
+        self.trackers.setdefault(key, SeqTracker()).add(message.seq)
         if self.claims is not None:
             self.claims.accepted(report)
-        agent = self.agents.setdefault(report.agent, AgentStats())
+        agent = self.agents.setdefault(message.agent, AgentStats())
         agent.messages += 1
         agent.values += values
 
-    def _series_for(self, report: ValidReport, now: float) -> Series:
-        message = report.message
+    def _series_for(self, message: Report, now: float) -> Series:
         identity = series_identity(message.channel, message.kind, message.mechanism,
                                    message.fields, message.strategy)
         by_identity = self.series.setdefault(message.channel, {})

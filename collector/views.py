@@ -50,9 +50,7 @@ class Views:
                                   "values": s.values, "last_seen": s.last_seen,
                                   "rejects": s.rejects, "duplicates": s.duplicates}
                            for name, s in sorted(ingestor.agents.items())},
-                "ingest": {"messages": ingestor.counters["messages"],
-                           "values": ingestor.counters["values"],
-                           "duplicates": ingestor.counters["duplicates"],
+                "ingest": {**ingestor.counters,
                            "rejects": dict(ingestor.rejects)},
                 "channels": {name: self._channel(ingestor, name, windows=False)
                              for name in sorted(ingestor.series)},

@@ -37,10 +37,14 @@ def _tpm_tick(word, left, shift, base_total, extra, inv_extra, mask):
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _tpm_linear(x, words, codes, low, high, slope, intercept, max_left, shift, base_total,
-                extra, inv_extra, cell_shift, mask):
-    """Perturb ``x`` on a bounded line into cell ``codes``; returns (non-finite count,
-    clipped count)."""
+def _tpm_linear(x, words, out, value_origin, value_step, low, high, slope, intercept, max_left,
+                shift, base_total, extra, inv_extra, cell_shift, mask):
+    """Perturb ``x`` on a bounded line; returns (non-finite count, clipped count).
+
+    Writes ``value_origin + cell * value_step`` to ``out``: the cell codes (a uint32
+    ``out`` with 0 and 1) or the cells' centres (a float64 ``out``); numba compiles
+    one loop for each.
+    """
     bad = 0
     clipped = 0
     for i in range(x.shape[0]):
@@ -53,15 +57,15 @@ def _tpm_linear(x, words, codes, low, high, slope, intercept, max_left, shift, b
         left = np.int64(slope * (c - low) + intercept)
         left = min(max(left, 0), max_left)
         tick = _tpm_tick(words[i], left, shift, base_total, extra, inv_extra, mask)
-        codes[i] = np.uint32(tick >> cell_shift)
+        out[i] = value_origin + (tick >> cell_shift) * value_step
     return bad, clipped
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _tpm_circular(x, words, codes, origin, period, scale, offset, shift, base_total, extra,
-                  inv_extra, cell_shift, mask):
-    """Perturb angles on a circle into cell ``codes``; returns (non-finite count, wrapped
-    count)."""
+def _tpm_circular(x, words, out, value_origin, value_step, origin, period, scale, offset, shift,
+                  base_total, extra, inv_extra, cell_shift, mask):
+    """Perturb angles on a circle; returns (non-finite count, wrapped count).  ``out`` as
+    for ``_tpm_linear``."""
     bad = 0
     wrapped = 0
     ticks = np.float64(mask + 1)
@@ -75,7 +79,7 @@ def _tpm_circular(x, words, codes, origin, period, scale, offset, shift, base_to
         t -= math.floor(t * inv_ticks) * ticks  # wrap into [0, T)
         left = np.int64(math.floor(t + offset)) & mask
         tick = _tpm_tick(words[i], left, shift, base_total, extra, inv_extra, mask) & mask
-        codes[i] = np.uint32(tick >> cell_shift)
+        out[i] = value_origin + (tick >> cell_shift) * value_step
     return bad, wrapped
 
 
@@ -95,11 +99,11 @@ def _is(array, kind, itemsize):
     return array.dtype.kind == kind and array.dtype.itemsize == itemsize
 
 
-def _check_batch(x, words, codes, words_needed):
+def _check_batch(x, words, out, words_needed):
     if not _is(x, "f", 8) or x.ndim != 1 or not x.flags.c_contiguous:
         raise TypeError("x must be a contiguous 1-D float64 array")
-    if not _is(codes, "u", 4) or codes.shape != x.shape:
-        raise TypeError("codes must be a uint32 array shaped like x")
+    if not (_is(out, "u", 4) or _is(out, "f", 8)) or out.shape != x.shape:
+        raise TypeError("out must be a uint32 (codes) or float64 (values) array shaped like x")
     if not _is(words, "u", 8) or words.ndim != 1 or words.shape[0] < words_needed:
         raise ValueError(f"need at least {words_needed} uint64 random words")
 
@@ -115,17 +119,25 @@ def circular_args(*, origin, period, scale, offset, constants):
             *(int(c) if isinstance(c, int) else float(c) for c in constants))
 
 
-def tpm_linear(x, words, codes, args):
-    """Validated entry to the bounded-line kernel; ``args`` from ``linear_args``; the
-    uint32 ``codes`` receive the draws (``cell_values`` turns them into cell centres)."""
-    _check_batch(x, words, codes, x.shape[0])
-    return _tpm_linear(x, words, codes, *args)
+def _emit(out, grid_values):
+    """How a kernel writes a draw into ``out``: codes as they are, or cell centres."""
+    return (0, 1) if out.dtype.kind == "u" else (float(grid_values[0]), float(grid_values[1]))
 
 
-def tpm_circular(x, words, codes, args):
+def tpm_linear(x, words, out, args, grid_values=(0.0, 0.0)):
+    """Validated entry to the bounded-line kernel; ``args`` from ``linear_args``.
+
+    ``out`` uint32 receives codes; float64 receives cell centres
+    ``origin + code * step`` with ``grid_values = (origin, step)``.
+    """
+    _check_batch(x, words, out, x.shape[0])
+    return _tpm_linear(x, words, out, *_emit(out, grid_values), *args)
+
+
+def tpm_circular(x, words, out, args, grid_values=(0.0, 0.0)):
     """Validated entry to the circle kernel; ``args`` from ``circular_args``."""
-    _check_batch(x, words, codes, x.shape[0])
-    return _tpm_circular(x, words, codes, *args)
+    _check_batch(x, words, out, x.shape[0])
+    return _tpm_circular(x, words, out, *_emit(out, grid_values), *args)
 
 
 def cell_values(codes, *, value_origin, value_step, n_cells):

@@ -173,19 +173,29 @@ class Mechanism(ABC):
         ``rng=None`` draws from the OS-seeded CSPRNG; pass a seeded
         ``numpy.random.Generator`` only for tests and benchmarks.
         """
-        return self.from_codes(self.perturb_codes(values, rng))
+        x, shape = as_batch(values)
+        out, bad, _ = self._sample(x, as_random_source(rng), as_values=True)
+        raise_non_finite(bad, x.size)
+        return out.reshape(shape)
 
     def perturb_codes(self, values: Any, rng: Any = None, *, return_clipped: bool = False):
         """Grid codes (uint32) of privatised values, same shape as ``values``."""
         x, shape = as_batch(values)
-        codes, bad, clipped = self._sample(x, as_random_source(rng))
+        codes, bad, clipped = self._sample(x, as_random_source(rng), as_values=False)
         raise_non_finite(bad, x.size)
         codes = codes.reshape(shape)
         return (codes, int(clipped)) if return_clipped else codes
 
     @abstractmethod
-    def _sample(self, x: np.ndarray, source: RandomSource) -> tuple[np.ndarray, int, int]:
-        """Codes (uint32) for a 1-D float64 batch, with (non-finite, clipped) counts."""
+    def _sample(self, x: np.ndarray, source: RandomSource,
+                as_values: bool) -> tuple[np.ndarray, int, int]:
+        """Codes (uint32), or their cell centres, for a 1-D float64 batch, with
+        (non-finite, clipped) counts."""
+
+    @staticmethod
+    def _output(x: np.ndarray, as_values: bool) -> np.ndarray:
+        """What ``_sample`` fills: codes, or values."""
+        return np.empty(x.shape[0], dtype=np.float64 if as_values else np.uint32)
 
     # -- closed forms --------------------------------------------------------
     @abstractmethod

@@ -17,9 +17,8 @@ import numpy as np
 
 from . import _kernels, _validate
 from ._layout import TOTAL_BITS, TickLayout
-from .base import ExactLoss, Mechanism
-from .randomness import RandomSource
-from .tpm import ThreePieceMechanism
+from .base import ExactLoss
+from .tpm import BoundedLineSampling, ThreePieceMechanism
 
 
 class _Compressible(ThreePieceMechanism):
@@ -144,7 +143,7 @@ class PTT(ThreePieceMechanism):
                          grid_bits=_validate.grid_bits(grid_bits))
 
 
-class Duchi(Mechanism):
+class Duchi(BoundedLineSampling):
     """Duchi et al.'s two-point mechanism: reports mid +- C w/2, C = (e**eps+1)/(e**eps-1).
 
     P[upper] = 1/2 + (e**eps - 1) / (2 (e**eps + 1)) x' for x' in [-1, 1] the
@@ -238,11 +237,6 @@ class Duchi(Mechanism):
 
     def exact_privacy_loss(self) -> ExactLoss:
         return ExactLoss(Fraction(*self.layout.max_cell_ratio(0, self.layout.ticks // 2, False)))
-
-    def _sample(self, x: np.ndarray, source: RandomSource):
-        codes = np.empty(x.shape[0], dtype=np.uint32)
-        bad, clipped = _kernels.tpm_linear(x, source.words(x.shape[0]), codes, self._kernel_args)
-        return codes, bad, clipped
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "epsilon": self.epsilon, "low": self.low, "high": self.high}

@@ -85,7 +85,7 @@ class _GridLaplace(Mechanism):
         """
         return ExactLoss(exponent=Fraction((self.n_cells - 1) << _DEN_SHIFT, self._num))
 
-    def _sample(self, x: np.ndarray, source: RandomSource):
+    def _sample(self, x: np.ndarray, source: RandomSource, as_values: bool):
         cells = np.empty(x.shape[0], dtype=np.int64)
         bad, clipped = _kernels.quantize(x, cells, low=self.low, high=self.high,
                                          n_cells=self.n_cells)
@@ -93,7 +93,7 @@ class _GridLaplace(Mechanism):
             return cells.astype(np.uint32), bad, clipped
         codes = _kernels.laplace_cells(cells, source, num=self._num, den_shift=_DEN_SHIFT,
                                        n_cells=self.n_cells, bounded=self.bounded)
-        return codes, bad, clipped
+        return (self.from_codes(codes) if as_values else codes), bad, clipped
 
 
 class TruncatedLaplace(_GridLaplace):

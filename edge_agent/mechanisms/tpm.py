@@ -33,7 +33,20 @@ def _antiderivative(y: np.ndarray, x: np.ndarray, p: int) -> np.ndarray:
     return np.sign(d) * np.abs(d) ** (p + 1) / (p + 1)
 
 
-class ThreePieceMechanism(Mechanism):
+class BoundedLineSampling(Mechanism):
+    """Sampling through the bounded-line kernel, with the ``_kernel_args`` the mechanism
+    built (the three-piece mechanisms, and Duchi's two atoms)."""
+
+    _kernel_args: tuple
+
+    def _sample(self, x: np.ndarray, source: RandomSource, as_values: bool):
+        out = self._output(x, as_values)
+        bad, clipped = _kernels.tpm_linear(x, source.words(x.shape[0]), out, self._kernel_args,
+                                           self.grid_values)
+        return out, bad, clipped
+
+
+class ThreePieceMechanism(BoundedLineSampling):
     """Base for every TPM; subclasses call ``_set_pieces`` from ``__init__``."""
 
     def _set_pieces(self, *, epsilon: float, low: float, high: float, output_low: float,
@@ -158,10 +171,6 @@ class ThreePieceMechanism(Mechanism):
         first, last = self._reachable_starts()
         return ExactLoss(Fraction(*self.layout.max_cell_ratio(first, last, self.circular)))
 
-    def _sample(self, x: np.ndarray, source: RandomSource):
-        codes = np.empty(x.shape[0], dtype=np.uint32)
-        bad, clipped = _kernels.tpm_linear(x, source.words(x.shape[0]), codes, self._kernel_args)
-        return codes, bad, clipped
 
 
 class CircularThreePiece(ThreePieceMechanism):
@@ -248,11 +257,11 @@ class CircularThreePiece(ThreePieceMechanism):
     def _reachable_starts(self) -> tuple[int, int]:
         return 0, self.layout.ticks - 1
 
-    def _sample(self, x: np.ndarray, source: RandomSource):
-        codes = np.empty(x.shape[0], dtype=np.uint32)
-        bad, wrapped = _kernels.tpm_circular(x, source.words(x.shape[0]), codes,
-                                             self._kernel_args)
-        return codes, bad, wrapped
+    def _sample(self, x: np.ndarray, source: RandomSource, as_values: bool):
+        out = self._output(x, as_values)
+        bad, wrapped = _kernels.tpm_circular(x, source.words(x.shape[0]), out, self._kernel_args,
+                                             self.grid_values)
+        return out, bad, wrapped
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "epsilon": self.epsilon, "period": self.period,
