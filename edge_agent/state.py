@@ -2,13 +2,12 @@
 
 Why one file: a report's privacy charge, its sequence number and the
 perturbed message that carries it are written in *one* transaction, which the
-agent drives (``with store.transaction() as tx: tx.charge(...); tx.take_seq(...);
-tx.spool(...)``).  Either
-all three are on disk or none is, so a crash can never publish a value whose
-epsilon was not charged, and a restart neither reuses a sequence number nor
-resets the budget.  A crash after the commit but before the broker's
-acknowledgement costs budget (the message is still sent from the spool at the
-next start), never the reverse.
+agent drives (``with store.transaction() as tx: tx.charge(...);
+tx.take_seq(...); tx.spool(...)``).  Either all three are on disk or none is,
+so a crash can never publish a value whose epsilon was not charged, and a
+restart neither reuses a sequence number nor resets the budget.  A crash after
+the commit but before the broker's acknowledgement costs budget (the message
+is still sent from the spool at the next start), never the reverse.
 
 Only perturbed data is ever stored: message payloads are grid codes.
 
