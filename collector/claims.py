@@ -251,10 +251,7 @@ class ClaimBook:
     def _parse(self, name: str, payload: bytes) -> tuple[Peer, dict] | None:
         """(the peer as its message describes it, what it newly applied), None for another
         group's claims, or ``Rejected``."""
-        message = decode_claims(payload)
-        if message.shard != name:
-            raise Rejected("schema", f"expected a version {CLAIMS_VERSION} claims message of "
-                                     f"{name}")
+        message = decode_claims(payload, name)
         if message.group != self.group:
             return None
         parts = ({}, {}, {})  # held, have, applied

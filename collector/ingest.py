@@ -216,11 +216,8 @@ class Ingestor:
         return f"rejected:{rejection.reason}"
 
     def _status(self, topic: str, payload: bytes, now: float) -> str:
-        agent_id = protocol.status_agent(topic)
         try:
-            if not protocol.is_name(agent_id):
-                raise Rejected("status", "not an agent's status topic")
-            message = protocol.decode_status(payload)
+            agent_id, message = protocol.decode_status(topic, payload)
         except Rejected as rejection:
             return self._reject(topic, payload, rejection, now)
         stats = self.agents.setdefault(agent_id, AgentStats())

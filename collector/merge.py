@@ -43,11 +43,9 @@ def decode_state(payload: bytes, *, shard: str, fleet: str, settings: AggregateS
                  group: str | None = None) -> tuple[dict, Ingestor]:
     """(envelope without the state, the shard's ``Ingestor``) or ``ShardStateRejected``."""
     try:
-        document = decode_shard_state(payload)
+        document = decode_shard_state(payload, shard)
     except Rejected as exc:
         raise ShardStateRejected(exc.reason, exc.detail) from None
-    if document.shard != shard:
-        raise ShardStateRejected("topic", "the shard name differs from the topic's")
     if group is not None and document.group != group:
         raise ShardStateRejected("group", f"shard of group {document.group!r}")
     if document.state.fleet != fleet:

@@ -89,22 +89,13 @@ class RangeCoordinator:
 
     # -- replies ----------------------------------------------------------------------------
     def _reply(self, topic: str, payload: bytes, run: str) -> Join | Answer | None:
-        """A well-formed reply of this run from the agent its topic names, or None."""
-        agent = protocol.range_reply_agent(topic, self.fleet, run)
+        """A well-formed reply of this run from the agent its topic names, or None (and
+        counted in ``ignored`` by reason)."""
         try:
-            if agent is None:
-                raise Rejected("topic", "not a reply topic of this run")
-            message = protocol.decode_range_reply(payload)
-        except Rejected:
-            self.ignored["malformed"] += 1
+            return protocol.decode_range_reply(topic, payload, self.fleet, run)
+        except Rejected as exc:
+            self.ignored[exc.reason] += 1
             return None
-        if message.run != run:
-            self.ignored["malformed"] += 1
-            return None
-        if message.agent != agent:
-            self.ignored["spoofed"] += 1
-            return None
-        return message
 
     # -- one run ------------------------------------------------------------------------------
     def run(self, request: RunRequest, *, expected_agents: int | None = None) -> dict:

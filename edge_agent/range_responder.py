@@ -142,9 +142,7 @@ class RangeResponder:
             if result_of is not None:
                 self._result(result_of, payload)
                 return
-            message = protocol.decode_range_control(payload)
-            if topic != protocol.range_control_topic(self.fleet, message.run):
-                raise Rejected("topic", "run id differs from the topic")
+            message = protocol.decode_range_control(topic, payload, self.fleet)
             if isinstance(message, Announce):
                 self._announce(message, now)
             elif isinstance(message, Round):

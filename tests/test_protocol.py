@@ -116,7 +116,7 @@ def test_every_status_the_agent_writes_decodes_and_validates():
                            simulator={"agents": 3, "first": "w1-0", "last": "w1-2"})
     for payload in (full, will):
         validator("Status").validate(json.loads(payload))
-        assert protocol.decode_status(payload).agent == "w1"
+        assert protocol.decode_status("ldp/v1/demo/w1/status", payload)[1].agent == "w1"
     with pytest.raises(msgspec.ValidationError):  # the agent cannot write what is not typed
         protocol.status(agent="w1", state="online", budget={"epsilon": "lots"})
 
@@ -130,10 +130,12 @@ def test_range_messages_round_trip_and_validate():
         payload = protocol.encode(message)
         validator(type(message).__name__).validate(
             json.loads(payload))
-        assert protocol.decode_range_control(payload) == message
+        topic = protocol.range_control_topic(FLEET, message.run)
+        assert protocol.decode_range_control(topic, payload, FLEET) == message
     for payload in (protocol.range_join(agent="w1", run="r1", accept=False, reason="budget"),
                     protocol.range_answer(agent="w1", run="r1", round=2, z=-1)):
-        decoded = protocol.decode_range_reply(payload)
+        topic = protocol.range_reply_topic(FLEET, "w1", "r1")
+        decoded = protocol.decode_range_reply(topic, payload, FLEET, "r1")
         validator(type(decoded).__name__).validate(json.loads(payload))
         assert protocol.encode(decoded) == payload
 
@@ -149,7 +151,7 @@ def test_range_messages_round_trip_and_validate():
 ])
 def test_bad_range_control_is_rejected_with_a_reason(payload, reason):
     with pytest.raises(protocol.Rejected) as caught:
-        protocol.decode_range_control(payload)
+        protocol.decode_range_control(protocol.range_control_topic(FLEET, "r"), payload, FLEET)
     assert caught.value.reason == reason
 
 
@@ -170,10 +172,10 @@ def test_shard_states_and_checkpoints_are_versioned():
         rejects={}, agents={}, series=[], latest={}, dead_letters=[])
     document = states.encode_shard_state(state, shard="s1", group="g", every=5.0, now=1.0)
     validator("ShardState").validate(json.loads(document))
-    assert states.decode_shard_state(document).state == state
+    assert states.decode_shard_state(document, "s1").state == state
     old = json.loads(document) | {"v": 1}
     with pytest.raises(protocol.Rejected) as caught:
-        states.decode_shard_state(json.dumps(old).encode())
+        states.decode_shard_state(json.dumps(old).encode(), "s1")
     assert caught.value.reason == "version"
     checkpoint = states.encode_checkpoint(state, [], [])
     assert states.decode_checkpoint(checkpoint).state == state

@@ -47,7 +47,14 @@ from ..mechanisms import (
     kind_accepts,
 )
 from ..rangefind import MAX_ROUNDS
-from .topics import NAME_CHARS, report_levels
+from .topics import (
+    NAME_CHARS,
+    is_name,
+    range_control_topic,
+    range_reply_agent,
+    report_levels,
+    status_agent,
+)
 
 PROTOCOL_VERSION = 1
 MAX_REPORT_BYTES = 1 << 20  # far above a 500-value batch (~4 kB)
@@ -394,15 +401,18 @@ def status(*, agent: str, state: str, t: float | None = None, **details: Any) ->
 _status_decoder = msgspec.json.Decoder(Status)
 
 
-def decode_status(payload: bytes) -> Status | None:
-    """A status, or None for an empty payload (a cleared retained message); ``Rejected``
-    (reason ``status``) otherwise."""
+def decode_status(topic: str, payload: bytes) -> tuple[str, Status | None]:
+    """(the agent the status topic names, its status), the status None for an empty payload
+    (a cleared retained message); ``Rejected`` (reason ``status``) otherwise."""
+    agent = status_agent(topic)
+    if not is_name(agent):
+        raise Rejected("status", "not an agent's status topic")
     if not payload:
-        return None
+        return agent, None
     if len(payload) > MAX_STATUS_BYTES:
         raise Rejected("status", f"status of {len(payload)} bytes")
     try:
-        return _status_decoder.decode(payload)
+        return agent, _status_decoder.decode(payload)
     except msgspec.DecodeError as exc:  # also ValidationError
         raise Rejected("status", f"bad status: {exc}") from None
 
@@ -451,11 +461,14 @@ def terms_of(message: RangeTerms) -> RangeTerms:
 _control_decoder = msgspec.json.Decoder(RangeControl)
 
 
-def decode_range_control(payload: bytes) -> Announce | Round | End:
-    """An announce, round or end, or ``Rejected`` saying why not."""
+def decode_range_control(topic: str, payload: bytes, fleet: str) -> Announce | Round | End:
+    """An announce, round or end on the control topic of its run, or ``Rejected`` saying
+    why not."""
     if len(payload) > MAX_RANGE_CONTROL_BYTES:
         raise Rejected("oversized", f"{len(payload)} bytes")
     message = decode_checked(_control_decoder, payload, {})
+    if topic != range_control_topic(fleet, message.run):
+        raise Rejected("topic", "run id differs from the topic")
     if isinstance(message, Round) and message.round >= message.rounds:
         raise Rejected("schema", "round must be < rounds")
     return message
@@ -491,10 +504,21 @@ def range_answer(*, agent: str, run: str, round: int, z: int) -> bytes:
 _reply_decoder = msgspec.json.Decoder(RangeReply)
 
 
-def decode_range_reply(payload: bytes) -> Join | Answer:
-    if len(payload) > MAX_RANGE_REPLY_BYTES:
-        raise Rejected("oversized", f"{len(payload)} bytes")
-    return decode_checked(_reply_decoder, payload, {})
+def decode_range_reply(topic: str, payload: bytes, fleet: str, run: str) -> Join | Answer:
+    """A join or answer of ``run`` from the agent its topic names, or ``Rejected``:
+    ``spoofed`` for another agent's reply, ``malformed`` for anything else."""
+    agent = range_reply_agent(topic, fleet, run)
+    if agent is None or len(payload) > MAX_RANGE_REPLY_BYTES:
+        raise Rejected("malformed", "not a reply of this run")
+    try:
+        message = decode_checked(_reply_decoder, payload, {})
+    except Rejected as exc:
+        raise Rejected("malformed", exc.detail) from None
+    if message.run != run:
+        raise Rejected("malformed", "another run's reply")
+    if message.agent != agent:
+        raise Rejected("spoofed", "agent differs from the topic")
+    return message
 
 
 class RangeParameters(Struct, forbid_unknown_fields=True):

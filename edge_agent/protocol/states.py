@@ -189,12 +189,16 @@ def encode_shard_state(state: IngestorState, *, shard: str, group: str | None, e
                              group=group, t=now, every=every, state=state))
 
 
-def decode_shard_state(payload: bytes) -> ShardState:
-    """A typed shard state, or ``Rejected`` (``oversized``, ``json``, ``version``,
-    ``schema``); whether it belongs here is the caller's question."""
+def decode_shard_state(payload: bytes, shard: str) -> ShardState:
+    """The typed state of ``shard`` (the name its topic gives), or ``Rejected``
+    (``oversized``, ``json``, ``version``, ``schema``, ``topic``); whether its group,
+    fleet and settings belong here is the caller's question."""
     if len(payload) > MAX_SHARD_STATE_BYTES:
         raise Rejected("oversized", f"{len(payload)} bytes")
-    return decode_checked(_shard_state_decoder, payload, _SHARD_STATE_REASONS)
+    document = decode_checked(_shard_state_decoder, payload, _SHARD_STATE_REASONS)
+    if document.shard != shard:
+        raise Rejected("topic", "the shard name differs from the topic's")
+    return document
 
 
 # -- the checkpoint (collector.checkpoint) ---------------------------------------------------
@@ -265,11 +269,15 @@ def encode_claims(claims: Claims) -> bytes:
     return encode(claims)
 
 
-def decode_claims(payload: bytes) -> Claims:
-    """Typed claims, or ``Rejected`` (``oversized``, ``json``, ``schema``)."""
+def decode_claims(payload: bytes, shard: str) -> Claims:
+    """The typed claims of ``shard`` (the name its topic gives), or ``Rejected``
+    (``oversized``, ``json``, ``schema``)."""
     if len(payload) > MAX_CLAIMS_BYTES:
         raise Rejected("oversized", "claims message too large")
     claims = decode_checked(_claims_decoder, payload, {"v": "schema", "type": "schema"})
+    if claims.shard != shard:
+        raise Rejected("schema", f"expected a version {CLAIMS_VERSION} claims message of "
+                                 f"{shard}")
     if claims.durable >= claims.version:
         raise Rejected("schema", "durable must be below version")
     return claims
