@@ -14,6 +14,7 @@ from .messages import (
     MAX_REPORT_BYTES,
     PROTOCOL_VERSION,
     RANGE_WINDOW_MAX,
+    SEQ_LIMIT,
     Announce,
     Answer,
     ChannelSnapshot,
@@ -76,7 +77,7 @@ from .topics import (
 )
 
 __all__ = [
-    "KINDS", "MAX_CODES", "MAX_REPORT_BYTES", "NAME", "PROTOCOL_VERSION", "RANGE_WINDOW_MAX",
+    "KINDS", "MAX_CODES", "MAX_REPORT_BYTES", "NAME", "PROTOCOL_VERSION", "RANGE_WINDOW_MAX", "SEQ_LIMIT",
     "STATUS", "TOPIC_ROOT", "Announce", "Answer", "ChannelSnapshot", "End", "Join",
     "MechanismDescription", "RangeParameters", "RangeResult", "RangeTerms", "Rejected", "Report",
     "Round", "RoundRecord", "Status", "Strategy", "ValidReport", "aggregates_topic", "as_dict",

@@ -59,6 +59,9 @@ from .topics import (
 PROTOCOL_VERSION = 1
 MAX_REPORT_BYTES = 1 << 20  # far above a 500-value batch (~4 kB)
 MAX_CODES = 100_000  # per list of codes
+# Sequence numbers below 2**53: exact as a JSON number anywhere (JavaScript, doubles); an
+# agent sending one report a millisecond takes 285,000 years to get there.
+SEQ_LIMIT = 1 << 53
 MAX_FIELDS = 64  # axes of a vector channel
 MAX_STATUS_BYTES = 64 * 1024
 MAX_RANGE_CONTROL_BYTES = 4096
@@ -82,7 +85,7 @@ Epsilon = Annotated[float, Meta(gt=0.0, le=EPSILON_MAX)]
 SplitEpsilon = Annotated[float, Meta(ge=0.0, le=EPSILON_MAX)]  # one side of a polar split
 GridBits = Annotated[int, Meta(ge=GRID_BITS_MIN, le=GRID_BITS_MAX)]
 Count = Annotated[int, Meta(ge=0, le=2**63 - 1)]
-Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Seq = Annotated[int, Meta(ge=0, lt=SEQ_LIMIT)]
 Code = Annotated[int, Meta(ge=0, lt=1 << GRID_BITS_MAX)]
 CodeList = Annotated[list[Code], Meta(max_length=MAX_CODES)]
 Fields = Annotated[tuple[Name, ...], Meta(min_length=2, max_length=MAX_FIELDS)]

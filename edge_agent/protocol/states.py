@@ -31,6 +31,8 @@ from .messages import (
     NonNegative,
     Rejected,
     Report,
+    SEQ_LIMIT,
+    Seq,
     Strategy,
     Text,
     decode_checked,
@@ -40,11 +42,12 @@ from .messages import (
 from .topics import is_name
 
 SHARD_STATE_VERSION = 2  # 1 carried the totals too (now derived from the agents)
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 1 kept a tracker's numbers as a bitmap (read, migrated on load)
 CLAIMS_VERSION = 2  # 1: durable floors and lists (replaced: a dead peer's gaps made them grow)
 MAX_SHARD_STATE_BYTES = 64 << 20
 MAX_CLAIMS_BYTES = 16 << 20
 MAX_SEQS_PER_KEY = 100_000
+MAX_TRACKER_RUNS = 1024  # collector.dedup.MAX_RUNS
 DEAD_LETTERS = 200  # recent rejects a collector keeps (and a state may carry)
 MAX_REJECT_REASONS = 256
 
@@ -203,15 +206,19 @@ def decode_shard_state(payload: bytes, shard: str) -> ShardState:
 
 # -- the checkpoint (collector.checkpoint) ---------------------------------------------------
 
+SeqOrNone = Annotated[int, Meta(ge=-1, lt=SEQ_LIMIT)]  # -1: none yet
+
+
 class TrackerState(Struct, array_like=True, forbid_unknown_fields=True):
     """A sequence tracker (collector.dedup): numbers up to ``floor`` counted, up to
-    ``skipped`` given up on, and a bitmap of those past the larger (little-endian)."""
+    ``skipped`` given up on, and the runs [start, end] seen past the larger (checkpoint
+    v1: a little-endian bitmap of them instead)."""
 
     agent: Name
     channel: Name
-    floor: Annotated[int, Meta(ge=-1)]
-    skipped: Annotated[int, Meta(ge=-1)]
-    bits: bytes
+    floor: SeqOrNone
+    skipped: SeqOrNone
+    runs: Union[Annotated[list[tuple[Seq, Seq]], Meta(max_length=MAX_TRACKER_RUNS)], bytes]
 
 
 class HeldReport(Struct, array_like=True, forbid_unknown_fields=True):
@@ -222,7 +229,7 @@ class HeldReport(Struct, array_like=True, forbid_unknown_fields=True):
 
 
 class Checkpoint(Struct, forbid_unknown_fields=True):
-    v: Literal[1]
+    v: Literal[1, 2]
     type: Literal["collector-checkpoint"]
     state: IngestorState
     trackers: list[TrackerState]
@@ -244,7 +251,7 @@ def decode_checkpoint(payload: bytes) -> Checkpoint:
 
 # -- claims between shards (collector.claims, docs/PROTOCOL.md "Collector shards") ------------
 
-SeqList = Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_SEQS_PER_KEY)]
+SeqList = Annotated[list[Seq], Meta(max_length=MAX_SEQS_PER_KEY)]
 
 
 class Claims(Struct, forbid_unknown_fields=True):

@@ -8,6 +8,7 @@ collector's API and trackers said of it.
 
 from __future__ import annotations
 
+import base64
 import json
 
 import numpy as np
@@ -116,6 +117,24 @@ def test_the_typed_checkpoint_keeps_trackers_and_held_reports():
     assert held == []
     assert seen(again) == seen(ingestor)
     tracker, restored = ingestor.trackers[("w0", "x")], again.trackers[("w0", "x")]
-    assert (restored.floor, restored.skipped, restored.bits) == \
-        (tracker.floor, tracker.skipped, tracker.bits)
+    assert (restored.floor, restored.skipped, restored.runs) == \
+        (tracker.floor, tracker.skipped, tracker.runs)
+    assert document(again) == document(ingestor)
+
+
+def test_a_version_1_checkpoint_keeps_its_trackers_bitmaps():
+    """Checkpoint v1 (the typed codec before the runs) kept the numbers past a tracker's
+    base as a bitmap; loading it gives the same numbers as runs."""
+    ingestor = Ingestor(fleet=FLEET)
+    for seq in (0, 1, 3, 4, 5, 9, 11):
+        ingestor.ingest(*_report(seq))
+    document_v2 = json.loads(checkpoint.dump(ingestor))
+    document_v2["v"] = 1
+    (tracker,) = document_v2["trackers"]
+    assert tracker[2:] == [1, -1, [[3, 5], [9, 9], [11, 11]]]
+    bits = sum(1 << (seq - 2) for seq in (3, 4, 5, 9, 11))  # bit i: number 2 + i
+    tracker[4] = base64.b64encode(bits.to_bytes(2, "little")).decode()
+    again, _ = checkpoint.load(json.dumps(document_v2).encode())
+    restored = again.trackers[("w0", "x")]
+    assert (restored.floor, restored.skipped, restored.runs) == (1, -1, [(3, 5), (9, 9), (11, 11)])
     assert document(again) == document(ingestor)

@@ -125,32 +125,68 @@ def test_duplicates_and_out_of_order_redeliveries():
     assert ingestor.counters["messages"] == 4 and ingestor.counters["duplicates"] == 3
     assert ingestor.counters["values"] == 12
     tracker = ingestor.trackers[("w1", "ax")]
-    assert tracker.floor == 3 and tracker.bits == 0
+    assert tracker.floor == 3 and tracker.runs == []
 
 
-def test_seq_tracker_memory_is_bounded(monkeypatch):
-    monkeypatch.setattr(dedup, "MAX_SPAN", 128)
+def test_seq_tracker_memory_is_bounded_by_its_gaps(monkeypatch):
+    monkeypatch.setattr(dedup, "MAX_RUNS", 8)
     tracker = SeqTracker()
-    for seq in range(1, 500):  # seq 0 never arrives (dropped by the agent's spool cap)
+    for seq in range(1, 500, 2):  # every other number: a gap before each
         tracker.add(seq)
-    assert tracker.bits.bit_length() <= 128 and tracker.skipped >= 498 and tracker.bits == 0
-    assert tracker.seen(0)  # given up on: a late copy of 0 would be dropped here
-    assert not tracker.counted(0)  # ... but it is not something this tracker counted
-    assert tracker.floor == -1
-    tracker.add(501)
-    assert tracker.counted(501) and not tracker.seen(500)
+    assert len(tracker.runs) == 8 and tracker.skipped == 483 and tracker.floor == -1
+    assert tracker.seen(0) and tracker.seen(482)  # given up on: late copies dropped here
+    assert not tracker.counted(0) and not tracker.counted(481)  # ... but never counted
+    assert tracker.counted(485) and not tracker.seen(486)
+    tracker.add(486)
+    assert tracker.runs[:2] == [(485, 487), (489, 489)]
 
 
-def test_seq_tracker_matches_a_plain_set():
-    """Bitmap bookkeeping against the obvious model, with gaps and re-sends."""
-    rng = np.random.default_rng(3)
+@pytest.mark.parametrize("big", [2**33, 2**52, protocol.SEQ_LIMIT - 1])
+def test_seq_tracker_memory_does_not_depend_on_the_numbers(big):
+    """A huge number is one run, not a bitmap up to it (it used to allocate 2**big bits)."""
+    tracker = SeqTracker()
+    for seq in (0, 1, big, 2, big - 1, 4):
+        tracker.add(seq)
+    assert tracker.floor == 2 and tracker.runs == [(4, 4), (big - 1, big)]
+    assert tracker.seen(big) and not tracker.seen(3) and not tracker.seen(big - 2)
+    tracker.add(3)
+    assert tracker.floor == 4 and tracker.runs == [(big - 1, big)]
+    assert tracker.to_state("a", "c").runs == [(big - 1, big)]
+
+
+def test_a_jump_never_drops_the_reports_below_it():
+    """Issue 12, defect 2: a seq far above the others made the next 16,384 reports of
+    the device count as duplicates."""
+    tracker = SeqTracker()
+    tracker.add(0)
+    tracker.add(131_072 + 10)
+    assert not any(tracker.seen(seq) for seq in range(1, 20_000))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_seq_tracker_matches_a_plain_set(seed):
+    """Runs bookkeeping against the obvious model, with gaps, re-sends and runs added
+    whole (claims), in any order."""
+    rng = np.random.default_rng(seed)
     tracker, model = SeqTracker(), set()
-    for seq in rng.permutation(3000)[:2000].tolist() + list(range(0, 3000, 7)):
+    numbers = rng.permutation(3000)[:2000].tolist() + list(range(0, 3000, 7))
+    for seq in numbers:
         assert tracker.seen(seq) == (seq in model)
-        tracker.add(seq)
-        model.add(seq)
+        if rng.random() < 0.1:
+            end = seq + int(rng.integers(0, 40))
+            tracker.add_run(seq, end)
+            model.update(range(seq, end + 1))
+        else:
+            tracker.add(seq)
+            model.add(seq)
+        assert len(tracker.runs) <= dedup.MAX_RUNS
     assert all(tracker.seen(s) == (s in model) == tracker.counted(s) for s in range(3100))
-    assert tracker.floor == min(set(range(3001)) - model) - 1
+    assert tracker.floor == min(set(range(3100)) - model) - 1
+    starts = [start for start, _ in tracker.runs]
+    assert starts == sorted(starts) and all(
+        b[0] > a[1] + 1 for a, b in zip(tracker.runs, tracker.runs[1:]))  # disjoint, apart
+    again = SeqTracker.from_state(tracker.to_state("a", "c"))
+    assert (again.floor, again.skipped, again.runs) == (tracker.floor, -1, tracker.runs)
 
 
 def test_seq_tracker_loads_checkpoints_of_the_set_form():

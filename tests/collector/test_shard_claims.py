@@ -213,8 +213,8 @@ def test_an_outage_longer_than_the_trackers_bound_loses_nothing(seed, monkeypatc
     bounds its memory by giving up on old gaps; that give-up is local and must
     never reach the restarted shard, or it would drop the reports its session
     queued (they were never counted anywhere).  No copies here: a copy older
-    than a tracker's span may be counted twice, by design (SeqTracker)."""
-    monkeypatch.setattr(dedup, "MAX_SPAN", 16)
+    than a tracker's oldest gap may be counted twice, by design (SeqTracker)."""
+    monkeypatch.setattr(dedup, "MAX_RUNS", 4)
     single, merged, steps = simulate(seed, crash=(seed % 3, 60, 600), copies=0)
     assert steps < 20_000, "the shards never settled"
     assert_same(single, merged)
