@@ -23,12 +23,11 @@ from .claims import ClaimBook
 from .config import CollectorConfig
 from .dedup import SeqTracker
 from .ingest import Ingestor
+from .registry import ingest_limits
 from .stats import StateError
 from .store import CollectorStore
 
 log = logging.getLogger(__name__)
-
-READ_BATCH = 5000  # journal rows applied at once (bounds the codes held in memory)
 
 
 class CheckpointError(ValueError):
@@ -80,16 +79,14 @@ def attach_claims(config: CollectorConfig, ingestor: Ingestor,
             ingestor.accept(report, received)
 
 
-def new_ingestor(config: CollectorConfig) -> Ingestor:
-    return Ingestor.from_settings(config.fleet, config.aggregate_settings)
-
-
 def restore(config: CollectorConfig, store: CollectorStore) -> tuple[Ingestor, int]:
-    """The checkpointed ingestor with the journal replayed on top, and its journal position."""
-    state, upto, journal = store.load()
+    """The checkpointed ingestor with the journal replayed on top, and its journal position;
+    it applies the configuration's limits (and reads the registry file)."""
+    limits = ingest_limits(config)
+    state, upto = store.load()
     held: list = []
     if state is None:
-        ingestor = new_ingestor(config)
+        ingestor = Ingestor.from_settings(config.fleet, config.aggregate_settings, limits)
     else:
         try:
             ingestor, held = load(state)
@@ -100,14 +97,19 @@ def restore(config: CollectorConfig, store: CollectorStore) -> tuple[Ingestor, i
         if ingestor.fleet != config.fleet:
             raise ValueError(f"{store.path} holds fleet {ingestor.fleet!r}, the config says "
                              f"{config.fleet!r}: use another storage.path")
+        ingestor.limits = limits
     attach_claims(config, ingestor, held)
-    position = upto
-    for first in range(0, len(journal), READ_BATCH):
+    position, replayed = upto, 0
+    while True:
+        rows, more = store.read_journal(position)
         with ingestor.batch():
-            for row_id, topic, payload, received in journal[first:first + READ_BATCH]:
+            for row_id, topic, payload, received in rows:
                 ingestor.ingest(topic, payload, received)
                 position = row_id
-    if state is not None or journal:
+        replayed += len(rows)
+        if not more:
+            break
+    if state is not None or replayed:
         log.info("restored %d message(s): checkpoint plus %d journaled",
-                 ingestor.counters["messages"], len(journal))
+                 ingestor.counters["messages"], replayed)
     return ingestor, position

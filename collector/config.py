@@ -58,6 +58,42 @@ class AggregatesConfig(Model):
     keep_windows: Annotated[int, Field(ge=1, le=10_000)] = 60
 
 
+class LimitsConfig(Model):
+    """What senders can make the collector hold.  Past a limit a message is refused,
+    counted by reason (``limit_agents`` ...) and logged once; see docs/HARDENING.md."""
+
+    # Distinct agents (from reports or statuses).
+    agents: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
+    # Distinct channel names.
+    channels: Annotated[int, Field(ge=1, le=100_000)] = 256
+    # Series (mechanism settings) of one channel: each epsilon or domain change starts one.
+    series_per_channel: Annotated[int, Field(ge=1, le=10_000)] = 16
+    # Agents known only from their status (online, no report yet).
+    statuses: Annotated[int, Field(ge=0, le=10_000_000)] = 1_000
+    # Channels with a range-discovery result shown (GET /api/range).
+    range_results: Annotated[int, Field(ge=0, le=100_000)] = 256
+    # A report's end (t + dt) may be this far ahead of the collector's clock (reason
+    # "future"): reports dated ahead would push every real window of a channel out.
+    future_seconds: Annotated[float, Field(ge=0, le=365 * 86400)] = 300.0
+    # A report's start may be this far behind it (reason "stale"); default: the broker's
+    # session expiry plus future_seconds (older reports cannot have waited in our session).
+    max_age_seconds: Annotated[float, Field(gt=0, le=100 * 365 * 86400)] | None = None
+
+
+class RegistryConfig(Model):
+    """Which agents may report: any, or those listed in ``file`` (one agent id per line,
+    ``#`` comments; re-read on SIGHUP)."""
+
+    agents: Literal["any", "registered"] = "any"
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _file(self):
+        if self.agents == "registered" and self.file is None:
+            raise ValueError("file: required when agents = \"registered\"")
+        return self
+
+
 class SnapshotConfig(Model):
     # Retained aggregate snapshots on ldp/v1/<fleet>/_aggregates/<channel>; 0 = off.
     interval_seconds: Annotated[float, Field(ge=0, le=86400)] = 10.0
@@ -139,6 +175,8 @@ class CollectorConfig(Model):
     snapshots: SnapshotConfig = SnapshotConfig()
     range_discovery: RangeDiscoveryConfig = RangeDiscoveryConfig()
     shard: ShardConfig = ShardConfig()
+    limits: LimitsConfig = LimitsConfig()
+    registry: RegistryConfig = RegistryConfig()
 
     @model_validator(mode="after")
     def _ports(self):

@@ -7,6 +7,12 @@ to the channel's series.  A message that fails any check is rejected, counted
 by reason and kept (truncated) in a bounded dead-letter log; it changes no
 aggregate.
 
+What a sender can make a collector hold is bounded (``IngestLimits``, the
+``[limits]`` and ``[registry]`` of the configuration): agents, channels,
+series per channel, agents known only from a status, how far a report's time
+may run ahead of the collector's clock or lag behind it.  Past a limit the
+message is refused with its own reason and a log line says which limit.
+
 ``to_state()`` / ``from_state()`` give the aggregates as the typed state of
 ``edge_agent.protocol.states``: what a checkpoint saves (with the trackers,
 ``collector.checkpoint``) and what a shard publishes for the merge view.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -44,7 +51,32 @@ from .dedup import SeqTracker
 from .series import Series, series_identity
 from .stats import StateError
 
+log = logging.getLogger(__name__)
+
 COUNTERS = ("messages", "values", "duplicates")
+
+
+@dataclass(frozen=True)
+class IngestLimits:
+    """What input may make an ``Ingestor`` hold (None: no bound); see ``[limits]``.
+
+    ``registry``: the agent ids allowed to report, or None for any agent."""
+
+    agents: int | None = None
+    channels: int | None = None
+    series_per_channel: int | None = None
+    statuses: int | None = None  # agents known only from a status, not yet from a report
+    future_seconds: float | None = None  # t + dt at most this far past the receiving clock
+    max_age_seconds: float | None = None  # t at most this far before it
+    registry: frozenset[str] | None = None
+
+    def allows(self, agent: str) -> bool:
+        return self.registry is None or agent in self.registry
+
+
+# Why a limit refused a message, and the [limits] key to raise.
+LIMIT_KEYS = {"limit_agents": "agents", "limit_channels": "channels",
+              "limit_series": "series_per_channel", "limit_statuses": "statuses"}
 
 
 @dataclass
@@ -67,8 +99,9 @@ class Ingestor:
     """All aggregation state of a collector; mergeable across shards."""
 
     def __init__(self, *, fleet: str, bins: int = 50, window_seconds: float = 60.0,
-                 keep_windows: int = 60):
+                 keep_windows: int = 60, limits: IngestLimits = IngestLimits()):
         self.fleet = fleet
+        self.limits = limits
         self.bins, self.window_seconds, self.keep_windows = bins, window_seconds, keep_windows
         self.series: dict[str, dict[tuple, Series]] = {}  # channel -> identity -> series
         self.latest: dict[str, tuple] = {}  # channel -> identity of the newest series
@@ -78,13 +111,16 @@ class Ingestor:
         self.rejects = collections.Counter()  # by reason
         self.dead_letters: collections.deque = collections.deque(maxlen=DEAD_LETTERS)
         self.claims = None  # a shard's collector.claims.ClaimBook
+        self.status_only: set[str] = set()  # agents known from a status, not from a report
+        self.limits_reached: set[str] = set()  # logged once each (LIMIT_KEYS)
         self._batch: dict[int, tuple[Series, list]] | None = None  # see batch()
 
     @classmethod
-    def from_settings(cls, fleet: str, settings: AggregateSettings) -> Ingestor:
+    def from_settings(cls, fleet: str, settings: AggregateSettings,
+                      limits: IngestLimits = IngestLimits()) -> Ingestor:
         """An empty ingestor with these aggregates settings."""
         return cls(fleet=fleet, bins=settings.bins, window_seconds=settings.window_seconds,
-                   keep_windows=settings.keep_windows)
+                   keep_windows=settings.keep_windows, limits=limits)
 
     def settings(self) -> AggregateSettings:
         return AggregateSettings(bins=self.bins, window_seconds=self.window_seconds,
@@ -126,31 +162,77 @@ class Ingestor:
     # -- messages -------------------------------------------------------------------------
     def ingest(self, topic: str, payload: bytes, now: float | None = None) -> str:
         """'accepted', 'duplicate', 'rejected:<reason>', 'ignored', 'status', or for a
-        shard 'held' (applied or dropped later by ``settle``)."""
+        shard 'held' (applied or dropped later by ``settle``).  ``now``: when the message
+        was received (the journal keeps it, so a replay decides alike).  Never raises for
+        a message."""
         now = time.time() if now is None else now
         kind = protocol.classify(topic, self.fleet)
         if kind == "ignore":
             return "ignored"
-        if kind == "status":
-            return self._status(topic, payload, now)
         try:
-            report = protocol.decode_report(topic, payload, self.fleet)
+            if kind == "status":
+                return self._status(topic, payload, now)
+            return self._report(protocol.decode_report(topic, payload, self.fleet), now)
         except Rejected as rejection:
             return self._reject(topic, payload, rejection, now)
-        except Exception as exc:  # defence in depth: no message may crash the collector
+        except Exception as exc:  # defence in depth: no message may stop the ones after it
+            log.exception("ingesting a message on %s failed", topic[:256])
             return self._reject(topic, payload, Rejected("internal", type(exc).__name__), now)
+
+    def _report(self, report: ValidReport, now: float) -> str:
         message = report.message
-        agent = self.agents.setdefault(message.agent, AgentStats())
+        agent = self._agent(message.agent)
         agent.last_seen = now
-        tracker = self.trackers.setdefault((message.agent, message.channel), SeqTracker())
-        if tracker.seen(message.seq) or (
+        self.status_only.discard(message.agent)
+        key = (message.agent, message.channel)
+        tracker = self.trackers.get(key)
+        if (tracker is not None and tracker.seen(message.seq)) or (
                 self.claims is not None and self.claims.is_held(report)):
             return self.duplicate(report)
+        try:
+            self._check_time(message, now)
+            self._series_for(message, create=False)  # a channel or series past its limit
+        except Rejected:
+            # Well-formed and from a known agent: settled (never counted, never asked for
+            # again) when its channel is known, so that no refused name makes a tracker.
+            if message.channel in self.series:
+                self.trackers.setdefault(key, SeqTracker()).add(message.seq)
+            raise
         if self.claims is not None:
             self.claims.hold(report, now)
             return "held"
         self.accept(report, now)
         return "accepted"
+
+    def _agent(self, name: str) -> AgentStats:
+        """The stats of an allowed agent, made if new and the limit allows."""
+        if not self.limits.allows(name):  # also one removed from the registry since
+            raise Rejected("unknown_agent", f"{name} is not in the registry")
+        stats = self.agents.get(name)
+        if stats is not None:
+            return stats
+        self._within("limit_agents", len(self.agents), self.limits.agents)
+        stats = self.agents[name] = AgentStats()
+        return stats
+
+    def _within(self, reason: str, used: int, limit: int | None) -> None:
+        if limit is not None and used >= limit:
+            if reason not in self.limits_reached:
+                self.limits_reached.add(reason)
+                log.warning("limit reached: %d %s ([limits] %s); further ones are refused "
+                            "(reason %s)", limit, LIMIT_KEYS[reason].replace("_", " "),
+                            LIMIT_KEYS[reason], reason)
+            raise Rejected(reason, f"{LIMIT_KEYS[reason]} limit of {limit} reached")
+
+    def _check_time(self, message: Report, now: float) -> None:
+        """Reports dated in the future would replace every recent window of their channel
+        (and the real reports would land in windows deleted at once)."""
+        future, max_age = self.limits.future_seconds, self.limits.max_age_seconds
+        if future is not None and message.t + message.dt > now + future:
+            raise Rejected("future", f"t is {message.t + message.dt - now:.0f} s ahead of the "
+                                     f"collector's clock")
+        if max_age is not None and message.t < now - max_age:
+            raise Rejected("stale", f"t is {now - message.t:.0f} s old")
 
     def settle(self, now_monotonic: float | None = None) -> tuple[int, int]:
         """A shard: apply held reports no other shard counts, drop the others.
@@ -173,7 +255,9 @@ class Ingestor:
     def accept(self, report: ValidReport, now: float) -> None:
         """Count a new report: its codes go to its series, its seq to the tracker."""
         message = report.message
-        series = self._series_for(message, now)
+        series = self._series_for(message, create=True)
+        self.latest[message.channel] = series.identity
+        self.latest_at[message.channel] = now
         if self._batch is None:
             values = series.update(agent=message.agent, t=message.t, codes=report.codes)
         else:
@@ -188,19 +272,24 @@ class Ingestor:
         agent.messages += 1
         agent.values += values
 
-    def _series_for(self, message: Report, now: float) -> Series:
+    def _series_for(self, message: Report, *, create: bool) -> Series | None:
+        """The message's series; a new one is made if ``create``, and refused (``Rejected``)
+        if the channel or its series are at their limit.  None: new, not made."""
         identity = series_identity(message.channel, message.kind, message.mechanism,
                                    message.fields, message.strategy)
-        by_identity = self.series.setdefault(message.channel, {})
-        series = by_identity.get(identity)
-        if series is None:
-            series = by_identity[identity] = Series(
-                channel=message.channel, kind=message.kind, description=message.mechanism,
-                bins=self.bins, window_seconds=self.window_seconds,
-                keep_windows=self.keep_windows, fields=message.fields,
-                strategy=message.strategy)
-        self.latest[message.channel] = identity
-        self.latest_at[message.channel] = now
+        by_identity = self.series.get(message.channel)
+        if by_identity is None:
+            self._within("limit_channels", len(self.series), self.limits.channels)
+        elif identity in by_identity:
+            return by_identity[identity]
+        else:
+            self._within("limit_series", len(by_identity), self.limits.series_per_channel)
+        if not create:
+            return None
+        series = self.series.setdefault(message.channel, {})[identity] = Series(
+            channel=message.channel, kind=message.kind, description=message.mechanism,
+            bins=self.bins, window_seconds=self.window_seconds,
+            keep_windows=self.keep_windows, fields=message.fields, strategy=message.strategy)
         return series
 
     def _reject(self, topic: str, payload: bytes, rejection: Rejected, now: float) -> str:
@@ -216,11 +305,16 @@ class Ingestor:
         return f"rejected:{rejection.reason}"
 
     def _status(self, topic: str, payload: bytes, now: float) -> str:
-        try:
-            agent_id, message = protocol.decode_status(topic, payload)
-        except Rejected as rejection:
-            return self._reject(topic, payload, rejection, now)
-        stats = self.agents.setdefault(agent_id, AgentStats())
+        agent_id, message = protocol.decode_status(topic, payload)
+        if not self.limits.allows(agent_id):
+            raise Rejected("unknown_agent", f"{agent_id} is not in the registry")
+        stats = self.agents.get(agent_id)
+        if stats is None:
+            if message is None:  # clearing the status of an agent never heard of: nothing
+                return "status"
+            self._within("limit_statuses", len(self.status_only), self.limits.statuses)
+            stats = self._agent(agent_id)
+            self.status_only.add(agent_id)
         if message is None:  # an empty retained message clears a status: not an error
             stats.online, stats.status = False, StatusSummary()
         else:
@@ -324,6 +418,8 @@ class Ingestor:
                 ingestor.latest_at[channel] = at
         ingestor.dead_letters.extend(msgspec.structs.asdict(letter)
                                      for letter in state.dead_letters)
+        ingestor.status_only = {name for name, agent in ingestor.agents.items()
+                                if agent.last_seen is None}
         ingestor._check_totals(loaded)
         return ingestor
 

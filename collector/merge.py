@@ -180,7 +180,9 @@ class MergeService:
         self.lock = threading.RLock()
         self.view = MergeView(config.fleet, config.aggregate_settings,
                               group=config.broker.shared_group)
-        self.range_results = RangeResults(config.fleet)
+        self.range_results = RangeResults(
+            config.fleet, coordinator=config.range_discovery.client_id,
+            limit=config.limits.range_results)
         self.client = CollectorClient(config, role="merge", label="merge view", follow={
             protocol.shard_topic(config.fleet, "+", "state"):
                 lambda c, u, m: self.view.update(m.topic, m.payload),

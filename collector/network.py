@@ -11,8 +11,17 @@ Backpressure: when the aggregator is more than ``max_backlog`` messages
 behind, acknowledgements wait, and the broker stops sending once
 ``receive_maximum`` messages are unacknowledged.
 
+Holding acknowledgements also bounds memory: messages are committed (and their
+memory freed) as soon as ``MAX_BUFFERED_BYTES`` of them wait, and the broker
+sends at most ``receive_maximum`` unacknowledged ones.
+
+The parent tells the child to stop through a pipe, never a shared lock or
+event: a child killed while holding a ``multiprocessing.Event``'s lock left
+the parent's ``set()`` blocked for ever.  The pipe also ends the child when
+the parent dies (end of file), as does ``PR_SET_PDEATHSIG``.
+
 This module imports only the standard library and paho (no numpy or numba),
-so the process starts fast and stays small.  It exits when its parent dies.
+so the process starts fast and stays small.
 """
 
 from __future__ import annotations
@@ -20,11 +29,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import multiprocessing
-import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 
 from edge_agent.mqtt_client import Endpoint, MqttClient, Session
 
@@ -34,6 +43,7 @@ log = logging.getLogger("collector.network")
 
 RECEIVE_MAXIMUM = 4096
 MAX_BACKLOG = 50_000
+MAX_BUFFERED_BYTES = 16 << 20  # journal at once past this much, not at the next interval
 
 
 @dataclass(frozen=True)
@@ -51,28 +61,36 @@ class NetworkSettings:
     end_session: bool = False
     log_level: str = "INFO"
     max_backlog: int = MAX_BACKLOG
+    # MQTT 5: the broker drops anything larger for us (bounds a message's memory).
+    max_packet_bytes: int | None = None
 
 
-def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the parent dies, so no orphan keeps our MQTT session."""
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """Linux: get ``signum`` when the parent dies, so no orphan keeps our MQTT session or
+    port.  (Strictly: when the parent *thread* that started us ends.)"""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the parent-pid check in the loop still ends us
+        libc.prctl(PR_SET_PDEATHSIG, signum)
+    except OSError:  # not Linux: the control pipe's end of file still ends us
         pass
 
 
-def run(settings: NetworkSettings, stop: threading.Event, parent_pid: int) -> None:
-    """Entry point of the child process (``multiprocessing`` spawn)."""
-    _die_with_parent()
+def run(settings: NetworkSettings, control: Connection) -> None:
+    """Entry point of the child process (``multiprocessing`` spawn).  Anything arriving
+    on ``control``, or its end of file (the parent died), stops it."""
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     store = CollectorStore(settings.path)
     store.set_network(False)
     lock = threading.Lock()
-    buffer: list[tuple[int, int]] = []  # (mid, qos) of journaled, unacknowledged messages
+    # (mid, qos) of messages received, not yet journaled; journaled, not yet acknowledged
+    received: list[tuple[int, int]] = []
+    journaled: list[tuple[int, int]] = []
+    flush = threading.Event()  # set by paho's thread: enough is buffered to commit now
+    stopping = threading.Event()
 
     def on_connected(client, flags):
         log.info("connected to %s (session present: %s)", client.where, flags.session_present)
@@ -91,45 +109,71 @@ def run(settings: NetworkSettings, stop: threading.Event, parent_pid: int) -> No
         # recognised as duplicates by their sequence numbers.
         with lock:
             store.set_network(False)
-        if not stop.is_set():
+        if not stopping.is_set():
             log.warning("disconnected from the broker: %s", reason_code)
+
+    buffered = [0]  # payload bytes received since the last commit
 
     def on_message(client, userdata, message):
         with lock:
             store.append(message.topic, message.payload, time.time())
-            buffer.append((message.mid, message.qos))
+            received.append((message.mid, message.qos))
+            buffered[0] += len(message.payload)
+            if buffered[0] >= MAX_BUFFERED_BYTES:
+                flush.set()
 
     # MQTT 3.1.1 (e.g. the demo's embedded amqtt broker): a persistent session is
     # clean_session=False; its expiry is the broker's setting, not ours.
     client = MqttClient(settings.endpoint, settings.client_id, log=log, manual_ack=True,
-                        session=Session(settings.session_expiry, RECEIVE_MAXIMUM),
+                        session=Session(settings.session_expiry, RECEIVE_MAXIMUM,
+                                        settings.max_packet_bytes),
                         subscriptions=settings.subscriptions, on_connected=on_connected)
     client.on_disconnect = on_disconnect
     client.on_subscribe = on_subscribe
     client.on_message = on_message
     client.start()
 
-    def commit_then_ack() -> int:
+    def journal() -> None:
+        """Commit what arrived.  If that fails nothing becomes acknowledgeable: the
+        messages stay buffered for the next attempt (collector.store)."""
         with lock:
-            store.commit()  # durable first ...
-            batch, buffer[:] = list(buffer), []
-        for mid, qos in batch:  # ... then acknowledged
+            try:
+                store.commit()
+            except Exception as exc:
+                log.error("journal commit failed (%s: %s); %d message(s) stay "
+                          "unacknowledged", type(exc).__name__, exc, len(received))
+                return
+            journaled.extend(received)
+            received.clear()
+            buffered[0] = 0
+            flush.clear()
+
+    def acknowledge() -> int:
+        """Acknowledge every journaled message (and only those)."""
+        with lock:
+            batch = list(journaled)
+            journaled.clear()
+        for mid, qos in batch:
             if qos > 0:
                 client.ack(mid, qos)
         return len(batch)
 
     try:
         while True:
-            stopping = stop.wait(settings.ack_interval) or os.getppid() != parent_pid
-            if store.backlog() > settings.max_backlog and not stopping:
-                continue  # hold the acks: the broker will pause at RECEIVE_MAXIMUM
-            commit_then_ack()
-            if stopping:
+            if control.poll(0 if flush.is_set() else settings.ack_interval):
+                stopping.set()
+            journal()
+            # Behind by more than max_backlog: hold the acks (the broker pauses at
+            # RECEIVE_MAXIMUM), while journaling keeps our memory bounded.
+            if stopping.is_set() or store.backlog() <= settings.max_backlog:
+                acknowledge()
+            if stopping.is_set():
                 break
     finally:
         time.sleep(0.1)  # let paho send the last acks
         # What arrived meanwhile: a retired shard's session (and queue) ends now.
-        if commit_then_ack():
+        journal()
+        if acknowledge():
             time.sleep(0.1)
         client.stop(end_session=settings.end_session)
         store.close()
@@ -138,32 +182,44 @@ def run(settings: NetworkSettings, stop: threading.Event, parent_pid: int) -> No
 class NetworkProcess:
     """The network child as the main process sees it: start, restart if it died, stop.
 
-    Spawned, not forked: the child imports no numpy or numba, and starts fast."""
+    Spawned, not forked: the child imports no numpy or numba, and starts fast.
+    Start it from a thread that lives as long as it should (``PR_SET_PDEATHSIG``
+    fires when the starting thread ends)."""
 
     def __init__(self, settings: NetworkSettings):
         self.settings = settings
         self._context = multiprocessing.get_context("spawn")
-        self._stop = self._context.Event()
         self._process = None
+        self._control: Connection | None = None
+        self._stopping = False
 
     def start(self) -> None:
+        reader, self._control = self._context.Pipe(duplex=False)
         self._process = self._context.Process(
-            target=run, name="collector-network", daemon=True,
-            args=(self.settings, self._stop, os.getpid()))
+            target=run, name="collector-network", daemon=True, args=(self.settings, reader))
         self._process.start()
+        reader.close()  # the child's end: its end of file must follow our death
 
     def supervise(self) -> None:
         """Restart the child if it died without being asked to stop."""
-        if self._process is not None and not self._process.is_alive() \
-                and not self._stop.is_set():
+        if self._process is not None and not self._process.is_alive() and not self._stopping:
             log.error("the network process exited (code %s); restarting it",
                       self._process.exitcode)
+            self._control.close()
             self.start()
 
     def stop(self, timeout: float = 15.0) -> None:
-        """The child commits, acknowledges and leaves (killed after ``timeout``)."""
-        self._stop.set()
-        if self._process is not None:
-            self._process.join(timeout)
-            if self._process.is_alive():
-                self._process.kill()
+        """The child commits, acknowledges and leaves (killed after ``timeout``).  Never
+        blocks on a dead child: the pipe write fails at once."""
+        self._stopping = True
+        if self._process is None:
+            return
+        try:
+            self._control.send_bytes(b"stop")
+        except OSError:  # the child is gone already
+            pass
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+        self._control.close()

@@ -101,7 +101,8 @@ class RangeCoordinator:
     def run(self, request: RunRequest, *, expected_agents: int | None = None) -> dict:
         """Run one search to its end; the result (as published) as plain values."""
         run = f"{request.channel}-{request.side}-{int(self.clock())}-{secrets.token_hex(3)}"
-        result = RangeResult(v=protocol.PROTOCOL_VERSION, run=run, channel=request.channel,
+        result = RangeResult(v=protocol.PROTOCOL_VERSION, run=run,
+                             coordinator=self.settings.client_id, channel=request.channel,
                              side=request.side, domain=(request.low, request.high),
                              started_at=self.clock())
         reply_topic = protocol.range_reply_subscription(self.fleet, run)
@@ -217,25 +218,50 @@ def connect_client(config: CollectorConfig, client_id: str) -> MqttClient:
 
 
 class RangeResults:
-    """The latest retained range result per channel and side (``GET /api/range``), from
-    whichever coordinator published it."""
+    """The latest retained range result per channel and side (``GET /api/range``).
 
-    def __init__(self, fleet: str):
+    Only results that name the configured coordinator (``[range_discovery] client_id``)
+    and the channel and side of their topic are kept, for at most ``limit`` channels;
+    others are counted in ``ignored`` by reason."""
+
+    def __init__(self, fleet: str, *, coordinator: str, limit: int):
         self.fleet = fleet
+        self.coordinator = coordinator
+        self.limit = limit
+        self.ignored: collections.Counter = collections.Counter()
         self._results: dict[str, dict[str, dict]] = {}  # channel -> side -> result
         self._lock = threading.Lock()
 
     def on_message(self, client, userdata, message) -> None:
-        where = protocol.range_result_levels(message.topic, self.fleet)
         try:
-            result = protocol.decode_range_result(message.payload)
+            channel, side, result = self._check(message.topic, message.payload)
         except Rejected as exc:
-            log.debug("ignored a range result on %s: %s", message.topic, exc.detail)
-            return
-        if where is not None and result is not None:
-            channel, side = where
+            log.debug("ignored a range result on %s: %s", message.topic[:256], exc.detail)
             with self._lock:
+                self.ignored[exc.reason] += 1
+            return
+        with self._lock:
+            if result is None:  # a cleared retained result
+                self._results.get(channel, {}).pop(side, None)
+                if not self._results.get(channel, True):
+                    del self._results[channel]
+            elif channel in self._results or len(self._results) < self.limit:
                 self._results.setdefault(channel, {})[side] = protocol.as_dict(result)
+            else:
+                self.ignored["limit_range_results"] += 1
+
+    def _check(self, topic: str, payload: bytes) -> tuple[str, str, RangeResult | None]:
+        where = protocol.range_result_levels(topic, self.fleet)
+        if where is None:
+            raise Rejected("topic", "not a range result topic of this fleet")
+        result = protocol.decode_range_result(payload)
+        if result is not None:
+            if (result.channel, result.side) != where:
+                raise Rejected("topic", "channel or side differs from the topic's")
+            if result.coordinator != self.coordinator:
+                raise Rejected("coordinator", f"from {result.coordinator!r}, not the "
+                                              f"configured coordinator {self.coordinator!r}")
+        return *where, result
 
     def get(self) -> dict[str, dict[str, dict]]:
         with self._lock:

@@ -22,6 +22,7 @@ committed state, while the broker re-sends whatever was not acknowledged.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -31,11 +32,12 @@ from collections.abc import Callable
 from edge_agent import protocol
 
 from . import checkpoint
-from .checkpoint import READ_BATCH, restore
-from .config import CollectorConfig
+from .checkpoint import restore
+from .config import CollectorConfig, ConfigError
 from .network import NetworkProcess, NetworkSettings
 from .publisher import CollectorClient
 from .range import RangeResults, RangeSchedule
+from .registry import load_registry
 from .shard import ShardRole
 from .store import CollectorStore
 from .views import Views
@@ -44,6 +46,8 @@ from .web import WebServer
 log = logging.getLogger(__name__)
 
 PROGRESS_SECONDS = 0.2  # how often the network child learns how far aggregation got
+CHECKPOINT_RETRY_SECONDS = 5.0
+PACKET_OVERHEAD_BYTES = 64 << 10  # an MQTT packet's header, topic and properties, at most
 
 
 def network_settings(config: CollectorConfig) -> NetworkSettings:
@@ -65,7 +69,8 @@ def network_settings(config: CollectorConfig) -> NetworkSettings:
         ack_interval=config.storage.ack_interval_seconds, subscriptions=subscriptions,
         # A retiring shard: leave the shared group, and end the session when stopped.
         unsubscribe=[shared] if retiring else [], end_session=retiring,
-        log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
+        log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+        max_packet_bytes=protocol.MAX_REPORT_BYTES + PACKET_OVERHEAD_BYTES)
 
 
 class CollectorService:
@@ -76,7 +81,9 @@ class CollectorService:
         self.lock = threading.RLock()
         self.store = CollectorStore(config.storage.path)
         self.ingestor, self.position = restore(config, self.store)
-        self.range_results = RangeResults(config.fleet)
+        self.range_results = RangeResults(
+            config.fleet, coordinator=config.range_discovery.client_id,
+            limit=config.limits.range_results)
         self.shard = ShardRole(config, self.ingestor, self.lock, clock=clock) \
             if config.shard_name is not None else None
         follow = {protocol.range_result_subscription(config.fleet): self.range_results.on_message}
@@ -104,6 +111,7 @@ class CollectorService:
                                  push_seconds=config.http.push_seconds)
         self._stop = threading.Event()
         self._stop_requested = threading.Event()  # set by SIGTERM / SIGINT
+        self._reload_requested = threading.Event()  # set by SIGHUP
         self._progress_due = 0.0
 
     @property
@@ -127,33 +135,61 @@ class CollectorService:
             return sum(Views.online(stats, now) for stats in self.ingestor.agents.values())
 
     # -- aggregation ------------------------------------------------------------------------
-    def catch_up(self) -> int:
-        """Apply journal rows committed since the last call; returns how many."""
-        rows = self.store.read_journal(self.position, READ_BATCH)
+    def catch_up(self) -> bool:
+        """Apply journal rows committed since the last call; True if more may be waiting.
+
+        Every row moves the position on, whatever becomes of it: the ingestor refuses
+        what it cannot count (``Ingestor.ingest`` never raises for a message), so no
+        message can stop the ones after it."""
+        rows, more = self.store.read_journal(self.position)
         if not rows:
-            return 0
+            return False
         with self.lock, self.ingestor.batch():
-            for _row_id, topic, payload, received in rows:
+            for row_id, topic, payload, received in rows:
                 if self.ingestor.ingest(topic, payload, received) not in ("status", "ignored") \
                         and self.shard is not None:
                     self.shard.last_report = received
-            self.position = rows[-1][0]
+                self.position = row_id
         now = time.monotonic()
         if now >= self._progress_due:  # a write per batch would contend with the journal
             self.store.set_progress(self.position)
             self._progress_due = now + PROGRESS_SECONDS
-        return len(rows)
+        return more
 
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> bool:
+        """Save the aggregates with the journal position they include; False (logged,
+        nothing changed on disk) if that failed: the next attempt writes it all again."""
         with self.lock:
             claims = self.ingestor.claims
             written = claims.snapshot() if claims is not None else None
             state = checkpoint.dump(self.ingestor)
             position = self.position
-        self.store.checkpoint(state, position)
+        try:
+            self.store.checkpoint(state, position)
+        except Exception as exc:  # e.g. a full disk: the journal keeps everything meanwhile
+            log.error("checkpoint of %d bytes failed (%s: %s); retrying in %.0f s",
+                      len(state), type(exc).__name__, exc, CHECKPOINT_RETRY_SECONDS)
+            return False
         if written is not None:
             with self.lock:  # only now may peers record these as seen (docs/SCALE_OUT.md)
                 claims.promote(written)
+        return True
+
+    def reload_registry(self) -> bool:
+        """Re-read the registry file (SIGHUP); on an error the registry in force stays."""
+        registry = self.config.registry
+        if registry.agents != "registered":
+            log.info("SIGHUP: no registry to reload ([registry] agents = \"any\")")
+            return False
+        try:
+            agents = load_registry(registry.file)
+        except ConfigError as exc:
+            log.error("registry not reloaded, the previous one stays: %s", exc)
+            return False
+        with self.lock:
+            self.ingestor.limits = dataclasses.replace(self.ingestor.limits, registry=agents)
+        log.info("registry reloaded from %s: %d agents", registry.file, len(agents))
+        return True
 
     def publish_snapshots(self) -> None:
         self.client.publish_snapshots(self.views)
@@ -170,7 +206,10 @@ class CollectorService:
         next_settle = next_claims = next_state = time.monotonic()
         while not self._stop.is_set():
             try:
-                if self.catch_up() < READ_BATCH:
+                if self._reload_requested.is_set():
+                    self._reload_requested.clear()
+                    self.reload_registry()
+                if not self.catch_up():
                     self._stop.wait(0.01)  # caught up: poll again shortly
                 now = time.monotonic()
                 if self.shard is not None:
@@ -184,9 +223,9 @@ class CollectorService:
                         self.shard.publish_state()
                         next_state = now + shard.state_seconds
                 if now >= next_checkpoint:
-                    self.checkpoint()
-                    self.network.supervise()
-                    next_checkpoint = now + storage.checkpoint_seconds
+                    next_checkpoint = now + (storage.checkpoint_seconds if self.checkpoint()
+                                             else CHECKPOINT_RETRY_SECONDS)
+                self.network.supervise()
                 if now >= next_snapshot and self.connected:
                     self.publish_snapshots()
                     next_snapshot = now + snapshot_every
@@ -227,6 +266,7 @@ class CollectorService:
     def run_forever(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self._stop_requested.set())
         signal.signal(signal.SIGINT, lambda *_: self._stop_requested.set())
+        signal.signal(signal.SIGHUP, lambda *_: self._reload_requested.set())
         self.start()
         try:
             while not self._stop_requested.wait(0.5):

@@ -18,10 +18,15 @@ Imports only the standard library: the network process uses it too.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+READ_ROWS = 5000  # journal rows applied at once ...
+READ_BYTES = 8 << 20  # ... and their payloads' size (bounds the codes held in memory)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoint (
@@ -71,20 +76,29 @@ class CollectorStore:
             self.commit()
             self._db.close()
 
-    def load(self) -> tuple[bytes | None, int, list[tuple[int, str, bytes, float]]]:
-        """(checkpoint state or None, the journal id it includes, journal rows after it)."""
+    def load(self) -> tuple[bytes | None, int]:
+        """(checkpoint state or None, the journal id it includes)."""
         with self._lock:
             row = self._db.execute("SELECT state, journal_upto FROM checkpoint WHERE id=1") \
                 .fetchone()
-            state, upto = (row[0], row[1]) if row else (None, 0)
-            rows = self.read_journal(upto, limit=-1)
-        return state, upto, rows
+        return (row[0], row[1]) if row else (None, 0)
 
-    def read_journal(self, after: int, limit: int = 5000) -> list[tuple[int, str, bytes, float]]:
-        """Committed journal rows with id > ``after``, oldest first (-1: no limit)."""
+    def read_journal(self, after: int, rows: int = READ_ROWS, size: int = READ_BYTES) \
+            -> tuple[list[tuple[int, str, bytes, float]], bool]:
+        """(committed journal rows with id > ``after``, oldest first, whether more may
+        follow): at most ``rows`` of them, and no more after the payloads reach ``size``
+        bytes, so what is read at once is bounded whatever senders put in their messages."""
+        batch, total = [], 0
         with self._lock:
-            return self._db.execute("SELECT id, topic, payload, received FROM journal "
-                                    "WHERE id > ? ORDER BY id LIMIT ?", (after, limit)).fetchall()
+            cursor = self._db.execute("SELECT id, topic, payload, received FROM journal "
+                                      "WHERE id > ? ORDER BY id LIMIT ?", (after, rows))
+            for row in cursor:  # rows are fetched as iterated: stop early on size
+                batch.append(row)
+                total += len(row[2])
+                if total >= size:
+                    cursor.close()
+                    return batch, True
+        return batch, len(batch) == rows
 
     def set_progress(self, position: int) -> None:
         with self._lock:
@@ -116,29 +130,43 @@ class CollectorStore:
             self._buffer.append((topic, payload, received))
             self.appended += 1
 
+    @contextlib.contextmanager
+    def _transaction(self, begin: str = "BEGIN") -> Iterator[None]:
+        """A write transaction that is committed, or rolled back whatever fails (a
+        statement, or COMMIT itself: a full disk, a lock held too long).  Left open, it
+        would make every later BEGIN on this connection fail."""
+        self._db.execute(begin)
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+
     def commit(self) -> bool:
-        """Write buffered messages in one transaction; True if there were any."""
+        """Write buffered messages in one transaction; True if there were any.  If that
+        fails, they stay buffered (and unacknowledged) for the next call."""
         with self._lock:
             if not self._buffer:
                 return False
-            rows, self._buffer = self._buffer, []
-            self._db.execute("BEGIN")
-            self._db.executemany(
-                "INSERT INTO journal (topic, payload, received) VALUES (?, ?, ?)", rows)
-            self._db.execute("COMMIT")
+            with self._transaction():
+                self._db.executemany(
+                    "INSERT INTO journal (topic, payload, received) VALUES (?, ?, ?)",
+                    self._buffer)
+            self._buffer = []
             return True
 
     def checkpoint(self, state: bytes, upto: int) -> None:
-        """Store ``state`` (which includes journal rows up to ``upto``) and trim the journal."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+        """Store ``state`` (which includes journal rows up to ``upto``) and trim the journal:
+        all of it, or (raising) nothing."""
+        with self._lock, self._transaction("BEGIN IMMEDIATE"):
             self._db.execute("INSERT INTO checkpoint VALUES (1, ?, ?, ?) ON CONFLICT (id) DO "
                              "UPDATE SET state=excluded.state, journal_upto=excluded.journal_upto,"
                              " written=excluded.written", (state, upto, time.time()))
             self._db.execute("DELETE FROM journal WHERE id <= ?", (upto,))
             self._db.execute("INSERT INTO progress VALUES (1, ?) ON CONFLICT (id) DO UPDATE "
                              "SET position = MAX(position, excluded.position)", (upto,))
-            self._db.execute("COMMIT")
 
     def journal_length(self) -> int:
         with self._lock:

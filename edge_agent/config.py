@@ -27,6 +27,7 @@ from pydantic import (
 from .mechanisms import EPSILON_MAX, GRID_BITS_MAX, GRID_BITS_MIN
 from .mechanisms.registry import KIND_CONFIG_NAMES
 from .mqtt_client import Endpoint, TlsFiles
+from .protocol.messages import MAX_AGENT_CHANNELS
 from .protocol.topics import NAME_CHARS, STATUS
 
 # MQTT topic levels we create from names (edge_agent.protocol.topics): no wildcards,
@@ -355,8 +356,8 @@ class AgentConfig(Model):
     privacy: PrivacyConfig
     spool: SpoolConfig = SpoolConfig()
     batch_seconds: Annotated[float, Field(ge=0.05, le=3600)] = 1.0
-    sources: Annotated[list[SourceConfig], Field(min_length=1)]
-    channels: Annotated[list[ChannelConfig], Field(min_length=1)]
+    sources: Annotated[list[SourceConfig], Field(min_length=1, max_length=MAX_AGENT_CHANNELS)]
+    channels: Annotated[list[ChannelConfig], Field(min_length=1, max_length=MAX_AGENT_CHANNELS)]
 
     @model_validator(mode="after")
     def _references(self):

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 RECONNECT_MIN_SECONDS = 1
 RECONNECT_MAX_SECONDS = 30
@@ -72,6 +73,8 @@ class Session:
 
     expiry_seconds: int
     receive_maximum: int | None = None  # MQTT 5: unacknowledged messages the broker may send
+    # MQTT 5: the broker drops (and never sends) messages larger than this for us.
+    maximum_packet_size: int | None = None
 
 
 class MqttClient(mqtt.Client):
@@ -120,7 +123,7 @@ class MqttClient(mqtt.Client):
         self._last_problem = None
         self._connected.set()
         if self.subscriptions:
-            self.subscribe([(topic, 1) for topic in self.subscriptions])
+            self.subscribe(self._with_options(self.subscriptions))
         if self.on_connected is not None:
             self.on_connected(self, flags)
 
@@ -141,7 +144,17 @@ class MqttClient(mqtt.Client):
         """Subscribe to ``topics`` now (if connected) and on every later connection."""
         self.subscriptions = list(topics)
         if self.is_connected() and topics:
-            self.subscribe([(topic, 1) for topic in topics])
+            self.subscribe(self._with_options(topics))
+
+    def _with_options(self, topics: list[str]) -> list[tuple[str, object]]:
+        """QoS 1.  In a persistent MQTT 5 session, retained messages only when the
+        subscription is new: a reconnect that finds the session re-subscribes, and
+        must not be sent every retained message again (what changed meanwhile was
+        queued in the session)."""
+        if not (self.endpoint.v5 and self.session is not None):
+            return [(topic, 1) for topic in topics]
+        options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
+        return [(topic, options) for topic in topics]
 
     def start(self) -> MqttClient:
         """Connect in the background (retrying with back-off) and run paho's loop."""
@@ -151,6 +164,8 @@ class MqttClient(mqtt.Client):
             properties.SessionExpiryInterval = self.session.expiry_seconds
             if self.session.receive_maximum is not None:
                 properties.ReceiveMaximum = self.session.receive_maximum
+            if self.session.maximum_packet_size is not None:
+                properties.MaximumPacketSize = self.session.maximum_packet_size
             clean_start = False
         if endpoint.v5:
             self.connect_async(endpoint.host, endpoint.port, endpoint.keepalive,

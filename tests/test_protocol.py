@@ -156,8 +156,8 @@ def test_bad_range_control_is_rejected_with_a_reason(payload, reason):
 
 
 def test_range_results_and_snapshots_validate_against_their_definitions():
-    result = protocol.RangeResult(v=1, run="r1", channel="ax", side="max", domain=(-1.0, 1.0),
-                                  started_at=1.0, participants=0, refused={},
+    result = protocol.RangeResult(v=1, run="r1", coordinator="c", channel="ax", side="max",
+                                  domain=(-1.0, 1.0), started_at=1.0, participants=0, refused={},
                                   status="insufficient", reason="0 agents joined",
                                   finished_at=2.0, ignored_replies={})
     payload = protocol.encode(result)

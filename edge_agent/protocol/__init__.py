@@ -77,8 +77,8 @@ from .topics import (
 )
 
 __all__ = [
-    "KINDS", "MAX_CODES", "MAX_REPORT_BYTES", "NAME", "PROTOCOL_VERSION", "RANGE_WINDOW_MAX", "SEQ_LIMIT",
-    "STATUS", "TOPIC_ROOT", "Announce", "Answer", "ChannelSnapshot", "End", "Join",
+    "KINDS", "MAX_CODES", "MAX_REPORT_BYTES", "NAME", "PROTOCOL_VERSION", "RANGE_WINDOW_MAX",
+    "SEQ_LIMIT", "STATUS", "TOPIC_ROOT", "Announce", "Answer", "ChannelSnapshot", "End", "Join",
     "MechanismDescription", "RangeParameters", "RangeResult", "RangeTerms", "Rejected", "Report",
     "Round", "RoundRecord", "Status", "Strategy", "ValidReport", "aggregates_topic", "as_dict",
     "check_report", "classify", "data_subscription", "data_topic", "decode_range_control",

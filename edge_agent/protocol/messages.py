@@ -63,7 +63,9 @@ MAX_CODES = 100_000  # per list of codes
 # agent sending one report a millisecond takes 285,000 years to get there.
 SEQ_LIMIT = 1 << 53
 MAX_FIELDS = 64  # axes of a vector channel
-MAX_STATUS_BYTES = 64 * 1024
+MAX_AGENT_CHANNELS = 128  # channels (and sources) of one agent: bounds its status
+MAX_STATUS_BYTES = 32 * 1024  # a status with MAX_AGENT_CHANNELS channels and sources: ~27 kB
+MAX_RANGE_RESULT_BYTES = 16 * 1024
 MAX_RANGE_CONTROL_BYTES = 4096
 MAX_RANGE_REPLY_BYTES = 1024
 RANGE_WINDOW_MAX = 24 * 3600.0  # seconds of readings an agent keeps for range discovery
@@ -387,8 +389,9 @@ class Status(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=Tru
     state: Literal["online", "offline"]
     t: Finite | None = None
     budget: BudgetStatus | None = None
-    channels: dict[Name, ChannelStatus] | None = None
-    sources: dict[Name, SourceStatus] | None = None
+    channels: Annotated[dict[Name, ChannelStatus],
+                        Meta(max_length=MAX_AGENT_CHANNELS)] | None = None
+    sources: Annotated[dict[Name, SourceStatus], Meta(max_length=MAX_AGENT_CHANNELS)] | None = None
     range: RangeStatus | None = None
     simulator: FleetInfo | None = None
 
@@ -415,9 +418,12 @@ def decode_status(topic: str, payload: bytes) -> tuple[str, Status | None]:
     if len(payload) > MAX_STATUS_BYTES:
         raise Rejected("status", f"status of {len(payload)} bytes")
     try:
-        return agent, _status_decoder.decode(payload)
+        message = _status_decoder.decode(payload)
     except msgspec.DecodeError as exc:  # also ValidationError
-        raise Rejected("status", f"bad status: {exc}") from None
+        raise Rejected("status", f"bad status: {str(exc)[:300]}") from None
+    if message.agent != agent:
+        raise Rejected("status", "the agent differs from the topic's")
+    return agent, message
 
 
 # -- range discovery (docs/PROTOCOL.md, "Range discovery") --------------------------------------
@@ -549,6 +555,8 @@ class RangeResult(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_onl
 
     v: Literal[1]
     run: RunId
+    coordinator: Annotated[Name, Meta(description="[range_discovery] client_id of the "
+                                                  "coordinator that ran it")]
     channel: Name
     side: Side
     domain: tuple[Finite, Finite]
@@ -572,7 +580,7 @@ def decode_range_result(payload: bytes) -> RangeResult | None:
     """A range result, or None for an empty payload (a cleared retained message)."""
     if not payload:
         return None
-    if len(payload) > MAX_STATUS_BYTES:
+    if len(payload) > MAX_RANGE_RESULT_BYTES:
         raise Rejected("oversized", f"{len(payload)} bytes")
     return decode_checked(_result_decoder, payload, {})
 

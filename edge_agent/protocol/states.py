@@ -22,6 +22,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from .messages import (
+    SEQ_LIMIT,
     BudgetStatus,
     Count,
     Fields,
@@ -31,7 +32,6 @@ from .messages import (
     NonNegative,
     Rejected,
     Report,
-    SEQ_LIMIT,
     Seq,
     Strategy,
     Text,

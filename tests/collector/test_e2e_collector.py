@@ -96,8 +96,8 @@ def test_replays_and_hostile_messages_are_counted_not_aggregated(tmp_path, mosqu
 
     def send(topic_agent, seq, codes, **changes):
         agent = topic_agent
-        payload = protocol.report(agent=agent, channel="ax", kind="linear", seq=seq, t=1.0,
-                                  dt=1.0, mechanism=mech.describe(), codes=codes)
+        payload = protocol.report(agent=agent, channel="ax", kind="linear", seq=seq,
+                                  t=time.time(), dt=1.0, mechanism=mech.describe(), codes=codes)
         if changes:
             message = json.loads(payload)
             message.update(changes)
@@ -113,7 +113,11 @@ def test_replays_and_hostile_messages_are_counted_not_aggregated(tmp_path, mosqu
     send("w1", 6, [1, 2], agent="w2")  # spoofed: another agent's name on w1's topic
     send("w1", 7, ["1"])  # wrong type
     publisher.acked(publisher.publish("ldp/v1/demo/w1/ax", b"{not json"))
-    publisher.acked(publisher.publish("ldp/v1/demo/w1/ax", b"x" * (2 << 20)))
+    # Above the protocol's bound: refused by the collector; far above: by the broker,
+    # which sends the collector nothing larger than the maximum packet size it asked for.
+    publisher.acked(publisher.publish("ldp/v1/demo/w1/ax",
+                                      b"x" * (protocol.MAX_REPORT_BYTES + 1000)))
+    publisher.acked(publisher.publish("ldp/v1/demo/w1/ax", b"x" * (8 << 20)))
     assert wait_until(lambda: sum(collector.api()["ingest"]["rejects"].values()) == 5, 15), \
         collector.api()["ingest"]
     document = collector.api()

@@ -277,13 +277,13 @@ def test_checkpoint_plus_journal_replay_equals_the_live_state(tmp_path):
         store.append(topic, payload, 1000.0 + seq)
         if seq % 5 == 4:
             store.commit()  # what the network process does
-        for row_id, t, p, received in store.read_journal(position):  # the aggregator
+        for row_id, t, p, received in store.read_journal(position)[0]:  # the aggregator
             live.ingest(t, p, received)
             position = row_id
         if seq == 15:
             store.checkpoint(checkpoint.dump(live), position)
     store.commit()
-    for _row_id, t, p, received in store.read_journal(position):
+    for _row_id, t, p, received in store.read_journal(position)[0]:
         live.ingest(t, p, received)
     uncommitted = report(seq=40)
     store.append(*uncommitted, 2000.0)  # buffered, never committed: lost with the "crash"
