@@ -18,6 +18,10 @@ SIGHUP or after ``--duration``):
 
 Nothing needs root.  Configs, state and logs go to ``--workdir`` (default: a
 temporary directory, removed at the end); an existing one must be empty.
+
+No child outlives the demo, however it ends: each gets SIGTERM from the kernel
+when the demo dies (``collector.lifetime``), SIGKILL of the demo included, and
+a small janitor process removes the temporary directory once they are gone.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from .lifetime import CHILDREN_GRACE_SECONDS, preexec_die_with_parent
 from .watch import fetch, render
 
 # The wearables' sources and channels: a data file beside this module.
@@ -105,11 +110,34 @@ def toml_str(value) -> str:
     return json.dumps(str(value), ensure_ascii=False)
 
 
+class Janitor:
+    """``python -m collector.lifetime clean``: removes the demo's temporary directory once
+    the demo and its children are gone, also when nobody is left to do it (SIGKILL)."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "collector.lifetime", "clean", str(directory)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, cwd="/")
+
+    def watch(self, pid: int) -> None:
+        self.process.stdin.write(f"{pid}\n".encode())
+        self.process.stdin.flush()
+
+    def finish(self) -> None:
+        """The children are stopped: clean up now, and wait for it."""
+        self.process.stdin.close()
+        self.process.wait(CHILDREN_GRACE_SECONDS + 10)
+
+
 class Demo:
     def __init__(self, *, agents: int, duration: float, http_port: int, broker: str | None,
-                 workdir: Path, embedded: bool = False, console: Console | None = None):
+                 workdir: Path, embedded: bool = False, console: Console | None = None,
+                 janitor: Janitor | None = None):
         self.agents, self.duration, self.http_port = agents, duration, http_port
         self.workdir = workdir
+        self.janitor = janitor
         self.console = console or Console()
         self.processes: list[tuple[str, subprocess.Popen]] = []
         self.url = f"http://127.0.0.1:{http_port}"
@@ -124,8 +152,11 @@ class Demo:
         with (self.workdir / f"{name}.log").open("ab") as log:  # the child has its own copy
             process = subprocess.Popen([sys.executable, *args] if args[0] == "-m" else args,
                                        stdout=log, stderr=subprocess.STDOUT, env=env,
-                                       cwd=self.workdir, start_new_session=True)
+                                       cwd=self.workdir, start_new_session=True,
+                                       preexec_fn=preexec_die_with_parent(signal.SIGTERM))
         self.processes.append((name, process))
+        if self.janitor is not None:
+            self.janitor.watch(process.pid)
         return process
 
     def _log_tail(self, name: str, lines: int = 20) -> str:
@@ -371,8 +402,12 @@ def run_demo(*, agents: int, duration: float, http_port: int, broker: str | None
     options = dict(agents=agents, duration=duration, http_port=http_port, broker=broker,
                    embedded=embedded)
     if workdir is None:
-        with tempfile.TemporaryDirectory(prefix="edge-ldp-demo-") as tmp:
-            return Demo(workdir=Path(tmp), **options).run()
+        directory = Path(tempfile.mkdtemp(prefix="edge-ldp-demo-"))
+        janitor = Janitor(directory)
+        try:
+            return Demo(workdir=directory, janitor=janitor, **options).run()
+        finally:
+            janitor.finish()
     path = Path(workdir)
     # An earlier run's collector.sqlite would be mixed with a fresh truth.json; refusing
     # loses nothing, clearing could delete someone's files.

@@ -26,7 +26,6 @@ so the process starts fast and stays small.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
 import signal
@@ -37,6 +36,7 @@ from multiprocessing.connection import Connection
 
 from edge_agent.mqtt_client import Endpoint, MqttClient, Session
 
+from .lifetime import die_with_parent
 from .store import CollectorStore
 
 log = logging.getLogger("collector.network")
@@ -65,21 +65,10 @@ class NetworkSettings:
     max_packet_bytes: int | None = None
 
 
-def die_with_parent(signum: int = signal.SIGKILL) -> None:
-    """Linux: get ``signum`` when the parent dies, so no orphan keeps our MQTT session or
-    port.  (Strictly: when the parent *thread* that started us ends.)"""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signum)
-    except OSError:  # not Linux: the control pipe's end of file still ends us
-        pass
-
-
 def run(settings: NetworkSettings, control: Connection) -> None:
     """Entry point of the child process (``multiprocessing`` spawn).  Anything arriving
     on ``control``, or its end of file (the parent died), stops it."""
-    die_with_parent()
+    die_with_parent()  # no orphan may keep our MQTT session (also: the pipe's end of file)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -9,14 +9,17 @@ import io
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 import urllib.request
 import warnings
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -160,6 +163,32 @@ def test_default_broker_is_a_private_mosquitto_and_a_signal_stops_everything(tmp
     assert demo.returncode == 0, output[-3000:]
     assert "private Mosquitto" in output
     assert_all_stopped(tmp_path, port)
+
+
+def test_a_killed_demo_leaves_no_process_port_or_directory_behind():
+    """Issue 12, defect 5: SIGKILL of the demo orphaned its broker, collector and fleet,
+    which kept the HTTP port and the temporary directory."""
+    require_mosquitto()
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "collector", "demo", "--agents", "2",
+                             "--http-port", str(port)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(demo.stdout), daemon=True)
+    reader.start()
+    try:
+        assert wait_until(lambda: re.search(r"/\S*edge-ldp-demo-\w+", "".join(output)), 60), \
+            "".join(output)
+        workdir = Path(re.search(r"/\S*edge-ldp-demo-\w+", "".join(output)).group(0))
+        assert wait_until(lambda: len(api(port)["agents"]) == 2, 60), "".join(output)
+        children = " ".join(processes_in(workdir))
+        assert all(name in children for name in ("mosquitto", "collector run", "fleet"))
+    finally:
+        demo.kill()
+        demo.wait(10)
+    assert wait_until(lambda: not processes_in(workdir) and not workdir.exists(), 60), \
+        (processes_in(workdir), workdir.exists())
+    assert not port_open("127.0.0.1", port)
 
 
 def test_bad_options_fail_before_anything_starts(tmp_path, monkeypatch):
