@@ -50,6 +50,10 @@ class StorageConfig(Model):
     checkpoint_seconds: Annotated[float, Field(ge=0.5, le=3600)] = 10.0
     # Journal commits (and so broker acknowledgements) are grouped this often.
     ack_interval_seconds: Annotated[float, Field(ge=0.005, le=5)] = 0.05
+    # After each checkpoint, tell every agent that sent something which of its reports
+    # are durably counted (retained, ldp/v1/<fleet>/_confirm/<agent>): agents with
+    # [delivery] confirm = "collector" keep each report until then.
+    confirmations: bool = True
 
 
 class AggregatesConfig(Model):

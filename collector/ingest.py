@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from edge_agent import protocol
-from edge_agent.protocol import Rejected, Report, ValidReport
+from edge_agent.protocol import Confirm, Rejected, Report, ValidReport
 from edge_agent.protocol.states import (
     DEAD_LETTERS,
     AgentState,
@@ -112,6 +112,9 @@ class Ingestor:
         self.dead_letters: collections.deque = collections.deque(maxlen=DEAD_LETTERS)
         self.claims = None  # a shard's collector.claims.ClaimBook
         self.status_only: set[str] = set()  # agents known from a status, not from a report
+        # Agents whose settled numbers changed, or who sent one again (they lack our
+        # confirmation), since the last ``confirmations()``.
+        self.unconfirmed: set[str] = set()
         self.limits_reached: set[str] = set()  # logged once each (LIMIT_KEYS)
         self._batch: dict[int, tuple[Series, list]] | None = None  # see batch()
 
@@ -197,12 +200,25 @@ class Ingestor:
             # again) when its channel is known, so that no refused name makes a tracker.
             if message.channel in self.series:
                 self.trackers.setdefault(key, SeqTracker()).add(message.seq)
+                self.unconfirmed.add(message.agent)
             raise
         if self.claims is not None:
             self.claims.hold(report, now)
             return "held"
         self.accept(report, now)
         return "accepted"
+
+    def confirmations(self, now: float) -> dict[str, bytes]:
+        """The confirmation (``protocol.Confirm``) of every agent in ``unconfirmed``: per
+        channel, the numbers its trackers hold as settled; ``unconfirmed`` is emptied."""
+        agents, self.unconfirmed = self.unconfirmed, set()
+        channels: dict[str, dict] = {agent: {} for agent in agents}
+        for (agent, channel), tracker in self.trackers.items():
+            if agent in channels:
+                channels[agent][channel] = tracker.settled()
+        return {agent: protocol.encode(Confirm(v=protocol.PROTOCOL_VERSION, agent=agent,
+                                               t=now, channels=runs))
+                for agent, runs in channels.items()}
 
     def _agent(self, name: str) -> AgentStats:
         """The stats of an allowed agent, made if new and the limit allows."""
@@ -250,6 +266,7 @@ class Ingestor:
     def duplicate(self, report: ValidReport) -> str:
         """Count a report already counted (here, or by another shard)."""
         self.agents.setdefault(report.message.agent, AgentStats()).duplicates += 1
+        self.unconfirmed.add(report.message.agent)
         return "duplicate"
 
     def accept(self, report: ValidReport, now: float) -> None:
@@ -266,6 +283,7 @@ class Ingestor:
                 (message.agent, message.t, report.codes))
         key = (message.agent, message.channel)
         self.trackers.setdefault(key, SeqTracker()).add(message.seq)
+        self.unconfirmed.add(message.agent)
         if self.claims is not None:
             self.claims.accepted(report)
         agent = self.agents.setdefault(message.agent, AgentStats())

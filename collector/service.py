@@ -164,16 +164,31 @@ class CollectorService:
             written = claims.snapshot() if claims is not None else None
             state = checkpoint.dump(self.ingestor)
             position = self.position
+            confirmations = self.ingestor.confirmations(self.clock()) \
+                if self.config.storage.confirmations else {}
         try:
             self.store.checkpoint(state, position)
         except Exception as exc:  # e.g. a full disk: the journal keeps everything meanwhile
             log.error("checkpoint of %d bytes failed (%s: %s); retrying in %.0f s",
                       len(state), type(exc).__name__, exc, CHECKPOINT_RETRY_SECONDS)
+            with self.lock:
+                self.ingestor.unconfirmed.update(confirmations)  # confirmed next time
             return False
         if written is not None:
             with self.lock:  # only now may peers record these as seen (docs/SCALE_OUT.md)
                 claims.promote(written)
+        self.publish_confirmations(confirmations)
         return True
+
+    def publish_confirmations(self, confirmations: dict[str, bytes]) -> None:
+        """What is now durable, to each agent (retained: a reconnecting agent gets it at
+        once); not connected: at the next checkpoint."""
+        if not self.client.connected:
+            with self.lock:
+                self.ingestor.unconfirmed.update(confirmations)
+            return
+        for agent, payload in confirmations.items():
+            self.client.publish(protocol.confirm_topic(self.config.fleet, agent), payload)
 
     def reload_registry(self) -> bool:
         """Re-read the registry file (SIGHUP); on an error the registry in force stays."""

@@ -179,7 +179,8 @@ class AgentCore:
             if allowed:
                 seq = tx.take_seq(self.agent_id, channel.name)
                 tx.spool(*channel.build_message(selection, seq=seq, allowed=allowed, t=batch.t,
-                                                dt=batch.dt, rng=self.rng))
+                                                dt=batch.dt, rng=self.rng),
+                         report=(self.agent_id, channel.name, seq))
             batch.outcomes.append((channel, len(selection), allowed))
 
     def settle(self, batch: Batch) -> None:
@@ -249,12 +250,18 @@ class AgentService:
             period_seconds=config.privacy.period_seconds)
         for core in self.cores:
             core.range = self.range
-        self.transport.subscribe(self.range.subscriptions)
+        self.agents = frozenset(core.agent_id for core in self.cores)
+        subscriptions = list(self.range.subscriptions)
+        if config.delivery.confirm == "collector":
+            # A device reads only its own confirmations (configs/mosquitto.acl); the fleet
+            # simulator's one connection carries many agents.
+            subscriptions += [protocol.confirm_topic(config.fleet, agent) for agent in
+                              (self.agents if len(self.agents) == 1 else ["+"])]
+        self.transport.subscribe(subscriptions)
         self.outbox = Outbox(self.store, self.transport,
                              window=outbox_window or config.broker.max_inflight,
-                             on_connect=self._publish_status,
-                             on_message=lambda topic, payload: self.range.handle(
-                                 topic, payload, self.clock()))
+                             delivery=config.delivery, on_connect=self._publish_status,
+                             on_message=self._on_message)
         self.drain_timeout = drain_timeout
         self.status_interval = status_interval
         # Stay connected after every finite source has ended, until SIGTERM/SIGINT.
@@ -263,6 +270,12 @@ class AgentService:
         self._stop = threading.Event()
         self.watchdog = sdnotify.Watchdog()  # disabled unless systemd set WATCHDOG_USEC
         self.exit_code = 0
+
+    def _on_message(self, topic: str, payload: bytes) -> None:
+        if protocol.confirm_agent(topic, self.config.fleet) is not None:
+            self.outbox.confirmed(topic, payload, self.config.fleet, self.agents)
+        else:
+            self.range.handle(topic, payload, self.clock())
 
     def request_stop(self, *_: Any) -> None:
         self._stop.set()
@@ -354,6 +367,9 @@ class AgentService:
         if not self.outbox.idle:
             log.warning("%d message(s) stay in the spool; they are sent at the next start",
                         self.store.spooled)
+        elif self.store.spooled:
+            log.info("%d report(s) stay in the spool until a collector confirms them",
+                     self.store.spooled)
         if self.transport.connected:
             # A clean disconnect does not fire the last will, so say it ourselves,
             # and wait (within the drain timeout) until the broker has them all.

@@ -135,9 +135,22 @@ class PrivacyConfig(Model):
 
 
 class SpoolConfig(Model):
-    # Perturbed messages kept on disk while the broker is unreachable; past
+    # Perturbed messages kept on disk while the broker is unreachable (and, with
+    # [delivery] confirm = "collector", until a collector confirms them); past
     # this the oldest are dropped (and counted).
     max_messages: Annotated[int, Field(ge=10, le=100_000_000)] = 200_000
+
+
+class DeliveryConfig(Model):
+    """When a spooled report may leave the spool (docs/DEPLOYMENT.md, "Delivery")."""
+
+    # "broker": on the broker's acknowledgement.  "collector": once a collector confirms
+    # it counted the report durably (ldp/v1/<fleet>/_confirm/<agent>); nothing is then
+    # lost by a broker restarted without persistence, or a collector that lost its disk.
+    confirm: Literal["broker", "collector"] = "broker"
+    # A report acknowledged by the broker but not confirmed this long is sent again
+    # (the wait doubles with each resend of it, up to 64 times); also after a reconnect.
+    resend_seconds: Annotated[float, Field(ge=1, le=86400)] = 120.0
 
 
 # -- sources ---------------------------------------------------------------------
@@ -355,6 +368,7 @@ class AgentConfig(Model):
     broker: BrokerConfig = BrokerConfig()
     privacy: PrivacyConfig
     spool: SpoolConfig = SpoolConfig()
+    delivery: DeliveryConfig = DeliveryConfig()
     batch_seconds: Annotated[float, Field(ge=0.05, le=3600)] = 1.0
     sources: Annotated[list[SourceConfig], Field(min_length=1, max_length=MAX_AGENT_CHANNELS)]
     channels: Annotated[list[ChannelConfig], Field(min_length=1, max_length=MAX_AGENT_CHANNELS)]

@@ -9,6 +9,14 @@ restart neither reuses a sequence number nor resets the budget.  A crash after
 the commit but before the broker's acknowledgement costs budget (the message
 is still sent from the spool at the next start), never the reverse.
 
+A spooled report leaves the spool on the broker's acknowledgement, or with
+``[delivery] confirm = "collector"`` only once a collector confirms it has
+counted it durably (``confirm``): until then the broker's acknowledgement
+just marks it sent (``acked``), and it is sent again after a reconnect or
+when the confirmation is overdue (``requeue``).  A broker restarted without
+persistence, or a collector that lost its disk, then loses nothing an agent
+still holds.
+
 Only perturbed data is ever stored: message payloads are grid codes.
 
 The file is in WAL mode with ``synchronous=FULL``, so a committed batch
@@ -48,7 +56,12 @@ CREATE TABLE IF NOT EXISTS spool (
     payload BLOB NOT NULL,
     qos INTEGER NOT NULL,
     created REAL NOT NULL,
-    lane INTEGER NOT NULL DEFAULT 0     -- 0 reports (in order), 1 range replies (first)
+    lane INTEGER NOT NULL DEFAULT 0,    -- 0 reports (in order), 1 range replies (first)
+    agent TEXT,                         -- a report's (agent, channel, seq); NULL otherwise
+    channel TEXT,
+    seq INTEGER,
+    acked REAL,                         -- when the broker acknowledged it (confirm mode)
+    resends INTEGER NOT NULL DEFAULT 0  -- sent again for want of a confirmation
 );
 CREATE TABLE IF NOT EXISTS range_runs (  -- range-discovery runs an agent has joined
     agent TEXT NOT NULL,
@@ -69,6 +82,10 @@ CREATE TABLE IF NOT EXISTS counters (
     value INTEGER NOT NULL
 );
 """
+
+_SPOOL_COLUMNS = {"lane": "INTEGER NOT NULL DEFAULT 0", "agent": "TEXT", "channel": "TEXT",
+                  "seq": "INTEGER", "acked": "REAL", "resends": "INTEGER NOT NULL DEFAULT 0"}
+MAX_RESEND_DOUBLINGS = 6  # an unconfirmed report waits at most 64 x resend_seconds
 
 NANO = 10**9
 # Spool lanes: reports go out in order; range-discovery replies are answers to a
@@ -143,9 +160,14 @@ class Transaction:
         return seq
 
     # -- the spool --
-    def spool(self, topic: str, payload: bytes, *, qos: int = 1, lane: int = REPORTS) -> None:
-        self._db.execute("INSERT INTO spool (topic, payload, qos, created, lane) "
-                         "VALUES (?, ?, ?, ?, ?)", (topic, payload, qos, self.now, lane))
+    def spool(self, topic: str, payload: bytes, *, qos: int = 1, lane: int = REPORTS,
+              report: tuple[str, str, int] | None = None) -> None:
+        """Spool a message; ``report``: its (agent, channel, seq), which a collector's
+        confirmation names."""
+        agent, channel, seq = report if report is not None else (None, None, None)
+        self._db.execute("INSERT INTO spool (topic, payload, qos, created, lane, agent, "
+                         "channel, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                         (topic, payload, qos, self.now, lane, agent, channel, seq))
         self._store._spooled += 1
 
     # -- range discovery --
@@ -192,8 +214,12 @@ class StateStore:
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(_SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(spool)")}
-        if "lane" not in columns:  # a state file from before range discovery
-            self._db.execute("ALTER TABLE spool ADD COLUMN lane INTEGER NOT NULL DEFAULT 0")
+        # State files from before range discovery, and before confirmations (their
+        # spooled rows name no report: they leave on the broker's acknowledgement).
+        for column, declaration in _SPOOL_COLUMNS.items():
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE spool ADD COLUMN {column} {declaration}")
+        self._db.execute("CREATE INDEX IF NOT EXISTS spool_report ON spool (agent, channel, seq)")
         self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
 
     def close(self) -> None:
@@ -264,19 +290,65 @@ class StateStore:
 
     def pending(self, after_id: int, limit: int,
                 lane: int = REPORTS) -> list[tuple[int, str, bytes, int]]:
-        """Spooled messages of one lane with id > after_id, oldest first."""
+        """Spooled messages of one lane with id > after_id not yet acknowledged by the
+        broker, oldest first."""
         with self._lock:
             return self._db.execute(
                 "SELECT id, topic, payload, qos FROM spool WHERE lane = ? AND id > ? "
-                "ORDER BY id LIMIT ?", (lane, after_id, limit)).fetchall()
+                "AND acked IS NULL ORDER BY id LIMIT ?", (lane, after_id, limit)).fetchall()
 
-    def acknowledge(self, ids: Iterable[int]) -> None:
+    def acknowledge(self, ids: Iterable[int], *, until_confirmed: bool = False,
+                    now: float | None = None) -> None:
+        """The broker acknowledged these rows: they leave the spool, except reports that
+        wait for a collector's confirmation (``until_confirmed``)."""
         ids = list(ids)
         if not ids:
             return
+        now = time.time() if now is None else now
         with self.transaction():
-            cursor = self._db.executemany("DELETE FROM spool WHERE id=?", [(i,) for i in ids])
+            if until_confirmed:
+                self._db.executemany("UPDATE spool SET acked = ? WHERE id = ? AND seq IS NOT NULL",
+                                     [(now, i) for i in ids])
+            cursor = self._db.executemany("DELETE FROM spool WHERE id = ? AND acked IS NULL",
+                                          [(i,) for i in ids])
             self._spooled -= cursor.rowcount
+
+    def confirm(self, agent: str, channels: dict[str, list[tuple[int, int]]]) -> int:
+        """A collector has durably counted these runs of sequence numbers: those reports
+        leave the spool.  Returns how many did."""
+        removed = 0
+        with self.transaction():
+            for channel, runs in channels.items():
+                cursor = self._db.executemany(
+                    "DELETE FROM spool WHERE agent = ? AND channel = ? AND seq BETWEEN ? AND ?",
+                    [(agent, channel, first, last) for first, last in runs])
+                removed += cursor.rowcount
+            self._spooled -= removed
+        return removed
+
+    def requeue(self, *, acked_before: float | None = None, resend_seconds: float | None = None,
+                now: float | None = None) -> int:
+        """Make unconfirmed reports pending again: those the broker acknowledged before
+        ``acked_before`` (a reconnect: the broker may have lost them), or those whose
+        confirmation is overdue: ``resend_seconds``, doubled with each resend of the
+        report (up to 64 times), since the broker acknowledged them.  Returns how many."""
+        now = time.time() if now is None else now
+        with self.transaction():
+            if acked_before is not None:
+                cursor = self._db.execute("UPDATE spool SET acked = NULL WHERE acked < ?",
+                                          (acked_before,))
+            else:
+                cursor = self._db.execute(
+                    "UPDATE spool SET acked = NULL, resends = resends + 1 WHERE acked IS NOT NULL"
+                    " AND acked + ? * (1 << MIN(resends, ?)) <= ?",
+                    (resend_seconds, MAX_RESEND_DOUBLINGS, now))
+            return cursor.rowcount
+
+    def unconfirmed(self) -> int:
+        """Reports the broker acknowledged that no collector has confirmed yet."""
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM spool WHERE acked IS NOT NULL") \
+                .fetchone()[0]
 
     @property
     def spooled(self) -> int:

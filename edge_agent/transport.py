@@ -8,8 +8,10 @@ else.
 
 paho-mqtt keeps unacknowledged messages only in memory (NOTES.md), so the
 ``Outbox`` never relies on it: a message leaves the spool only when the
-broker's PUBACK for it arrives.  A restart re-sends whatever is still spooled,
-in order; the collector discards duplicates by (agent, channel, seq).
+broker's PUBACK for it arrives, or with ``[delivery] confirm = "collector"``
+only when a collector's confirmation names it (``edge_agent.state``).  A
+restart re-sends whatever is still spooled, in order; the collector discards
+duplicates by (agent, channel, seq).
 """
 
 from __future__ import annotations
@@ -17,15 +19,22 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from typing import Protocol
 
-from .config import BrokerConfig
+from . import protocol
+from .config import BrokerConfig, DeliveryConfig
 from .mqtt_client import MqttClient
-from .state import LANES
+from .protocol import Rejected
+from .state import LANES, REPORTS
 
 log = logging.getLogger(__name__)
 
 CONNECTED, DISCONNECTED, ACKED, MESSAGE = "connected", "disconnected", "acked", "message"
+# After a (re)connect, wait this long for the retained confirmations before sending again
+# what the broker acknowledged earlier (it may have lost it, or the collector counted it).
+CONFIRMATIONS_SETTLE_SECONDS = 2.0
+RESEND_CHECK_SECONDS = 5.0
 
 
 class Transport(Protocol):
@@ -100,20 +109,32 @@ class PahoTransport:
 
 
 class Outbox:
-    """Moves spooled messages to the transport, in order, and deletes them once acked."""
+    """Moves spooled messages to the transport, in order; they leave the spool once
+    acknowledged by the broker, or, with ``delivery.confirm = "collector"``, once a
+    collector confirms them (``confirmed``)."""
 
     def __init__(self, store, transport: Transport, *, window: int = 100,
-                 on_connect=None, on_message=None):
+                 delivery: DeliveryConfig | None = None, on_connect=None, on_message=None):
         self.store = store
         self.transport = transport
         self.window = window
+        self.delivery = delivery or DeliveryConfig()
         self.on_connect = on_connect
         self.on_message = on_message  # (topic, payload) of subscribed topics
         self._inflight: dict[int, int] = {}  # message id -> spool row id
         self._direct: set[int] = set()  # message ids of publish() not acknowledged yet
         self._last_sent = dict.fromkeys(LANES, 0)  # per lane: highest spool id handed over
+        self._requeue_acked_before: float | None = None  # set by a (re)connect
+        self._requeue_at = 0.0  # monotonic
+        self._next_resend_check = 0.0  # monotonic
         self.sent = 0
         self.acked = 0
+        self.confirmed_reports = 0
+        self.resent = 0
+
+    @property
+    def until_confirmed(self) -> bool:
+        return self.delivery.confirm == "collector"
 
     def pump(self) -> None:
         acked = []
@@ -126,29 +147,70 @@ class Outbox:
                     self._direct.discard(value)
             elif kind == CONNECTED:
                 log.info("connected to the broker")
+                if self.until_confirmed:
+                    self._requeue_acked_before = time.time()
+                    self._requeue_at = time.monotonic() + CONFIRMATIONS_SETTLE_SECONDS
                 if self.on_connect is not None:
                     self.on_connect()
             elif kind == DISCONNECTED:
                 log.warning("disconnected from the broker (%s); spooling", value)
             elif kind == MESSAGE and self.on_message is not None:
                 self.on_message(*value)
-        self.store.acknowledge(acked)
+        self.store.acknowledge(acked, until_confirmed=self.until_confirmed)
         self.acked += len(acked)
+        if self.until_confirmed:
+            self._resend_unconfirmed()
         if not self.transport.connected:
             return
         # paho re-sends its own in-flight messages after a reconnect, so only
-        # rows never handed over go out here, oldest first.
+        # rows never handed over (or sent again, see requeue) go out here, oldest first.
         room = self.window - len(self._inflight)
+        in_flight = set(self._inflight.values())
         for lane in LANES:  # range replies first: they answer a round with a deadline
             if room <= 0:
                 return
-            rows = self.store.pending(self._last_sent[lane], room, lane)
+            rows = self.store.pending(self._last_sent[lane], room + len(in_flight), lane)
             for row_id, topic, payload, qos in rows:
+                self._last_sent[lane] = row_id
+                if row_id in in_flight:
+                    continue
                 mid = self.transport.publish(topic, payload, qos=qos)
                 self._inflight[mid] = row_id
-                self._last_sent[lane] = row_id
                 self.sent += 1
-            room -= len(rows)
+                room -= 1
+                if room <= 0:
+                    return
+
+    def _resend_unconfirmed(self) -> None:
+        """After a reconnect, and when confirmations are overdue: reports the broker
+        acknowledged become pending again (the collector drops what it has)."""
+        now = time.monotonic()
+        requeued = 0
+        if self._requeue_acked_before is not None and now >= self._requeue_at:
+            requeued += self.store.requeue(acked_before=self._requeue_acked_before)
+            self._requeue_acked_before = None
+        if now >= self._next_resend_check:
+            self._next_resend_check = now + RESEND_CHECK_SECONDS
+            overdue = self.store.requeue(resend_seconds=self.delivery.resend_seconds)
+            if overdue:
+                log.warning("%d report(s) acknowledged by the broker but not confirmed by a "
+                            "collector within %g s or more: sending them again", overdue,
+                            self.delivery.resend_seconds)
+            requeued += overdue
+        if requeued:
+            self.resent += requeued
+            self._last_sent[REPORTS] = 0  # they are older than what went out last
+
+    def confirmed(self, topic: str, payload: bytes, fleet: str, agents) -> None:
+        """A collector's confirmation (ldp/v1/<fleet>/_confirm/<agent>) for one of
+        ``agents``: the reports it names leave the spool."""
+        try:
+            message = protocol.decode_confirm(topic, payload, fleet)
+        except Rejected as exc:
+            log.warning("ignored a confirmation on %s: %s", topic[:200], exc.detail)
+            return
+        if message.agent in agents:
+            self.confirmed_reports += self.store.confirm(message.agent, message.channels)
 
     def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> int:
         """Publish a message that is not spooled (a retained status); its ack is tracked."""
@@ -168,4 +230,7 @@ class Outbox:
 
     @property
     def idle(self) -> bool:
-        return self.store.spooled == 0
+        """Nothing left to hand to the broker (confirmations may still be due)."""
+        if self.store.spooled == 0:
+            return True
+        return self.until_confirmed and self.store.spooled == self.store.unconfirmed()

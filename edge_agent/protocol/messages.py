@@ -49,6 +49,7 @@ from ..mechanisms import (
 from ..rangefind import MAX_ROUNDS
 from .topics import (
     NAME_CHARS,
+    confirm_agent,
     is_name,
     range_control_topic,
     range_reply_agent,
@@ -424,6 +425,42 @@ def decode_status(topic: str, payload: bytes) -> tuple[str, Status | None]:
     if message.agent != agent:
         raise Rejected("status", "the agent differs from the topic's")
     return agent, message
+
+
+# -- delivery confirmations (docs/PROTOCOL.md, "Confirmations") ---------------------------------
+
+MAX_CONFIRM_RUNS = 1025  # a sequence tracker's settled prefix and its runs (collector.dedup)
+MAX_CONFIRM_BYTES = 4 << 20
+SeqRun = tuple[Seq, Seq]
+
+
+class Confirm(Struct, forbid_unknown_fields=True):
+    """Retained on ldp/v1/<fleet>/_confirm/<agent> after each durable checkpoint: per
+    channel, the sequence numbers the collector has settled (counted, or refused for
+    good), as sorted runs [first, last].  An agent with ``confirm = "collector"`` keeps
+    a spooled report until it is in here."""
+
+    v: Literal[1]
+    agent: Name
+    t: Finite
+    channels: Annotated[dict[Name, Annotated[list[SeqRun], Meta(max_length=MAX_CONFIRM_RUNS)]],
+                        Meta(max_length=MAX_AGENT_CHANNELS)]
+
+
+_confirm_decoder = msgspec.json.Decoder(Confirm)
+
+
+def decode_confirm(topic: str, payload: bytes, fleet: str) -> Confirm:
+    """The confirmation on ``topic``, or ``Rejected`` (its agent must be the topic's)."""
+    agent = confirm_agent(topic, fleet)
+    if agent is None:
+        raise Rejected("topic", "not a confirmation topic of this fleet")
+    if len(payload) > MAX_CONFIRM_BYTES:
+        raise Rejected("oversized", f"{len(payload)} bytes")
+    message = decode_checked(_confirm_decoder, payload, {})
+    if message.agent != agent:
+        raise Rejected("topic", "the agent differs from the topic's")
+    return message
 
 
 # -- range discovery (docs/PROTOCOL.md, "Range discovery") --------------------------------------

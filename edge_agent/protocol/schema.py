@@ -23,6 +23,7 @@ MESSAGES = {
     "ldp/v1/<fleet>/<agent>/_range/<run>": messages.RangeReply,
     "ldp/v1/<fleet>/_range/result/<channel>/<side>": messages.RangeResult,
     "ldp/v1/<fleet>/_aggregates/<channel>": messages.ChannelSnapshot,
+    "ldp/v1/<fleet>/_confirm/<agent>": messages.Confirm,
     "ldp/v1/<fleet>/_shards/<shard>/state": states.ShardState,
     "ldp/v1/<fleet>/_shards/<shard>/claims": states.Claims,
 }

@@ -6,6 +6,7 @@
   ldp/v1/<fleet>/_range/control/<run>           range-discovery announce/round/end
   ldp/v1/<fleet>/_range/result/<channel>/<side> retained range result
   ldp/v1/<fleet>/_aggregates/<channel>          retained aggregate snapshot
+  ldp/v1/<fleet>/_confirm/<agent>               retained: what a collector durably counted
   ldp/v1/<fleet>/_shards/<shard>/<state|claims> collector shards (docs/SCALE_OUT.md)
 
 Levels starting with ``_`` are reserved for collectors.
@@ -19,6 +20,7 @@ TOPIC_ROOT = "ldp/v1"
 STATUS = "status"
 RANGE = "_range"
 AGGREGATES = "_aggregates"
+CONFIRM = "_confirm"
 SHARDS = "_shards"
 
 # Agents, channels, fields, fleets, shards: one topic level each, so no wildcards or
@@ -56,6 +58,18 @@ def shared_subscription(group: str, topic_filter: str) -> str:
 
 def aggregates_topic(fleet: str, channel: str) -> str:
     return f"{TOPIC_ROOT}/{fleet}/{AGGREGATES}/{channel}"
+
+
+def confirm_topic(fleet: str, agent: str) -> str:
+    return f"{TOPIC_ROOT}/{fleet}/{CONFIRM}/{agent}"
+
+
+def confirm_agent(topic: str, fleet: str) -> str | None:
+    """The agent a confirmation topic of ``fleet`` names, or None."""
+    prefix = f"{TOPIC_ROOT}/{fleet}/{CONFIRM}/"
+    if not topic.startswith(prefix) or not is_name(topic[len(prefix):]):
+        return None
+    return topic[len(prefix):]
 
 
 def classify(topic: str, fleet: str) -> str:

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from edge_agent import protocol
+from edge_agent import transport as transport_module
 from edge_agent.channels import Selection, build_channel, vector_plan
-from edge_agent.config import VectorChannelConfig, parse_config
+from edge_agent.config import DeliveryConfig, VectorChannelConfig, parse_config
+from edge_agent.protocol import Rejected
 from edge_agent.readings import Readings
-from edge_agent.state import NANO, StateStore, period_start
+from edge_agent.state import NANO, RANGE_REPLIES, StateStore, period_start
 from edge_agent.transport import Outbox
 from tests.support import FakeTransport, agent_config
 
@@ -236,8 +239,6 @@ def test_vector_sample_reports_k_axes_per_reading():
 
 def test_range_replies_overtake_a_backlog_of_reports(tmp_path):
     """A round's answer has a deadline: it must not wait behind thousands of reports."""
-    from edge_agent.state import RANGE_REPLIES
-
     store = StateStore(tmp_path / "s.sqlite")
     for i in range(500):
         store.enqueue("ldp/v1/f/a/x", f"report {i}".encode())
@@ -266,3 +267,87 @@ def test_a_state_file_from_before_lanes_is_migrated(tmp_path):
     db.close()
     store = StateStore(path)
     assert store.spooled == 1 and store.pending(0, 10) == [(1, "t", b"\x01", 1)]
+    # ... and it leaves on the broker's acknowledgement, as it names no report.
+    store.acknowledge([1], until_confirmed=True)
+    assert store.spooled == 0
+
+
+# -- confirmation by the collector ([delivery] confirm = "collector") -------------------------
+
+def spool_reports(store: StateStore, agent: str, channel: str, seqs) -> None:
+    with store.transaction() as tx:
+        for seq in seqs:
+            tx.spool(protocol.data_topic("f", agent, channel), f"{agent} {seq}".encode(),
+                     report=(agent, channel, seq))
+
+
+def confirmation(agent: str, runs, topic_agent: str | None = None) -> tuple[str, bytes]:
+    return protocol.confirm_topic("f", topic_agent or agent), protocol.encode(protocol.Confirm(
+        v=1, agent=agent, t=1.0, channels={"x": runs}))
+
+
+def test_reports_stay_spooled_until_the_collector_confirms_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(transport_module, "CONFIRMATIONS_SETTLE_SECONDS", 0.0)
+    store = StateStore(tmp_path / "s.sqlite")
+    spool_reports(store, "a", "x", range(20))
+    store.enqueue("ldp/v1/f/a/_range/r1", b"answer", lane=RANGE_REPLIES)
+    transport = FakeTransport()
+    outbox = Outbox(store, transport, window=100,
+                    delivery=DeliveryConfig(confirm="collector", resend_seconds=60),
+                    on_message=lambda topic, payload: outbox.confirmed(topic, payload, "f",
+                                                                       {"a"}))
+    outbox.pump()
+    outbox.pump()
+    assert len(transport.published) == 21 and outbox.idle
+    assert store.spooled == 20 and store.unconfirmed() == 20  # the range reply has left
+    transport.deliver(*confirmation("a", [(0, 9), (12, 12)]))
+    transport.deliver(*confirmation("b", [(0, 19)]))  # not ours
+    transport.deliver(*confirmation("a", [(0, 19)], topic_agent="b"))  # another's topic
+    outbox.pump()
+    assert store.spooled == 9 and outbox.confirmed_reports == 11
+    # A reconnect: what the broker acknowledged before may be lost; sent again, in order.
+    transport.set_connected(False)
+    transport.set_connected(True)
+    outbox.pump()
+    outbox.pump()
+    again = [payload for _, payload, _, _ in transport.published[21:]]
+    assert again == [f"a {seq}".encode() for seq in (10, 11, *range(13, 20))]
+    transport.deliver(*confirmation("a", [(0, 19)]))
+    outbox.pump()
+    assert store.spooled == 0
+
+
+def test_overdue_confirmations_are_sent_again_with_doubling_waits(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    spool_reports(store, "a", "x", range(5))
+    rows = [row_id for row_id, *_ in store.pending(0, 10)]
+    store.acknowledge(rows, until_confirmed=True, now=1000.0)
+    assert store.pending(0, 10) == [] and store.unconfirmed() == 5
+    assert store.requeue(resend_seconds=10, now=1009.9) == 0
+    assert store.requeue(resend_seconds=10, now=1010.0) == 5
+    assert [row[0] for row in store.pending(0, 10)] == rows
+    store.acknowledge(rows, until_confirmed=True, now=2000.0)
+    assert store.requeue(resend_seconds=10, now=2019.9) == 0  # resent once: twice the wait
+    assert store.requeue(resend_seconds=10, now=2020.0) == 5
+    store.acknowledge(rows, until_confirmed=True, now=3000.0)
+    for _ in range(10):  # the wait stops doubling at 64 times
+        store.requeue(resend_seconds=10, now=1e9)
+        store.acknowledge(rows, until_confirmed=True, now=3000.0)
+    assert store.requeue(resend_seconds=10, now=3639.9) == 0
+    assert store.requeue(resend_seconds=10, now=3640.0) == 5
+    store.confirm("a", {"x": [(0, 4)]})
+    assert store.spooled == 0
+
+
+def test_confirmations_of_the_wire_are_checked():
+    topic, payload = confirmation("a", [(0, 9)])
+    assert protocol.decode_confirm(topic, payload, "f").channels == {"x": [(0, 9)]}
+    for bad_topic, bad_payload, reason in [
+            ("ldp/v1/g/_confirm/a", payload, "topic"),
+            (protocol.confirm_topic("f", "b"), payload, "topic"),
+            (topic, payload.replace(b"[[0,9]]", b"[[0,9007199254740992]]"), "schema"),
+            (topic, b"{", "json"),
+            (topic, b" " * (8 << 20), "oversized")]:
+        with pytest.raises(Rejected) as caught:
+            protocol.decode_confirm(bad_topic, bad_payload, "f")
+        assert caught.value.reason == reason

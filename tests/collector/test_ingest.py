@@ -295,3 +295,21 @@ def test_checkpoint_plus_journal_replay_equals_the_live_state(tmp_path):
     # The broker redelivers the unacknowledged message; a redelivered old one is a duplicate.
     assert recovered.ingest(*uncommitted, 2000.0) == "accepted"
     assert recovered.ingest(*report(seq=3), 2000.0) == "duplicate"
+
+
+def test_confirmations_name_every_settled_number_of_agents_heard_since_the_last():
+    ingestor = Ingestor(fleet=FLEET)
+    for seq in (0, 1, 2, 5):
+        ingestor.ingest(*report(seq=seq))
+    ingestor.ingest(*report(agent="w2", seq=0))
+    ingestor.ingest(*report(channel="ay", seq=7))
+    confirmations = ingestor.confirmations(now=5.0)
+    assert sorted(confirmations) == ["w1", "w2"] and not ingestor.unconfirmed
+    message = protocol.decode_confirm(protocol.confirm_topic(FLEET, "w1"), confirmations["w1"],
+                                      FLEET)
+    assert message.channels == {"ax": [(0, 2), (5, 5)], "ay": [(7, 7)]} and message.t == 5.0
+    assert ingestor.confirmations(now=6.0) == {}
+    ingestor.ingest(*report(seq=1))  # a re-send: its agent lacks our confirmation
+    assert list(ingestor.confirmations(now=7.0)) == ["w1"]
+    ingestor.ingest(protocol.data_topic(FLEET, "w3", "ax"), b"{")  # refused: no agent
+    assert ingestor.confirmations(now=8.0) == {}

@@ -263,6 +263,8 @@ FORBIDDEN_FOR_DEVICE_A = [
     f"ldp/v1/{FLEET}/_range/result/accel_x/min",      # ... and results
     f"ldp/v1/{FLEET}/_aggregates/accel_x",            # the collector's snapshots
     f"ldp/v1/{FLEET}/_shards/shard-1",                # ... and shard state
+    f"ldp/v1/{FLEET}/_confirm/dev-a",                 # ... and confirmations, its own too
+    f"ldp/v1/{FLEET}/_confirm/dev-b",
     "ldp/v1/other-fleet/dev-b/accel_x",
     "elsewhere/dev-a",
 ]
@@ -309,11 +311,13 @@ def test_service_accounts_publish_where_they_should(broker):
         checks = [
             (collector, f"ldp/v1/{FLEET}/_aggregates/accel_x", 0),
             (collector, f"ldp/v1/{FLEET}/_shards/shard-1", 0),
+            (collector, f"ldp/v1/{FLEET}/_confirm/dev-a", 0),
             (collector, f"ldp/v1/{FLEET}/_range/control/run1", 0),  # coordinator = true
             (collector, f"ldp/v1/{FLEET}/dev-a/accel_x", NOT_AUTHORIZED),
             (coordinator, f"ldp/v1/{FLEET}/_range/control/run1", 0),
             (coordinator, f"ldp/v1/{FLEET}/_range/result/accel_x/min", 0),
             (coordinator, f"ldp/v1/{FLEET}/_aggregates/accel_x", NOT_AUTHORIZED),
+            (coordinator, f"ldp/v1/{FLEET}/_confirm/dev-a", NOT_AUTHORIZED),
             (coordinator, f"ldp/v1/{FLEET}/dev-a/accel_x", NOT_AUTHORIZED),
         ]
         for client, topic, expected in checks:
@@ -337,31 +341,37 @@ def test_device_cannot_read_other_devices(broker):
                      f"$share/g/ldp/v1/{FLEET}/+/+")
     device_b = MqttClient(broker, "dev-b", client_id="dev-b").connect()
     coordinator = MqttClient(broker, "coordinator", client_id="coordinator").connect()
+    collector = MqttClient(broker, "collector", client_id="collector-pub").connect()
     try:
         for topic, retain in ((f"ldp/v1/{FLEET}/dev-b/accel_x", False),
                               (f"ldp/v1/{FLEET}/dev-b/status", True),
                               (f"ldp/v1/{FLEET}/dev-b/_range/run1", False)):
             assert device_b.acked(device_b.publish(topic, report("dev-b", "accel_x"),
                                                    retain=retain)) == 0
+        assert collector.acked(collector.publish(f"ldp/v1/{FLEET}/_confirm/dev-b", b"{}",
+                                                 retain=True)) == 0
         # Sentinels, published after dev-b's messages: what a device must see.
         control = f"ldp/v1/{FLEET}/_range/control/run1"
         result = f"ldp/v1/{FLEET}/_range/result/accel_x/min"
+        confirm = f"ldp/v1/{FLEET}/_confirm/dev-a"
         assert coordinator.acked(coordinator.publish(control, b"{}")) == 0
         assert coordinator.acked(coordinator.publish(result, b"{}", retain=True)) == 0
-        assert wait_until(lambda: {control, result} <= set(reader.topics()), 5), reader.topics()
+        assert collector.acked(collector.publish(confirm, b"{}", retain=True)) == 0
+        assert wait_until(lambda: {control, result, confirm} <= set(reader.topics()), 5), \
+            reader.topics()
         time.sleep(0.3)
-        assert not [t for t in reader.topics() if "/dev-b/" in t], reader.topics()
+        assert not [t for t in reader.topics() if "dev-b" in t], reader.topics()
 
-        # A late subscriber gets the retained range result, but never dev-b's
-        # retained status.
+        # A late subscriber gets the retained range result and its own confirmations,
+        # but never dev-b's retained status or confirmations.
         late = MqttClient(broker, "dev-a", client_id="dev-a-late").connect()
         late.subscribe("ldp/v1/#")
-        assert wait_until(lambda: result in late.topics(), 5)
+        assert wait_until(lambda: {result, confirm} <= set(late.topics()), 5)
         time.sleep(0.3)
-        assert late.topics() == [result]
+        assert sorted(late.topics()) == sorted([result, confirm])
         late.close()
     finally:
-        for client in (reader, device_b, coordinator):
+        for client in (reader, device_b, coordinator, collector):
             client.close()
 
 
@@ -598,7 +608,7 @@ def test_real_agent_and_collector_through_their_own_accounts(broker, tmp_path):
         agent_id=snippet["agent_id"], fleet=snippet["fleet"],
         broker=account_table(broker, snippet, "dev-a"), state_dir=tmp_path / "agent-state",
         sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50, "duration": 2.0}],
-        channels=[ACCEL_X])
+        channels=[ACCEL_X], delivery={"confirm": "collector"})
     parse_config(data)  # valid before it is written
     config_path = write_toml(tmp_path / "agent.toml", data)
 
@@ -614,6 +624,15 @@ def test_real_agent_and_collector_through_their_own_accounts(broker, tmp_path):
         assert values == 100  # 2 s at 50 Hz, every reading reported
         assert api(service)["channels"]["accel_x"]["count"] == values
         assert "dev-a" in service.ingestor.agents
+        # The collector's confirmation reaches dev-a through the ACL: every report of
+        # its ledger, durably counted.
+        confirmations = MqttClient(broker, "dev-a", client_id="dev-a-confirm").connect()
+        confirmations.subscribe(protocol.confirm_topic(FLEET, "dev-a"))
+        assert wait_until(lambda: confirmations.messages, 10)
+        confirm = json.loads(confirmations.messages[-1][1])
+        messages = service.ingestor.agents["dev-a"].messages
+        assert confirm["channels"] == {"accel_x": [[0, messages - 1]]}, (confirm, messages)
+        confirmations.close()
         log = broker.log_text()
         assert "as dev-a (p2, c1, k30, u'dev-a')" in log  # MQTT 3.1.1, its own account
     finally:
