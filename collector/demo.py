@@ -223,6 +223,8 @@ budget_epsilon = 1000000.0
 budget_period = "1h"
 state_dir = {toml_str(self.workdir / 'agents')}
 range_epsilon_max = 2.0
+[delivery]
+confirm = "collector"      # the private broker keeps nothing on disk: keep reports till counted
 """ + DEMO_CHANNELS.read_text())
         collector = self.workdir / "collector.toml"
         collector.write_text(f"""fleet = "demo"

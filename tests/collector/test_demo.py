@@ -231,6 +231,7 @@ def test_generated_configs(tmp_path):
     agent_path, collector_path = demo._write_configs("127.0.0.1", 1883, "5")
     agent, collector = load_config(agent_path), load_collector_config(collector_path)
     assert agent.privacy.state_dir == workdir / "agents"
+    assert agent.delivery.confirm == "collector"  # the private broker has no persistence
     assert collector.storage.path == workdir / "collector.sqlite"
     # "until Ctrl-C" runs indefinitely: a period's spending stays well inside the budget
     per_second = sum(c.epsilon / c.report_interval for c in agent.channels)
