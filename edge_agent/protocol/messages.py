@@ -738,4 +738,6 @@ def decode_checked(decoder: msgspec.json.Decoder, payload: bytes, reasons: dict,
         raise Rejected(reason, text[:300]) from None
     except msgspec.DecodeError as exc:  # not JSON at all (or not UTF-8)
         raise Rejected("json", str(exc)[:300]) from None
+    except UnicodeDecodeError as exc:  # msgspec's error for a string that is not UTF-8
+        raise Rejected("json", str(exc)[:300]) from None
 
