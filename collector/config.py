@@ -41,6 +41,15 @@ class HttpConfig(Model):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080  # 0: any free port
     push_seconds: Annotated[float, Field(gt=0, le=60)] = 1.0
+    # Open connections at most.  Beyond, the connection waiting longest for a request
+    # is closed to make room, or the new one refused (503) if all are busy.
+    max_connections: Annotated[int, Field(ge=8, le=65536)] = 256
+    # Open /api/events streams (dashboards) at most; beyond, 503.
+    max_event_streams: Annotated[int, Field(ge=1, le=65536)] = 64
+    # An idle keep-alive connection, or one whose client stopped reading, is closed after this.
+    idle_timeout_seconds: Annotated[float, Field(ge=1, le=3600)] = 60.0
+    # A request's line and headers must arrive within this (slow-loris clients).
+    header_timeout_seconds: Annotated[float, Field(ge=1, le=300)] = 10.0
 
 
 class StorageConfig(Model):

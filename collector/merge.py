@@ -28,7 +28,7 @@ from .publisher import CollectorClient
 from .range import RangeResults
 from .stats import StateError
 from .views import Views
-from .web import WebServer
+from .web import WebServer, latest_channels
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +192,7 @@ class MergeService:
         self._stop = threading.Event()
         self.web = None
         if web:
-            self.web = WebServer(self.views, host=config.http.host, port=config.http.port,
-                                 push_seconds=config.http.push_seconds)
+            self.web = WebServer.from_config(self.views, config.http)
 
     def start(self) -> None:
         self.client.start()
@@ -210,7 +209,7 @@ class MergeService:
         while every and not self._stop.wait(every):
             try:
                 if self.client.connected and self.view.shards:
-                    self.client.publish_snapshots(self.views)
+                    self.client.publish_snapshots(latest_channels(self.web, self.views))
             except Exception:
                 log.exception("publishing merged snapshots failed")
 

@@ -18,7 +18,6 @@ from edge_agent.mqtt_client import MqttClient
 
 from .config import CollectorConfig
 from .jsonsafe import json_safe
-from .views import Views
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +67,8 @@ class CollectorClient:
     def publish(self, topic: str, payload: bytes, *, retain: bool = True):
         return self.mqtt.publish(topic, payload, qos=1, retain=retain)
 
-    def publish_snapshots(self, views: Views) -> None:
-        """Every channel's aggregates, retained, as of now."""
-        document = views.channels_json()
+    def publish_snapshots(self, document: dict) -> None:
+        """Every channel's aggregates of an /api/channels ``document``, retained."""
         for name, channel in document["channels"].items():
             self.publish(protocol.aggregates_topic(self.fleet, name),
                          protocol.snapshot(json_safe(channel), channel=name, t=document["t"]))

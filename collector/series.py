@@ -151,6 +151,11 @@ class _Block:
             self._cache = self._compute()
         return self._cache
 
+    def adopt_computed(self, earlier: _Block) -> None:
+        """Take ``earlier``'s computed view if its sums equal ours (see ``Series``)."""
+        if self._cache is None and earlier._cache is not None and earlier == self:
+            self._cache = earlier._cache
+
 
 class LinearBlock(_Block):
     STATE_TYPE = LinearBlockState
@@ -522,6 +527,24 @@ class Series:
                              f"{where}.{name}")
 
     # -- the API view -----------------------------------------------------------------------
+    def adopt_computed(self, earlier: Series) -> None:
+        """Reuse the computed views of ``earlier``, a previous copy of this series, for
+        every block (total, window) whose sums have not changed since.
+
+        The web API computes its documents from a copy of the aggregates
+        (``collector.views.Snapshots``), made without caches by ``from_state``;
+        recomputing every kept window's EMS reconstruction for each copy would
+        cost seconds, while between two copies only the total and the newest
+        window change."""
+        if earlier.identity != self.identity:
+            return
+        pairs = [(self.total, earlier.total)]
+        pairs += [(blocks, earlier.windows[start]) for start, blocks in self.windows.items()
+                  if start in earlier.windows]
+        for mine, theirs in pairs:
+            for name, block in mine.items():
+                block.adopt_computed(theirs[name])
+
     def count(self) -> int:
         if self.kind == "vector":
             return sum(block.count.get() for block in self.total.values())
@@ -601,6 +624,9 @@ class _CrossBlock:
 
     def __eq__(self, other):
         return isinstance(other, _CrossBlock) and other.cross == self.cross
+
+    def adopt_computed(self, earlier: _CrossBlock) -> None:
+        """Nothing cached: the mean vector is computed on demand, cheaply."""
 
     def mean_vector(self, angle_block: CircularBlock) -> dict:
         r_mech, a_mech = mechanism_of(self.description).components

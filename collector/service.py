@@ -41,7 +41,7 @@ from .registry import load_registry
 from .shard import ShardRole
 from .store import CollectorStore
 from .views import Views
-from .web import WebServer
+from .web import WebServer, latest_channels
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,7 @@ class CollectorService:
             if discovery.coordinator and discovery.schedule else None
         self.web = None
         if web:
-            self.web = WebServer(self.views, host=config.http.host, port=config.http.port,
-                                 push_seconds=config.http.push_seconds)
+            self.web = WebServer.from_config(self.views, config.http)
         self._stop = threading.Event()
         self._stop_requested = threading.Event()  # set by SIGTERM / SIGINT
         self._reload_requested = threading.Event()  # set by SIGHUP
@@ -207,7 +206,7 @@ class CollectorService:
         return True
 
     def publish_snapshots(self) -> None:
-        self.client.publish_snapshots(self.views)
+        self.client.publish_snapshots(latest_channels(self.web, self.views))
 
     def _aggregate(self) -> None:
         storage, snapshots, shard = self.config.storage, self.config.snapshots, self.config.shard

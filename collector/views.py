@@ -1,22 +1,89 @@
-"""The collector's aggregates as documents: the HTTP API (docs/API.md) and Prometheus text."""
+"""The collector's aggregates as documents: the HTTP API (docs/API.md) and Prometheus metrics.
+
+Computing the documents is slow: every series' EMS reconstruction (with a
+parametric bootstrap where the mean is not affine), for the cumulative
+statistics and for every kept window, takes about 0.1 s for a handful of
+channels when the windows' results are cached and seconds when they are not.
+The aggregates are shared with the aggregation loop under one lock, so
+computing them per request, under that lock, let every viewer slow ingestion.
+
+``Snapshots`` therefore computes every document once per push period, in its
+own thread.  Under the collector's lock it only takes the aggregates' typed
+state (``Ingestor.to_state``: a few milliseconds); it rebuilds the aggregates
+from that copy and computes outside the lock, reusing the previous copy's
+results for the windows that did not change (``Series.adopt_computed``), and
+serialises each document once.  The web server (``collector.web``) answers
+every request and feeds every event stream from the latest snapshot's bytes.
+
+``Views`` is the collector's source of documents: ``capture``/``documents``
+for the snapshots, and ``channels_json``/``channel_json`` computed at once
+under the lock (for a collector without a web server, and tests).
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from edge_agent.protocol import as_dict
 
 from .ingest import Ingestor
+from .jsonsafe import to_json
+from .series import Series
+
+log = logging.getLogger(__name__)
 
 # An agent counts as online if its retained status says so, or, for agents
 # without a status, if it sent a report this recently.
 ONLINE_SECONDS = 120.0
+STOP_JOIN_SECONDS = 2.0  # how long stop() waits for a computation under way
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What a snapshot is computed from, taken quickly under the source's lock."""
+
+    t: float  # the aggregates' time on the source's clock: every document is as of it
+    content: Any  # the source's own copy, detached from what keeps changing
+    lock_seconds: float = 0.0  # how long taking it held the collector's lock
+
+
+@dataclass(frozen=True)
+class Documents:
+    """Every document of the API, computed from one ``Capture``."""
+
+    channels: dict  # GET /api/channels
+    channel_details: dict[str, dict]  # GET /api/channels/<name>: the entry plus "windows"
+    range: dict  # GET /api/range
+    dead_letters: list[dict]  # GET /api/rejects, as "recent"
+
+
+class SnapshotSource(Protocol):
+    """What ``Snapshots`` (and so ``collector.web.WebServer``) serves from."""
+
+    def capture(self) -> Capture:
+        """Quick, under the source's lock: a copy of what the documents need."""
+        ...
+
+    def documents(self, capture: Capture) -> Documents:
+        """Slow, without the lock: every document, from ``capture`` alone."""
+        ...
+
+
+def range_document(results: dict, t: float) -> dict:
+    """GET /api/range: the latest range-discovery result per channel and side."""
+    return {"t": t, "channels": {name: {side: sides.get(side) for side in ("min", "max")}
+                                 for name, sides in sorted(results.items())}}
 
 
 class Views:
-    """Read-only views over an ``Ingestor``, taken under the collector's lock."""
+    """The documents of an ``Ingestor`` (``get_ingestor()``, read under ``lock``)."""
 
     def __init__(self, get_ingestor: Callable[[], Ingestor], lock: threading.RLock | None = None,
                  clock: Callable[[], float] = time.time,
@@ -24,39 +91,55 @@ class Views:
                  range_results: Callable[[], dict] | None = None,
                  extra: Callable[[], dict] | None = None):
         """``extra``: more top-level fields for /api/channels (a shard's or the merge
-        view's ``shard``/``shards``, docs/SCALE_OUT.md)."""
+        view's ``shard``/``shards``, docs/SCALE_OUT.md).  ``broker_status``,
+        ``range_results`` and ``extra`` keep their own locks: snapshots ask them
+        without holding ``lock``."""
         self._get = get_ingestor
-        self._extra = extra
+        self._extra = extra or dict
         self._lock = lock or threading.RLock()
         self._clock = clock
         self._broker_status = broker_status or (lambda: {"connected": None, "since": None})
         self._range_results = range_results or dict
+        self._earlier: dict[tuple, Series] = {}  # the last documents' series, by identity
 
-    def range_json(self) -> dict:
-        """GET /api/range: the latest range-discovery result per channel and side."""
-        results = self._range_results()
-        return {"t": self._clock(),
-                "channels": {name: {side: sides.get(side) for side in ("min", "max")}
-                             for name, sides in sorted(results.items())}}
+    # -- snapshots (SnapshotSource) ------------------------------------------------------------
+    def capture(self) -> Capture:
+        with self._lock:
+            held = time.perf_counter()
+            state = self._get().to_state()
+            now = self._clock()
+            lock_seconds = time.perf_counter() - held
+        context = (self._broker_status(), self._range_results(), self._extra())
+        return Capture(t=now, content=(state, *context), lock_seconds=lock_seconds)
 
+    def documents(self, capture: Capture) -> Documents:
+        state, broker, ranges, extra = capture.content
+        ingestor = Ingestor.from_state(state)
+        series = {identity: one for by_identity in ingestor.series.values()
+                  for identity, one in by_identity.items()}
+        for identity, one in series.items():
+            earlier = self._earlier.get(identity)
+            if earlier is not None:
+                one.adopt_computed(earlier)
+        details = {name: self._channel(ingestor, name, windows=True)
+                   for name in sorted(ingestor.series)}
+        # An entry of /api/channels is its detail without the windows (computed once).
+        entries = {name: {key: value for key, value in detail.items() if key != "windows"}
+                   for name, detail in details.items()}
+        self._earlier = series
+        return Documents(
+            channels=self._document(ingestor, capture.t, broker, ranges, extra, entries),
+            channel_details=details, range=range_document(ranges, capture.t),
+            dead_letters=list(ingestor.dead_letters))
+
+    # -- documents at once, under the lock --------------------------------------------------------
     def channels_json(self) -> dict:
         with self._lock:
             ingestor = self._get()
-            now = self._clock()
-            return {
-                "fleet": ingestor.fleet, "t": now, "broker": self._broker_status(),
-                "agents_online": sum(self.online(s, now) for s in ingestor.agents.values()),
-                "agents": {name: {"online": self.online(s, now), "messages": s.messages,
-                                  "values": s.values, "last_seen": s.last_seen,
-                                  "rejects": s.rejects, "duplicates": s.duplicates}
-                           for name, s in sorted(ingestor.agents.items())},
-                "ingest": {**ingestor.counters,
-                           "rejects": dict(ingestor.rejects)},
-                "channels": {name: self._channel(ingestor, name, windows=False)
-                             for name in sorted(ingestor.series)},
-                "range": self.range_json()["channels"],
-                **(self._extra() if self._extra is not None else {}),
-            }
+            entries = {name: self._channel(ingestor, name, windows=False)
+                       for name in sorted(ingestor.series)}
+            return self._document(ingestor, self._clock(), self._broker_status(),
+                                  self._range_results(), self._extra(), entries)
 
     def channel_json(self, name: str) -> dict | None:
         with self._lock:
@@ -65,9 +148,22 @@ class Views:
                 return None
             return self._channel(ingestor, name, windows=True)
 
-    def dead_letters(self) -> list[dict]:
-        with self._lock:
-            return list(self._get().dead_letters)
+    # -- building them ----------------------------------------------------------------------
+    def _document(self, ingestor: Ingestor, now: float, broker: dict, ranges: dict,
+                  extra: dict, entries: dict) -> dict:
+        """GET /api/channels, with the channels' ``entries`` already computed."""
+        return {
+            "fleet": ingestor.fleet, "t": now, "broker": broker,
+            "agents_online": sum(self.online(s, now) for s in ingestor.agents.values()),
+            "agents": {name: {"online": self.online(s, now), "messages": s.messages,
+                              "values": s.values, "last_seen": s.last_seen,
+                              "rejects": s.rejects, "duplicates": s.duplicates}
+                       for name, s in sorted(ingestor.agents.items())},
+            "ingest": {**ingestor.counters, "rejects": dict(ingestor.rejects)},
+            "channels": entries,
+            "range": range_document(ranges, now)["channels"],
+            **extra,
+        }
 
     @staticmethod
     def online(stats, now: float) -> bool:
@@ -84,56 +180,155 @@ class Views:
                                 for identity, s in by_identity.items() if identity != latest]
         return view
 
-    def metrics_text(self) -> str:
-        document = self.channels_json()
-        ingest = document["ingest"]
-        lines = [
-            "# HELP ldp_ingest_messages_total Report messages accepted.",
-            "# TYPE ldp_ingest_messages_total counter",
-            f"ldp_ingest_messages_total {ingest['messages']}",
-            "# HELP ldp_ingest_values_total Perturbed values accepted.",
-            "# TYPE ldp_ingest_values_total counter",
-            f"ldp_ingest_values_total {ingest['values']}",
-            "# HELP ldp_ingest_duplicates_total Redelivered or replayed messages ignored.",
-            "# TYPE ldp_ingest_duplicates_total counter",
-            f"ldp_ingest_duplicates_total {ingest['duplicates']}",
-            "# HELP ldp_ingest_rejects_total Messages rejected, by reason.",
-            "# TYPE ldp_ingest_rejects_total counter",
+
+# -- Prometheus ---------------------------------------------------------------------------------
+
+CHANNEL_GAUGES = {
+    "ldp_channel_count": ("Values accepted per channel.", lambda c: c["count"]),
+    "ldp_channel_mean_estimate": ("Estimated true mean (linear channels).",
+                                  lambda c: (c.get("mean") or {}).get("estimate")),
+    "ldp_channel_mean_stderr": ("Standard error of the mean estimate.",
+                                lambda c: (c.get("mean") or {}).get("stderr")),
+    "ldp_channel_resultant_length": ("Corrected mean resultant length (circular channels).",
+                                     lambda c: (c.get("resultant_length") or {}).get("estimate")),
+}
+
+
+def document_metrics(document: dict) -> list[Metric]:
+    """The metric families of an /api/channels document (names in docs/API.md).
+
+    A counter family is named with its ``_total``: prometheus_client takes the
+    suffix off the family and puts it back on the sample and its HELP/TYPE."""
+    ingest = document["ingest"]
+    families: list[Metric] = [
+        CounterMetricFamily("ldp_ingest_messages_total", "Report messages accepted.",
+                            value=ingest["messages"]),
+        CounterMetricFamily("ldp_ingest_values_total", "Perturbed values accepted.",
+                            value=ingest["values"]),
+        CounterMetricFamily("ldp_ingest_duplicates_total",
+                            "Redelivered or replayed messages ignored.",
+                            value=ingest["duplicates"]),
+        _labelled(CounterMetricFamily, "ldp_ingest_rejects_total",
+                  "Messages rejected, by reason.", "reason", ingest["rejects"]),
+    ]
+    connected = document["broker"]["connected"]
+    if connected is not None:
+        families.append(GaugeMetricFamily("ldp_broker_connected",
+                                          "1 while the collector holds its subscription.",
+                                          value=int(connected)))
+    families.append(GaugeMetricFamily("ldp_agents_online", "Agents online.",
+                                      value=document["agents_online"]))
+    if "shards" in document:  # the merge view
+        families += [
+            _labelled(GaugeMetricFamily, "ldp_shard_state_age_seconds",
+                      "Age of each shard's latest state.", "shard",
+                      {name: shard["age"] for name, shard in document["shards"].items()}),
+            _labelled(CounterMetricFamily, "ldp_shard_state_rejects_total",
+                      "Shard states rejected, by reason.", "reason", document["shard_rejects"]),
         ]
-        lines += [f'ldp_ingest_rejects_total{{reason="{r}"}} {n}'
-                  for r, n in sorted(ingest["rejects"].items())]
-        connected = document["broker"]["connected"]
-        if connected is not None:
-            lines += ["# HELP ldp_broker_connected 1 while the collector holds its subscription.",
-                      "# TYPE ldp_broker_connected gauge",
-                      f"ldp_broker_connected {int(connected)}"]
-        lines += ["# HELP ldp_agents_online Agents online.", "# TYPE ldp_agents_online gauge",
-                  f"ldp_agents_online {document['agents_online']}"]
-        if "shards" in document:  # the merge view
-            lines += ["# HELP ldp_shard_state_age_seconds Age of each shard's latest state.",
-                      "# TYPE ldp_shard_state_age_seconds gauge"]
-            lines += [f'ldp_shard_state_age_seconds{{shard="{name}"}} {shard["age"]}'
-                      for name, shard in document["shards"].items() if shard["age"] is not None]
-            lines += ["# HELP ldp_shard_state_rejects_total Shard states rejected, by reason.",
-                      "# TYPE ldp_shard_state_rejects_total counter"]
-            lines += [f'ldp_shard_state_rejects_total{{reason="{r}"}} {n}'
-                      for r, n in sorted(document["shard_rejects"].items())]
-        gauges = {
-            "ldp_channel_count": ("Values accepted per channel.", lambda c: c["count"]),
-            "ldp_channel_mean_estimate": (
-                "Estimated true mean (linear channels).",
-                lambda c: (c.get("mean") or {}).get("estimate")),
-            "ldp_channel_mean_stderr": (
-                "Standard error of the mean estimate.",
-                lambda c: (c.get("mean") or {}).get("stderr")),
-            "ldp_channel_resultant_length": (
-                "Corrected mean resultant length (circular channels).",
-                lambda c: (c.get("resultant_length") or {}).get("estimate")),
-        }
-        for metric, (help_text, extract) in gauges.items():
-            lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} gauge"]
-            for name, channel in document["channels"].items():
-                value = extract(channel)
-                if value is not None:
-                    lines.append(f'{metric}{{channel="{name}"}} {value}')
-        return "\n".join(lines) + "\n"
+    for metric, (help_text, extract) in CHANNEL_GAUGES.items():
+        families.append(_labelled(GaugeMetricFamily, metric, help_text, "channel",
+                                  {name: extract(channel)
+                                   for name, channel in document["channels"].items()}))
+    return families
+
+
+def _labelled(family_type, name: str, help_text: str, label: str, values: dict) -> Metric:
+    """A family with one sample per label value (sorted), leaving out None values."""
+    family = family_type(name, help_text, labels=[label])
+    for key, value in sorted(values.items()):
+        if value is not None:
+            family.add_metric([key], value)
+    return family
+
+
+# -- snapshots ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every document as of ``t``, serialised once for every request and event stream."""
+
+    t: float  # the aggregates' time (the source's clock)
+    channels: bytes  # JSON of GET /api/channels
+    channel_details: dict[str, bytes]  # JSON of GET /api/channels/<name>, by name
+    range: bytes  # JSON of GET /api/range
+    rejects: bytes  # JSON of GET /api/rejects
+    metrics: tuple[Metric, ...]  # the documents' families for /metrics
+    documents: Documents  # what they were serialised from (the retained MQTT snapshots)
+    lock_seconds: float  # how long taking it held the collector's lock
+    compute_seconds: float  # taking, computing and serialising it
+    taken: float = field(default_factory=time.monotonic)  # when it was ready (monotonic)
+
+
+class Snapshots:
+    """The latest ``Snapshot`` of a source, refreshed every ``push_seconds`` in a thread.
+
+    A failing computation keeps the previous snapshot (``failing`` is set until
+    one succeeds) and is logged once per failing streak.  ``on_publish`` is
+    called after every attempt, from the computing thread."""
+
+    def __init__(self, source: SnapshotSource, *, push_seconds: float,
+                 on_publish: Callable[[], None] | None = None):
+        self.source = source
+        self.push_seconds = push_seconds
+        self.on_publish = on_publish
+        self.latest: Snapshot | None = None
+        self.failing = False
+        self.errors = 0  # failed computations
+        self._computing = threading.Lock()  # one computation at a time
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Compute the first snapshot now, then every push period, in a thread."""
+        if self._thread is not None:
+            raise RuntimeError("Snapshots already started")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="collector-snapshots",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join(STOP_JOIN_SECONDS)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.refresh()
+            busy = time.monotonic() - started
+            # At most half the time busy: a computation longer than the push period
+            # would otherwise run back to back and keep a core from ingestion.
+            self._stop.wait(max(self.push_seconds - busy, busy))
+
+    def refresh(self) -> Snapshot | None:
+        """Compute a snapshot now; the new one, or None if that failed."""
+        with self._computing:
+            started = time.perf_counter()
+            try:
+                capture = self.source.capture()
+                documents = self.source.documents(capture)
+                snapshot = Snapshot(
+                    t=capture.t, channels=to_json(documents.channels),
+                    channel_details={name: to_json(detail)
+                                     for name, detail in documents.channel_details.items()},
+                    range=to_json(documents.range),
+                    rejects=to_json({"recent": documents.dead_letters}),
+                    metrics=tuple(document_metrics(documents.channels)),
+                    documents=documents, lock_seconds=capture.lock_seconds,
+                    compute_seconds=time.perf_counter() - started)
+            except Exception:
+                self.errors += 1
+                if not self.failing:
+                    log.exception("computing the API documents failed; the previous ones "
+                                  "are served until it succeeds")
+                self.failing, snapshot = True, None
+            else:
+                if self.failing:
+                    log.info("the API documents are computed again")
+                self.latest, self.failing = snapshot, False
+        if self.on_publish is not None:
+            self.on_publish()
+        return snapshot

@@ -1,44 +1,76 @@
-"""The collector's HTTP API and live dashboard (standard library only).
+"""The collector's HTTP API and live dashboard (docs/API.md): Starlette on uvicorn.
 
-``WebServer`` serves docs/API.md from any *source* object with three methods:
+Every document is served from the latest snapshot (``views.Snapshots``):
+computed once per push period outside the collector's lock and serialised
+once, so a request or an event stream only copies bytes, and no number of
+viewers slows ingestion.  Only aggregates pass through here: the API has no
+field for a single report, let alone a raw reading.
 
-* ``channels_json() -> dict``: the whole ``/api/channels`` document;
-* ``channel_json(name) -> dict | None``: one channel plus ``"windows"``
-  (``None``: no such channel, answered with 404);
-* ``metrics_text() -> str``: Prometheus exposition text.
+uvicorn runs in one thread of the collector process, on asyncio with its
+pure-Python h11 protocol: a connection costs a protocol object, not a thread
+(the previous ``ThreadingHTTPServer`` held 4,718 connections of a slow-loris
+attack with 4,712 threads).  uvicorn itself does not bound what a client can
+hold: it arms its keep-alive timer only once a response is complete and
+cancels it at the next byte received, so a connection that never completes
+its request head (or sends it a byte at a time) is kept forever, and its
+``limit_concurrency`` answers 503 only to requests that did arrive.
+``GuardedH11Protocol`` adds what is missing, per ``HttpLimits``:
 
-The source is called from the server's request threads, concurrently, so it
-must be thread-safe.  Only aggregates pass through here: the API has no field
-for a single report, let alone a raw reading.
+* at most ``max_connections`` open: a new connection beyond makes the one that
+  has waited longest for a request (new, idle or slow) close, or, when every
+  connection is busy with a request or an event stream, is refused at once
+  with a 503;
+* a request's line and headers must arrive within ``header_timeout_seconds``
+  of its first byte (or of the connection, for the first request): 408, closed;
+* a keep-alive connection idle for ``idle_timeout_seconds`` is closed, and so
+  is one whose client stopped reading our answer for that long;
+* at most ``max_event_streams`` open ``/api/events`` streams: 503 beyond.
 
-The server runs ``http.server.ThreadingHTTPServer`` in a daemon thread.  Every
-answer is built in full before anything is written, so a failing source gives
-a clean 500 instead of a half-sent body; ``/api/events`` is the one streamed
-route.  ``stop()`` closes every open connection (SSE streams and idle
-keep-alive ones), so it returns promptly even with a dashboard attached.
+Malformed requests get a JSON error as every other refusal does.  ``stop()``
+ends the event streams and lets uvicorn close every connection, so it returns
+promptly even with dashboards attached.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
+import functools
 import importlib.resources
-import json
 import logging
 import socket
-import socketserver
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Protocol
-from urllib.parse import unquote, urlsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from .jsonsafe import json_safe
+import h11
+import uvicorn
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .jsonsafe import to_json
+from .views import Snapshot, Snapshots, SnapshotSource, Views
+
+if TYPE_CHECKING:
+    from .config import HttpConfig
 
 log = logging.getLogger(__name__)
 
 JSON_TYPE = "application/json"
-METRICS_TYPE = "text/plain; version=0.0.4"
-EVENTS_TYPE = "text/event-stream; charset=utf-8"
+METRICS_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what generate_latest writes
 
 # Explicit, because mimetypes reads /etc/mime.types, which differs between
 # systems (.js has been application/javascript, text/javascript or missing).
@@ -59,47 +91,256 @@ DASHBOARD_CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self'; "
                  "script-src 'self'; connect-src 'self'; base-uri 'none'; "
                  "form-action 'none'; frame-ancestors 'none'")
 
-KEEPALIVE_SECONDS = 15.0  # SSE comment when no event went out for this long (idle proxies)
-SSE_RETRY_MS = 2000       # tells EventSource how soon to reconnect
-MAX_STREAMS = 64          # each SSE stream holds a thread; refuse beyond this
-IDLE_TIMEOUT = 60.0       # seconds an idle keep-alive connection (or a stuck write) may last
-STOP_JOIN_SECONDS = 2.0   # how long stop() waits for request threads to end
-LINGER_SECONDS = 1.0      # reading a refused request's leftovers before closing ...
-LINGER_BYTES = 1 << 20    # ... up to this much
-
 ALLOWED_METHODS = "GET, HEAD"
+NO_STORE = {"Cache-Control": "no-store"}
+KEEPALIVE_SECONDS = 15.0  # an SSE comment this often (proxies drop silent streams)
+SSE_RETRY_MS = 2000       # tells EventSource how soon to reconnect
+RETRY_AFTER = "5"         # seconds, with every 503
+FIRST_SNAPSHOT_WAIT_SECONDS = 10.0  # a request before the first snapshot waits this long for it
+STOP_JOIN_SECONDS = 3.0   # how long start() and stop() wait for the server thread
+GRACEFUL_SHUTDOWN_SECONDS = 1.0  # uvicorn then cancels what is still running
+LINGER_SECONDS = 1.0      # after an error answer, reading what the client still sends ...
+LINGER_BYTES = 1 << 20    # ... up to this much, before closing
+REFUSAL_REASONS = ("connections", "evicted", "header_timeout", "write_timeout",
+                   "event_streams")
+
+SOURCE_ERROR_EVENT = (b"event: source-error\ndata: "
+                      + to_json({"error": "the aggregates could not be computed"}) + b"\n\n")
 
 
-class Source(Protocol):
-    def channels_json(self) -> dict: ...
+@dataclass(frozen=True)
+class HttpLimits:
+    """What clients can make the server hold (``[http]`` of the collector's config)."""
 
-    def channel_json(self, name: str) -> dict | None: ...
-
-    def metrics_text(self) -> str: ...
-
-
-class HttpError(Exception):
-    """An answer other than 200, raised by a route and sent as a JSON error."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
+    max_connections: int = 256
+    max_event_streams: int = 64
+    idle_timeout_seconds: float = 60.0
+    header_timeout_seconds: float = 10.0
 
 
-def to_json(value: Any) -> bytes:
-    return json.dumps(json_safe(value), allow_nan=False, separators=(",", ":")).encode()
+# -- connections ----------------------------------------------------------------------------------
+
+class ConnectionGuard:
+    """The connections of one server and what its limits did (used in its event loop only)."""
+
+    def __init__(self, limits: HttpLimits):
+        self.limits = limits
+        self.open: set[GuardedH11Protocol] = set()
+        # Connections waiting for a request (new, idle between requests, or receiving
+        # one slowly), longest-waiting first: at the cap, the first makes room.
+        self.waiting: dict[GuardedH11Protocol, None] = {}
+        self.refused = collections.Counter(dict.fromkeys(REFUSAL_REASONS, 0))
+
+    def admit(self, connection: GuardedH11Protocol) -> bool:
+        if len(self.open) >= self.limits.max_connections:
+            if not self.waiting:
+                self.refused["connections"] += 1
+                return False
+            next(iter(self.waiting)).close_for("evicted")
+        self.open.add(connection)
+        return True
+
+    def forget(self, connection: GuardedH11Protocol) -> None:
+        self.open.discard(connection)
+        self.waiting.pop(connection, None)
 
 
-def _static_files() -> dict[str, Any]:
-    """The dashboard's files by name.  Requests are looked up in this mapping,
-    never turned into paths, so no URL can reach outside the directory."""
+def raw_answer(status: int, message: str, headers: dict[str, str] | None = None) -> bytes:
+    """A complete JSON error response, for the protocol to write when no request
+    (or no valid one) was read, so none of the ASGI app's machinery applies."""
+    body = to_json({"error": message})
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", f"Content-Type: {JSON_TYPE}",
+             f"Content-Length: {len(body)}", "Cache-Control: no-store",
+             "X-Content-Type-Options: nosniff", "Connection: close",
+             *(f"{key}: {value}" for key, value in (headers or {}).items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the limits of ``HttpLimits`` (module docstring).
+
+    It leans on ``H11Protocol``'s internals (``cycle``, ``conn``, ``flow``,
+    ``timeout_keep_alive_task``, ``on_response_complete``, ``send_400_response``),
+    which is why pyproject.toml names the uvicorn tested; tests/collector/test_web.py
+    exercises each of them."""
+
+    def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.guard = guard
+        self.refused = False    # over the cap: answered 503 and closed
+        self.lingering = False  # an error was answered: reading the rest, then closing
+        self.lingered = 0  # bytes read away meanwhile
+        self.request_deadline: asyncio.TimerHandle | None = None
+        self.write_deadline: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol --
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        if not self.guard.admit(self):
+            self.refused = True
+            self.transport = transport
+            transport.write(raw_answer(503, "too many connections", {"Retry-After": RETRY_AFTER}))
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._watch()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.forget(self)
+        self._cancel_deadlines()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:  # read and dropped (see _linger)
+            self.lingered += len(data)
+            if self.lingered > LINGER_BYTES:
+                self.transport.close()
+            return
+        if self.refused:
+            return
+        super().data_received(data)
+        self._watch()
+
+    def eof_received(self) -> bool | None:
+        # A client may half-close once its request is sent (`nc -N`, some HTTP/1.0
+        # clients): answer it, then close.  uvicorn would close at once, answerless.
+        if not self.lingering and self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False
+            return True
+        return None  # asyncio closes the transport
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.write_deadline is None:
+            self.write_deadline = self.loop.call_later(
+                self.guard.limits.idle_timeout_seconds, self.close_for, "write_timeout")
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.write_deadline is not None:
+            self.write_deadline.cancel()
+            self.write_deadline = None
+
+    # -- uvicorn's hooks --
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._watch()
+
+    def send_400_response(self, msg: str) -> None:
+        log.debug("malformed request from %s: %s", self.client, msg)
+        self.transport.write(raw_answer(400, "bad request"))
+        self._linger()
+
+    def timeout_keep_alive_handler(self) -> None:
+        if self.transport.get_write_buffer_size():  # the client never read our answer
+            self.transport.abort()
+        else:
+            super().timeout_keep_alive_handler()
+
+    # -- the limits --
+
+    def _watch(self) -> None:
+        """Track whether the connection waits for a request and hold it to the
+        request deadline meanwhile: armed at the connection, or at the first byte
+        after a keep-alive wait (uvicorn's timer covers the wait itself)."""
+        if self.transport.is_closing() or self.lingering:
+            return
+        if self.cycle is not None and not self.cycle.response_complete:  # busy
+            self.guard.waiting.pop(self, None)
+            if self.request_deadline is not None:
+                self.request_deadline.cancel()
+                self.request_deadline = None
+            return
+        self.guard.waiting.setdefault(self, None)
+        if self.timeout_keep_alive_task is None and self.request_deadline is None:
+            self.request_deadline = self.loop.call_later(
+                self.guard.limits.header_timeout_seconds, self.close_for, "header_timeout")
+
+    def close_for(self, reason: str) -> None:
+        """Close the connection because of a limit (``REFUSAL_REASONS``), counted."""
+        self.guard.forget(self)  # at once: a new connection may be taking its place
+        self._cancel_deadlines()
+        if self.transport.is_closing():
+            return
+        self.guard.refused[reason] += 1
+        if reason == "write_timeout":
+            self.transport.abort()  # what is buffered will never be read
+            return
+        if reason == "header_timeout" and self.conn.our_state is h11.IDLE:
+            self.transport.write(raw_answer(408, "request not received in time"))
+        self.transport.close()
+
+    def _linger(self) -> None:
+        """Close after an error answer, but read the client's leftovers first (for up
+        to ``LINGER_SECONDS`` and ``LINGER_BYTES``): closing with unread input makes the
+        kernel send a reset, which can destroy the answer in transit."""
+        self.lingering = True
+        self.guard.waiting.pop(self, None)
+        self._cancel_deadlines()
+        self.flow.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.request_deadline = self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+    def _cancel_deadlines(self) -> None:
+        for deadline in (self.request_deadline, self.write_deadline):
+            if deadline is not None:
+                deadline.cancel()
+        self.request_deadline = self.write_deadline = None
+
+
+# -- metrics ------------------------------------------------------------------------------------
+
+class ServerMetrics(Collector):
+    """/metrics: the latest snapshot's families, and the server's own."""
+
+    def __init__(self, web: WebServer):
+        self.web = web
+
+    def collect(self):
+        web = self.web
+        snapshots = web.snapshots
+        snapshot = snapshots.latest
+        if snapshot is not None:
+            yield from snapshot.metrics
+        yield GaugeMetricFamily("ldp_http_connections", "Open HTTP connections.",
+                                value=web.open_connections)
+        yield GaugeMetricFamily("ldp_http_event_streams", "Open /api/events streams.",
+                                value=web.active_streams)
+        refused = CounterMetricFamily(
+            "ldp_http_refused_total",
+            "Connections refused or closed and event streams refused by the server's limits, "
+            "by reason.", labels=["reason"])
+        for reason, count in sorted(web.guard.refused.items()):
+            refused.add_metric([reason], count)
+        yield refused
+        yield CounterMetricFamily("ldp_snapshot_errors_total",
+                                  "Failed snapshot computations (the previous one is served).",
+                                  value=snapshots.errors)
+        if snapshot is not None:
+            yield GaugeMetricFamily("ldp_snapshot_age_seconds",
+                                    "Seconds since the served snapshot was computed.",
+                                    value=time.monotonic() - snapshot.taken)
+            yield GaugeMetricFamily("ldp_snapshot_seconds",
+                                    "Time taken to compute the served snapshot.",
+                                    value=snapshot.compute_seconds)
+            yield GaugeMetricFamily("ldp_snapshot_lock_seconds",
+                                    "How long computing the served snapshot held the "
+                                    "collector's lock.", value=snapshot.lock_seconds)
+
+
+# -- the app ------------------------------------------------------------------------------------
+
+def _static_files() -> dict[str, tuple[bytes, str]]:
+    """The dashboard's files by name: (content, type).  Requests are looked up in
+    this mapping, never turned into paths, so no URL can reach outside the directory."""
     root = importlib.resources.files("collector").joinpath("static")
     try:
-        return {entry.name: entry for entry in root.iterdir() if entry.is_file()}
+        entries = [entry for entry in root.iterdir() if entry.is_file()]
     except (FileNotFoundError, NotADirectoryError):
         return {}
+    return {entry.name: (entry.read_bytes(), _static_type(entry.name)) for entry in entries}
 
 
 def _static_type(name: str) -> str:
@@ -107,306 +348,136 @@ def _static_type(name: str) -> str:
     return STATIC_TYPES.get(name[dot:].lower() if dot >= 0 else "", "application/octet-stream")
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], web: WebServer):
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        self.web = web
-        super().__init__(address, _Handler)
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves the host with getfqdn(), a reverse
-        # DNS lookup that stalls for seconds on machines without a resolver.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name, self.server_port = str(host), port
-
-    def handle_error(self, request, client_address) -> None:
-        # The default prints a traceback to stderr; a dropped connection is
-        # routine for a dashboard, anything else is worth a real log entry.
-        log.debug("error while serving %s", client_address, exc_info=True)
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(to_json({"error": message}), status_code=status, media_type=JSON_TYPE,
+                    headers={**NO_STORE, **(headers or {})})
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _HTTPServer
-    protocol_version = "HTTP/1.1"  # keep-alive: the polling fallback reuses its connection
-    server_version = "edge-collector"
-    sys_version = ""
-    timeout = IDLE_TIMEOUT
+def _json(body: bytes) -> Response:
+    return Response(body, media_type=JSON_TYPE, headers=NO_STORE)
 
-    # -- connection bookkeeping, so stop() can end every open connection --
 
-    def setup(self) -> None:
-        super().setup()
-        self._linger = False         # drain unread input before closing (see _drain)
-        self._source_failing = False  # the event stream logs a failing source once
-        self.server.web._register(self.connection)
+class _EventStream(EventSourceResponse):
+    """An event stream that gives its slot back however it ends."""
 
-    def finish(self) -> None:
+    def __init__(self, *args: Any, release: Callable[[], None], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.release = release
+
+    async def __call__(self, scope, receive, send) -> None:
         try:
-            super().finish()
-            if self._linger:
-                self._drain()
+            await super().__call__(scope, receive, send)
         finally:
-            self.server.web._unregister(self.connection)
+            self.release()
 
-    def _drain(self) -> None:
-        """Read what the client still sends (an oversized request line, a body
-        we refused) before the socket closes: closing with unread input makes
-        the kernel send a reset, which can destroy our answer in transit."""
-        try:
-            self.connection.shutdown(socket.SHUT_WR)
-            self.connection.settimeout(LINGER_SECONDS)
-            deadline = time.monotonic() + LINGER_SECONDS
-            received = 0
-            while received < LINGER_BYTES and time.monotonic() < deadline:
-                chunk = self.connection.recv(65536)
-                if not chunk:
-                    break
-                received += len(chunk)
-        except OSError:
-            pass
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-    # -- methods --
-
-    def do_GET(self) -> None:
-        self._dispatch(head=False)
-
-    def do_HEAD(self) -> None:
-        self._dispatch(head=True)
-
-    def __getattr__(self, name: str):
-        # BaseHTTPRequestHandler looks up do_<METHOD>; answer every other
-        # method (POST, PUT, PROPFIND, ...) with 405 rather than 501.
-        if name.startswith("do_"):
-            return self._method_not_allowed
-        raise AttributeError(name)
-
-    def _method_not_allowed(self) -> None:
-        self.close_connection = self._linger = True  # a request body may follow, unread
-        self._send_error(HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command} not allowed",
-                         {"Allow": ALLOWED_METHODS})
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        # Called by the base class for malformed requests: answer in JSON too.
-        self.close_connection = self._linger = True
-        if self.request_version == "HTTP/0.9":  # unparsed request line: still send a status line
-            self.request_version = "HTTP/1.0"
-        self._send_error(code, message or HTTPStatus(code).phrase)
-
-    # -- routing --
-
-    def _dispatch(self, *, head: bool) -> None:
-        if self.headers.get("Content-Length", "0") != "0" or "Transfer-Encoding" in self.headers:
-            # GET with a body: don't parse it as the next request.
-            self.close_connection = self._linger = True
-        try:
-            path = self._request_path()
-            if path == "/api/events":
-                self._events(head=head)
-                return
-            status, content_type, body, headers = self._route(path)
-        except HttpError as exc:
-            self._send_error(exc.status, exc.message, exc.headers, head=head)
-            return
-        except Exception:
-            log.exception("collector web: %s %s failed", self.command, self.path)
-            self._send_error(HTTPStatus.INTERNAL_SERVER_ERROR, "internal error", head=head)
-            return
-        self._send(status, content_type, body, headers, head=head)
-
-    def _request_path(self) -> str:
-        target = self.path
-        if target.startswith("/"):
-            # Not urlsplit: it would read "//host/x" as a network location.
-            return target.split("?", 1)[0].split("#", 1)[0]
-        if target.lower().startswith(("http://", "https://")):  # absolute-form (RFC 9112)
-            return urlsplit(target).path or "/"
-        raise HttpError(HTTPStatus.BAD_REQUEST, "bad request target")
-
-    def _route(self, path: str) -> tuple[int, str, bytes, dict[str, str]]:
-        source = self.server.web.source
-        no_store = {"Cache-Control": "no-store"}
-        if path in ("/api/channels", "/api/channels/"):
-            return 200, JSON_TYPE, to_json(source.channels_json()), no_store
-        if path.startswith("/api/channels/"):
-            name = unquote(path[len("/api/channels/"):])
-            channel = source.channel_json(name)
-            if channel is None:
-                raise HttpError(HTTPStatus.NOT_FOUND, f"no channel named {name!r}")
-            return 200, JSON_TYPE, to_json(channel), no_store
-        if path == "/api/range":
-            results = getattr(source, "range_json", None)
-            document = results() if results is not None else {"channels": {}}
-            return 200, JSON_TYPE, to_json(document), no_store
-        if path == "/api/rejects":
-            recent = getattr(source, "dead_letters", list)()
-            return 200, JSON_TYPE, to_json({"recent": recent}), no_store
-        if path == "/metrics":
-            return 200, METRICS_TYPE, source.metrics_text().encode(), no_store
-        if path in ("/", "/index.html"):
-            return self._static("index.html")
-        if path.startswith("/static/"):
-            return self._static(unquote(path[len("/static/"):]))
-        raise HttpError(HTTPStatus.NOT_FOUND, "not found")
-
-    def _static(self, name: str) -> tuple[int, str, bytes, dict[str, str]]:
-        entry = _static_files().get(name)
-        if entry is None:
-            raise HttpError(HTTPStatus.NOT_FOUND, "not found")
-        # no-cache (revalidate) rather than caching: an upgraded collector must
-        # not pair a new API with yesterday's app.js.
-        headers = {"Cache-Control": "no-cache"}
-        if name.endswith(".html"):
-            headers["Content-Security-Policy"] = DASHBOARD_CSP
-        return 200, _static_type(name), entry.read_bytes(), headers
-
-    # -- server-sent events --
-
-    def _events(self, *, head: bool) -> None:
-        web = self.server.web
-        if not head and not web._open_stream():
-            raise HttpError(HTTPStatus.SERVICE_UNAVAILABLE, "too many event streams",
-                            {"Retry-After": "5"})
-        try:
-            # No Content-Length: the body lasts until either side closes.
-            self.close_connection = True
-            self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Type", EVENTS_TYPE)
-            self.send_header("Cache-Control", "no-store")
-            self.send_header("Connection", "close")
-            self.send_header("X-Accel-Buffering", "no")  # nginx: don't buffer the stream
-            self.send_header("X-Content-Type-Options", "nosniff")
-            self.end_headers()
-            if not head:
-                self._stream(web)
-        except OSError as exc:  # the client left (broken pipe, reset) or stop() shut it
-            log.debug("event stream to %s ended: %s", self.address_string(), exc)
-        finally:
-            if not head:
-                web._close_stream()
-
-    def _stream(self, web: WebServer) -> None:
-        """Write an event now and every push_seconds until the client leaves
-        (a write fails) or the server stops."""
-        self._write(f"retry: {SSE_RETRY_MS}\n\n".encode())
-        while not web._stopping.is_set():
-            self._write(self._event())
-            next_push = time.monotonic() + web.push_seconds
-            while True:
-                remaining = next_push - time.monotonic()
-                if remaining <= 0:
-                    break
-                if web._stopping.wait(min(remaining, KEEPALIVE_SECONDS)):
-                    return
-                if next_push - time.monotonic() > 0:
-                    self._write(b": keep-alive\n\n")
-
-    def _event(self) -> bytes:
-        try:
-            data = to_json(self.server.web.source.channels_json())
-            kind, self._source_failing = "channels", False
-        except Exception:
-            # Keep the stream: the next push may succeed, and the dashboard
-            # shows the error meanwhile.  Logged once per failing streak, not
-            # at every push of every open dashboard.
-            if not self._source_failing:
-                log.exception("collector web: channels_json failed for /api/events")
-            self._source_failing = True
-            data, kind = to_json({"error": "internal error"}), "source-error"
-        # to_json never emits a newline, so the payload is a single data line.
-        return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
-
-    def _write(self, data: bytes) -> None:
-        self.wfile.write(data)
-        self.wfile.flush()
-
-    # -- plain answers --
-
-    def _send(self, status: int, content_type: str, body: bytes,
-              headers: dict[str, str] | None = None, *, head: bool = False) -> None:
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("X-Content-Type-Options", "nosniff")
-            for key, value in (headers or {}).items():
-                self.send_header(key, value)
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            if not head and self.command != "HEAD":
-                self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
-            self.close_connection = True
-            log.debug("client %s went away: %s", self.address_string(), exc)
-
-    def _send_error(self, status: int, message: str, headers: dict[str, str] | None = None,
-                    *, head: bool = False) -> None:
-        headers = {"Cache-Control": "no-store", **(headers or {})}
-        self._send(int(status), JSON_TYPE, to_json({"error": message}), headers, head=head)
+def latest_channels(web: WebServer | None, views: Views) -> dict:
+    """The /api/channels document: the web server's latest snapshot (computed outside the
+    ingest lock), or, without one, computed now."""
+    latest = web.snapshots.latest if web is not None else None
+    return latest.documents.channels if latest is not None else views.channels_json()
 
 
 class WebServer:
-    """The collector's HTTP server: ``start()`` binds and serves in a daemon
-    thread, ``stop()`` ends it and every open connection.
+    """The collector's HTTP server: ``start()`` binds and serves from a thread,
+    ``stop()`` ends it and every open connection.
 
-    ``port=0`` binds a free port; ``.port`` and ``.url`` tell which.
+    ``source`` gives the documents (``views.SnapshotSource``: ``views.Views`` for
+    a collector).  ``port=0`` binds a free port; ``.port`` and ``.url`` tell which.
     """
 
-    def __init__(self, source: Source, *, host: str, port: int, push_seconds: float = 1.0):
+    def __init__(self, source: SnapshotSource, *, host: str, port: int,
+                 push_seconds: float = 1.0, limits: HttpLimits = HttpLimits()):
         if not push_seconds > 0:
             raise ValueError(f"push_seconds must be > 0, got {push_seconds}")
         self.source = source
         self.host = host
         self.push_seconds = float(push_seconds)
+        self.limits = limits
         self._requested_port = port
-        self._httpd: _HTTPServer | None = None
+        self.snapshots = Snapshots(source, push_seconds=self.push_seconds,
+                                   on_publish=self._snapshot_published)
+        self.guard = ConnectionGuard(limits)
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(ServerMetrics(self))
+        self._static = _static_files()
+        self._app = self._build_app()
+        self._socket: socket.socket | None = None
+        self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # In the loop: set (and replaced) at every snapshot, and when stopping.
+        self._published: asyncio.Event | None = None
+        self._closing = False
         self._streams = 0
+        self._channels_event: bytes | None = None  # the latest snapshot's SSE event
+
+    @classmethod
+    def from_config(cls, source: SnapshotSource, http: HttpConfig) -> WebServer:
+        return cls(source, host=http.host, port=http.port, push_seconds=http.push_seconds,
+                   limits=HttpLimits(max_connections=http.max_connections,
+                                     max_event_streams=http.max_event_streams,
+                                     idle_timeout_seconds=http.idle_timeout_seconds,
+                                     header_timeout_seconds=http.header_timeout_seconds))
 
     # -- lifecycle --
 
     def start(self) -> WebServer:
-        if self._httpd is not None:
+        if self._thread is not None:
             raise RuntimeError("WebServer already started")
-        self._stopping.clear()
-        self._httpd = _HTTPServer((self.host, self._requested_port), self)
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                        kwargs={"poll_interval": 0.1},
+        # uvicorn logs its lifecycle at INFO and every malformed request (scanners, port
+        # probes) at WARNING, sse-starlette every event it sends at DEBUG; what matters
+        # is logged here.  An operator's explicit level for them stays.
+        for name, level in (("uvicorn.error", logging.ERROR), ("sse_starlette", logging.INFO)):
+            if logging.getLogger(name).level == logging.NOTSET:
+                logging.getLogger(name).setLevel(level)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        # Bound here, not by uvicorn: .port is known at once (port 0) and asyncio
+        # would resolve the host in a thread of its own.
+        self._socket = socket.create_server((self.host, self._requested_port), family=family)
+        config = uvicorn.Config(
+            self._asgi, http=functools.partial(GuardedH11Protocol, guard=self.guard),
+            interface="asgi3", ws="none", lifespan="off", proxy_headers=False,
+            log_config=None, access_log=False,
+            headers=[("Server", "edge-collector"), ("X-Content-Type-Options", "nosniff")],
+            timeout_keep_alive=self.limits.idle_timeout_seconds,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
+        self._server = uvicorn.Server(config)
+        self._closing = False
+        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),),
                                         name="collector-web", daemon=True)
+        self.snapshots.start()
         self._thread.start()
+        deadline = time.monotonic() + STOP_JOIN_SECONDS
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the web server failed to start (see the log)")
+            time.sleep(0.005)
         log.info("dashboard and API on %s", self.url)
         return self
 
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._published = asyncio.Event()
+        await self._server.serve(sockets=[self._socket])
+
     def stop(self) -> None:
-        httpd = self._httpd
-        if httpd is None:
+        thread = self._thread
+        if thread is None:
             return
-        self._stopping.set()  # SSE loops return at their next wait
-        httpd.shutdown()      # the accept loop ends within poll_interval
-        httpd.server_close()
-        with self._lock:
-            connections = dict(self._connections)
-        for conn in connections:
-            # Wakes handlers blocked in a read (idle keep-alive) or a write.
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        deadline = time.monotonic() + STOP_JOIN_SECONDS
-        for thread in [*connections.values(), self._thread]:
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(max(0.0, deadline - time.monotonic()))
-        self._httpd = self._thread = None
+        self.snapshots.stop()
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has ended already
+                loop.call_soon_threadsafe(self._end_streams)
+        self._server.should_exit = True  # uvicorn closes every connection
+        thread.join(STOP_JOIN_SECONDS)
+        if thread.is_alive():
+            self._server.force_exit = True
+            thread.join(STOP_JOIN_SECONDS)
+        self._socket.close()
+        self._thread = self._server = self._loop = self._socket = None
 
     def __enter__(self) -> WebServer:
         return self.start()
@@ -416,9 +487,9 @@ class WebServer:
 
     @property
     def port(self) -> int:
-        if self._httpd is None:
+        if self._socket is None:
             raise RuntimeError("WebServer not started")
-        return self._httpd.server_address[1]
+        return self._socket.getsockname()[1]
 
     @property
     def url(self) -> str:
@@ -430,27 +501,172 @@ class WebServer:
 
     @property
     def active_streams(self) -> int:
-        """Open /api/events streams (for tests and diagnostics)."""
-        with self._lock:
-            return self._streams
+        """Open /api/events streams."""
+        return self._streams
 
-    # -- bookkeeping called by the handler threads --
+    @property
+    def open_connections(self) -> int:
+        """Connections held (refused ones are not)."""
+        return len(self.guard.open)
 
-    def _register(self, conn: socket.socket) -> None:
-        with self._lock:
-            self._connections[conn] = threading.current_thread()
+    # -- snapshots reach the event loop --
 
-    def _unregister(self, conn: socket.socket) -> None:
-        with self._lock:
-            self._connections.pop(conn, None)
+    def _snapshot_published(self) -> None:
+        """After every snapshot attempt (the snapshots' thread): streams send."""
+        snapshot = self.snapshots.latest
+        if snapshot is not None:
+            # One event for every stream.  The JSON has no newline: a single data line.
+            self._channels_event = b"event: channels\ndata: " + snapshot.channels + b"\n\n"
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has ended: stopping
+                loop.call_soon_threadsafe(self._wake_streams)
 
-    def _open_stream(self) -> bool:
-        with self._lock:
-            if self._streams >= MAX_STREAMS:
-                return False
+    def _wake_streams(self) -> None:
+        published, self._published = self._published, asyncio.Event()
+        published.set()
+
+    def _end_streams(self) -> None:
+        self._closing = True
+        self._wake_streams()
+
+    async def _snapshot(self) -> Snapshot:
+        """The latest snapshot; before the first one, wait for it (a while)."""
+        deadline = time.monotonic() + FIRST_SNAPSHOT_WAIT_SECONDS
+        while True:
+            published = self._published
+            snapshot = self.snapshots.latest
+            if snapshot is not None:
+                return snapshot
+            remaining = deadline - time.monotonic()
+            if self.snapshots.failing or remaining <= 0 or self._closing:
+                message = ("the aggregates could not be computed (see the collector's log)"
+                           if self.snapshots.failing else "the aggregates are not ready yet")
+                raise HTTPException(503, message, headers={"Retry-After": RETRY_AFTER})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(published.wait(), remaining)
+
+    # -- the ASGI app --
+
+    async def _asgi(self, scope, receive, send) -> None:
+        """Starlette's app behind what uvicorn's h11 lets through: HTTP/1.x only, and a
+        request target in origin form (absolute form is reduced to its path)."""
+        if scope["type"] == "http":
+            path = scope["path"]
+            problem = None
+            if scope["http_version"] not in ("1.0", "1.1"):
+                problem = _error(505, "HTTP version not supported")
+            elif path.lower().startswith(("http://", "https://")):  # absolute form, RFC 9112
+                scope = {**scope, "path": urlsplit(path).path or "/"}
+            elif not path.startswith("/"):
+                problem = _error(400, "bad request target")
+            if problem is not None:
+                await problem(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
+
+    def _build_app(self) -> Starlette:
+        get = ["GET"]  # Starlette adds HEAD
+        routes = [
+            Route("/api/channels", self._channels, methods=get),
+            Route("/api/channels/", self._channels, methods=get),
+            Route("/api/channels/{name:path}", self._channel, methods=get),
+            Route("/api/range", self._range, methods=get),
+            Route("/api/rejects", self._rejects, methods=get),
+            Route("/api/events", self._events, methods=get),
+            Route("/metrics", self._metrics, methods=get),
+            Route("/", self._index, methods=get),
+            Route("/index.html", self._index, methods=get),
+            Route("/static/{name:path}", self._static_file, methods=get),
+        ]
+        return Starlette(routes=routes, exception_handlers={
+            HTTPException: self._http_error, Exception: self._internal_error})
+
+    async def _channels(self, request: Request) -> Response:
+        return _json((await self._snapshot()).channels)
+
+    async def _channel(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        body = (await self._snapshot()).channel_details.get(name)
+        if body is None:
+            raise HTTPException(404, f"no channel named {name!r}")
+        return _json(body)
+
+    async def _range(self, request: Request) -> Response:
+        return _json((await self._snapshot()).range)
+
+    async def _rejects(self, request: Request) -> Response:
+        return _json((await self._snapshot()).rejects)
+
+    async def _metrics(self, request: Request) -> Response:
+        return Response(generate_latest(self._registry), media_type=METRICS_TYPE,
+                        headers=NO_STORE)
+
+    async def _index(self, request: Request) -> Response:
+        return self._file("index.html")
+
+    async def _static_file(self, request: Request) -> Response:
+        return self._file(request.path_params["name"])
+
+    def _file(self, name: str) -> Response:
+        found = self._static.get(name)
+        if found is None:
+            raise HTTPException(404, "not found")
+        content, content_type = found
+        # no-cache (revalidate) rather than caching: an upgraded collector must
+        # not pair a new API with yesterday's app.js.
+        headers = {"Cache-Control": "no-cache"}
+        if name.endswith(".html"):
+            headers["Content-Security-Policy"] = DASHBOARD_CSP
+        return Response(content, media_type=content_type, headers=headers)
+
+    async def _events(self, request: Request) -> Response:
+        """Server-sent events: the channels document at every snapshot.  sse-starlette
+        sends the keep-alive comments, answers HEAD without a stream and notices a
+        client that left."""
+        release = _nothing
+        if request.method != "HEAD":
+            if self._streams >= self.limits.max_event_streams:
+                self.guard.refused["event_streams"] += 1
+                raise HTTPException(503, "too many event streams",
+                                    headers={"Retry-After": RETRY_AFTER})
             self._streams += 1
-            return True
+            release = self._release_stream
+        return _EventStream(self._stream(), release=release, sep="\n", ping=KEEPALIVE_SECONDS,
+                            ping_message_factory=_keepalive, headers=NO_STORE)
 
-    def _close_stream(self) -> None:
-        with self._lock:
-            self._streams -= 1
+    async def _stream(self):
+        """The latest snapshot's event now and at every snapshot after (a
+        ``source-error`` event while computing fails) until the server stops."""
+        yield f"retry: {SSE_RETRY_MS}\n\n".encode()
+        while not self._closing:
+            published = self._published
+            event = SOURCE_ERROR_EVENT if self.snapshots.failing else self._channels_event
+            if event is not None:  # None: the first snapshot is not computed yet
+                yield event
+            await published.wait()
+
+    def _release_stream(self) -> None:
+        self._streams -= 1
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ALLOWED_METHODS  # Starlette lists a set, in no set order
+            return _error(405, f"method {request.method} not allowed", headers)
+        message = exc.detail if exc.detail != HTTPStatus(exc.status_code).phrase \
+            else exc.detail.lower()
+        return _error(exc.status_code, message, headers)
+
+    async def _internal_error(self, request: Request, exc: Exception) -> Response:
+        # Starlette re-raises it after this answer, and uvicorn logs it with its traceback.
+        return _error(500, "internal error")
+
+
+def _nothing() -> None:
+    pass
+
+
+def _keepalive() -> ServerSentEvent:
+    return ServerSentEvent(comment="keep-alive", sep="\n")

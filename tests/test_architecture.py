@@ -150,3 +150,15 @@ def test_wire_messages_are_decoded_in_the_protocol_module_only():
                         "msgspec.json.Decoder"):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}: {call}")
     assert found == []
+
+
+# The collector's web stack; the agent runs on a Raspberry Pi and needs none of it.
+SERVER_PACKAGES = ("starlette", "uvicorn", "sse_starlette", "prometheus_client", "h11")
+
+
+def test_the_agent_imports_no_server_stack():
+    found = [f"{MODULES[module].relative_to(REPO)}:{line} imports {target}"
+             for module in MODULES if module.startswith("edge_agent")
+             for target, _, line in imports(module)
+             if target.split(".")[0] in SERVER_PACKAGES]
+    assert found == []

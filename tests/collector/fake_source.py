@@ -8,7 +8,9 @@ circular statistics are computed from the estimated histogram, the 95%
 interval is estimate ± 1.96 stderr.  ``step()`` moves time on, adds reports
 and drifts the means, so live views have something to follow;
 ``add_channel()`` makes a channel appear later, with no data yet (null
-statistics).  Thread-safe: the web server calls it from its request threads.
+statistics).  It is a snapshot source (``collector.views.SnapshotSource``):
+``capture`` copies the document under the fake's lock, ``documents`` builds
+every API document from that copy; both count their calls.  Thread-safe.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import math
 import random
 import threading
 
-from collector.views import Views
+from collector.views import Capture, Documents
 
 FLEET = "demo"
 T0 = 1763780000.0
@@ -130,18 +132,6 @@ def empty_linear_channel(*, low: float = 0.0, high: float = 100.0) -> dict:
     }
 
 
-class _DocumentViews(Views):
-    """The collector's real ``Views`` over a ready /api/channels document instead of
-    an ``Ingestor``: ``metrics_text`` renders it exactly as the collector would."""
-
-    def __init__(self, document: dict):
-        super().__init__(get_ingestor=lambda: None)
-        self._document = document
-
-    def channels_json(self) -> dict:
-        return self._document
-
-
 class FakeSource:
     """The web server's source interface over a made-up, evolving fleet."""
 
@@ -163,6 +153,8 @@ class FakeSource:
         self._windows: dict[str, list[dict]] = {}
         self._doc = self._build()
         self._record_windows()
+        self.captures = 0   # capture() calls
+        self.computes = 0   # documents() calls
 
     # -- the source interface -------------------------------------------
 
@@ -179,9 +171,20 @@ class FakeSource:
             entry["windows"] = copy.deepcopy(self._windows.get(name, []))
             return entry
 
-    def metrics_text(self) -> str:
-        """Prometheus text by the collector's own renderer (collector.views)."""
-        return _DocumentViews(self.channels_json()).metrics_text()
+    def capture(self) -> Capture:
+        with self._lock:
+            self.captures += 1
+            content = (copy.deepcopy(self._doc), copy.deepcopy(self._windows))
+            return Capture(t=self._doc["t"], content=content)
+
+    def documents(self, capture: Capture) -> Documents:
+        with self._lock:
+            self.computes += 1
+        document, windows = capture.content
+        details = {name: {**channel, "windows": windows.get(name, [])}
+                   for name, channel in document["channels"].items()}
+        return Documents(channels=document, channel_details=details,
+                         range={"t": capture.t, "channels": {}}, dead_letters=[])
 
     # -- test controls ----------------------------------------------------
 

@@ -15,7 +15,7 @@ from collector.ingest import Ingestor
 from collector.merge import MergeView, decode_state
 from collector.series import Series
 from collector.stats import StateError
-from collector.views import Views
+from collector.views import Views, document_metrics
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 from edge_agent.protocol import shard_topic
@@ -350,8 +350,10 @@ def test_merge_view_merges_shards_and_reports_freshness():
     assert shards["s2"]["age"] == pytest.approx(108.0) and shards["s2"]["stale"]
     document = Views(view.ingestor, extra=view.shards_json).channels_json()
     assert set(document["shards"]) == {"s0", "s1", "s2"} and document["shard_rejects"] == {}
-    metrics = Views(view.ingestor, extra=view.shards_json).metrics_text()
-    assert 'ldp_shard_state_age_seconds{shard="s0"} 110.0' in metrics
+    ages = {tuple(sample.labels.values()): sample.value
+            for family in document_metrics(document) for sample in family.samples
+            if sample.name == "ldp_shard_state_age_seconds"}
+    assert ages[("s0",)] == pytest.approx(110.0)
 
 
 def test_merge_takes_the_series_reported_most_recently_whatever_the_order():

@@ -167,14 +167,14 @@ def test_watch_once_bad_urls_do_not_raise(url):
 
 def test_watch_once_http_error_shows_the_servers_message():
     class Broken:
-        def channels_json(self):
+        def capture(self):
             raise RuntimeError("engine down")
 
     web = WebServer(Broken(), host="127.0.0.1", port=0).start()
     try:
         console = Console(record=True, width=200, file=io.StringIO())
         assert watch(web.url, once=True, console=console) == 1
-        assert "HTTP 500 internal error" in console.export_text()
+        assert "HTTP 503 the aggregates could not be computed" in console.export_text()
     finally:
         web.stop()
 

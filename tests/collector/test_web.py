@@ -1,6 +1,8 @@
 """The collector's HTTP API (docs/API.md) and dashboard, against a real
 WebServer on a free port fed by FakeSource, and the dashboard in a real
-headless Chromium."""
+headless Chromium; the server's limits (connections, slow clients, event
+streams), and that documents are computed once per push, outside the
+collector's lock."""
 
 from __future__ import annotations
 
@@ -17,8 +19,15 @@ import tomllib
 from fnmatch import fnmatch
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from collector.web import WebServer, json_safe
+from collector.ingest import Ingestor
+from collector.jsonsafe import json_safe
+from collector.series import Series
+from collector.views import Capture, Documents, Views
+from collector.web import HttpLimits, WebServer
+from edge_agent import protocol
+from edge_agent.mechanisms import ClassicalOGPM
 from tests.support import REPO, wait_until
 
 from .fake_source import FakeSource
@@ -77,7 +86,7 @@ class EventReader:
     def read_event(self) -> tuple[str, str]:
         name, data = "message", []
         while True:
-            line = self.response.fp.readline()
+            line = self.response.readline()  # de-chunked
             if not line:
                 raise EOFError("stream closed")
             line = line.decode().rstrip("\r\n")
@@ -104,43 +113,35 @@ class EventReader:
 
 
 class FlakySource:
-    """A source that raises while ``failing`` is set."""
+    """A source whose computation raises while ``failing`` is set."""
 
     def __init__(self, inner):
         self.inner = inner
         self.failing = True
 
-    def _check(self):
+    def capture(self):
+        return self.inner.capture()
+
+    def documents(self, capture):
         if self.failing:
             raise RuntimeError("engine exploded")
-
-    def channels_json(self):
-        self._check()
-        return self.inner.channels_json()
-
-    def channel_json(self, name):
-        self._check()
-        return self.inner.channel_json(name)
-
-    def metrics_text(self):
-        self._check()
-        return self.inner.metrics_text()
+        return self.inner.documents(capture)
 
 
 class NanSource:
-    def channels_json(self):
-        return {"fleet": "nan", "t": float("nan"), "agents_online": 0, "agents": {},
-                "ingest": {"messages": 0, "values": 0, "duplicates": 0, "rejects": {}},
-                "channels": {"a": {"kind": "linear", "count": 0,
-                                   "mean": {"estimate": float("inf"), "stderr": float("nan"),
-                                            "ci95": [float("-inf"), float("nan")],
-                                            "raw": 1.5}}}}
+    def capture(self):
+        return Capture(t=float("nan"), content=None)
 
-    def channel_json(self, name):
-        return {"kind": "linear", "mean": {"estimate": float("nan")}, "windows": []}
-
-    def metrics_text(self):
-        return "ldp_agents_online 0\n"
+    def documents(self, capture):
+        channel = {"kind": "linear", "count": 0,
+                   "mean": {"estimate": float("inf"), "stderr": float("nan"),
+                            "ci95": [float("-inf"), float("nan")], "raw": 1.5}}
+        document = {"fleet": "nan", "t": float("nan"), "broker": {"connected": None},
+                    "agents_online": 0, "agents": {},
+                    "ingest": {"messages": 0, "values": 0, "duplicates": 0, "rejects": {}},
+                    "channels": {"a": channel}}
+        return Documents(channels=document, channel_details={"a": {**channel, "windows": []}},
+                         range={"t": float("nan"), "channels": {}}, dead_letters=[])
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -217,6 +218,7 @@ def test_channel_entry_has_windows(server, source, name):
 
 def test_channel_name_is_url_decoded(server, source):
     source.add_channel("cabin temp/1")
+    server.snapshots.refresh()  # rather than waiting for the next push
     status, _, body = request(server, "GET", "/api/channels/cabin%20temp%2F1")
     assert status == 200
     assert strict_json(body)["kind"] == "linear"
@@ -259,7 +261,8 @@ def test_json_safe_handles_numpy():
 def test_metrics_are_prometheus_text(server):
     status, headers, body = request(server, "GET", "/metrics")
     assert status == 200
-    assert headers["content-type"] == "text/plain; version=0.0.4"
+    assert headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert headers["cache-control"] == "no-store"
     text = body.decode()
     for metric in ("ldp_ingest_messages_total", "ldp_ingest_values_total",
                    "ldp_ingest_duplicates_total", 'ldp_ingest_rejects_total{reason="schema"}',
@@ -268,6 +271,31 @@ def test_metrics_are_prometheus_text(server):
                    'ldp_channel_mean_stderr{channel="accel_x"}',
                    'ldp_channel_resultant_length{channel="roll"}'):
         assert re.search(rf"^{re.escape(metric)} \S+$", text, re.M), metric
+
+
+def test_metrics_parse_and_have_every_family(server, source):
+    text = request(server, "GET", "/metrics")[2].decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    # The parser names a counter family without its _total (the samples keep it).
+    assert set(families) >= {
+        "ldp_ingest_messages", "ldp_ingest_values", "ldp_ingest_duplicates",
+        "ldp_ingest_rejects", "ldp_broker_connected", "ldp_agents_online",
+        "ldp_channel_count", "ldp_channel_mean_estimate", "ldp_channel_mean_stderr",
+        "ldp_channel_resultant_length", "ldp_http_connections", "ldp_http_event_streams",
+        "ldp_http_refused", "ldp_snapshot_errors", "ldp_snapshot_age_seconds",
+        "ldp_snapshot_seconds", "ldp_snapshot_lock_seconds"}
+    document = source.channels_json()
+    samples = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+               for family in families.values() for sample in family.samples}
+    assert samples["ldp_ingest_messages_total", ()] == document["ingest"]["messages"]
+    assert samples["ldp_ingest_rejects_total", (("reason", "bad_code"),)] == 2
+    assert samples["ldp_channel_count", (("channel", "accel"),)] == 15501
+    assert samples["ldp_broker_connected", ()] == 1
+    assert samples["ldp_http_connections", ()] >= 1  # this request's
+    assert samples["ldp_http_refused_total", (("reason", "header_timeout"),)] == 0
+    assert samples["ldp_snapshot_seconds", ()] > 0
+    assert families["ldp_ingest_messages"].type == "counter"
+    assert families["ldp_channel_count"].type == "gauge"
 
 
 # -- dashboard files ------------------------------------------------------------------------------
@@ -329,7 +357,10 @@ def test_head_sends_headers_only(server, path):
     assert status == 200
     assert body == b""
     assert headers["content-type"] == get_headers["content-type"]
-    assert int(headers["content-length"]) == len(get_body)
+    if path == "/metrics":  # rendered per request: the server's own gauges move
+        assert int(headers["content-length"]) > 0
+    else:
+        assert int(headers["content-length"]) == len(get_body)
 
 
 def test_head_of_the_event_stream(server):
@@ -353,17 +384,21 @@ def test_other_methods_are_405(server, method):
 
 @pytest.mark.parametrize("data, status", [
     (b"GARBAGE\r\n\r\n", b"400"),
-    (b"GET /api/channels HTTP/9.9\r\n\r\n", b"505"),
-    (b"GET " + b"/x" * 40000 + b" HTTP/1.1\r\n\r\n", b"414"),
+    (b"GET /api/channels HTTP/9.9\r\nHost: x\r\n\r\n", b"505"),
+    (b"GET " + b"/x" * 40000 + b" HTTP/1.1\r\n\r\n", b"400"),  # h11: head over 16 kB
     (b"\x00\xff\xfe\r\n\r\n", b"400"),
     (b"GET * HTTP/1.1\r\nHost: x\r\n\r\n", b"400"),
     (b"GET /api/%ff%fe HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", b"404"),
-    # http.server tolerates a malformed header line; what matters is surviving it.
-    (b"GET /api/channels HTTP/1.1\r\nBad Header Line\r\nConnection: close\r\n\r\n", b"200"),
+    (b"GET /api/channels HTTP/1.1\r\nBad Header Line\r\nConnection: close\r\n\r\n", b"400"),
+    (b"GET http://x/api/channels HTTP/1.1\r\nHost: x\r\n\r\n", b"200"),  # absolute form
+    (b"GET /api/channels HTTP/1.0\r\n\r\n", b"200"),
 ])
 def test_bad_requests_get_an_answer_and_the_server_survives(server, data, status, capfd):
-    answer = raw_exchange(server, data)
+    answer = raw_exchange(server, data)  # sent, then half-closed: answered all the same
     assert re.match(rb"HTTP/1\.[01] " + status + rb" ", answer), answer[:200]
+    if status != b"200":
+        body = answer.partition(b"\r\n\r\n")[2]
+        assert "error" in strict_json(body), answer[:300]
     assert request(server, "GET", "/api/channels")[0] == 200
     assert capfd.readouterr().err == ""  # no tracebacks, no access log
 
@@ -373,10 +408,14 @@ def test_a_refused_request_with_a_large_body_still_gets_its_answer(server):
     head = f"POST /api/channels HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
         sock.sendall(head.encode() + body)  # completes only if the server reads the body away
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-    assert answer.startswith(b"HTTP/1.1 405 ")
+        response = http.client.HTTPResponse(sock, method="POST")
+        response.begin()
+        assert response.status == 405 and b"not allowed" in response.read()
+        # The body was read away, not taken for the next request.
+        sock.sendall(b"GET /api/range HTTP/1.1\r\nHost: x\r\n\r\n")
+        response = http.client.HTTPResponse(sock, method="GET")
+        response.begin()
+        assert response.status == 200 and "channels" in strict_json(response.read())
 
 
 def test_no_access_log_on_stderr(server, capfd):
@@ -388,22 +427,46 @@ def test_no_access_log_on_stderr(server, capfd):
 
 # -- a failing source -----------------------------------------------------------------------------
 
-def test_failing_source_gives_500_and_the_server_keeps_serving(source, caplog):
+def test_a_source_failing_from_the_start_gives_503_until_it_succeeds(source, caplog):
     flaky = FlakySource(source)
+    with caplog.at_level("ERROR", logger="collector.views"):
+        web = serve(flaky)
+        try:
+            assert wait_until(lambda: web.snapshots.errors >= 3)
+            for path in ("/api/channels", "/api/channels/roll", "/api/range", "/api/rejects"):
+                status, headers, body = request(web, "GET", path)
+                assert status == 503, path
+                assert headers["content-type"] == "application/json"
+                assert headers["retry-after"] == "5"
+                assert "could not be computed" in strict_json(body)["error"]
+            assert request(web, "GET", "/")[0] == 200
+            assert request(web, "GET", "/metrics")[0] == 200  # the server's own metrics
+            # Logged once for the failing streak, not at every push.
+            failures = [r for r in caplog.records if r.exc_info is not None]
+            assert len(failures) == 1 and "engine exploded" in str(failures[0].exc_info[1])
+            flaky.failing = False
+            assert wait_until(lambda: request(web, "GET", "/api/channels")[0] == 200)
+            assert strict_json(request(web, "GET", "/api/channels")[2])["fleet"] == "demo"
+        finally:
+            web.stop()
+
+
+def test_a_failing_computation_keeps_the_previous_snapshot(source, caplog):
+    flaky = FlakySource(source)
+    flaky.failing = False
     web = serve(flaky)
     try:
-        with caplog.at_level("ERROR", logger="collector.web"):
-            for path in ("/api/channels", "/api/channels/roll", "/metrics"):
-                status, headers, body = request(web, "GET", path)
-                assert status == 500, path
-                assert headers["content-type"] == "application/json"
-                assert strict_json(body) == {"error": "internal error"}
-        assert sum("engine exploded" in (r.exc_text or "") or r.exc_info is not None
-                   for r in caplog.records) >= 3
-        assert request(web, "GET", "/")[0] == 200
+        before = request(web, "GET", "/api/channels")[2]
+        with caplog.at_level("ERROR", logger="collector.views"):
+            flaky.failing = True
+            source.step()
+            errors = web.snapshots.errors
+            assert wait_until(lambda: web.snapshots.errors >= errors + 3)
+            assert request(web, "GET", "/api/channels")[2] == before  # as of its own t
+            assert request(web, "GET", "/api/channels/roll")[0] == 200
+        assert len([r for r in caplog.records if r.exc_info is not None]) == 1
         flaky.failing = False
-        status, _, body = request(web, "GET", "/api/channels")
-        assert status == 200 and strict_json(body)["fleet"] == "demo"
+        assert wait_until(lambda: request(web, "GET", "/api/channels")[2] != before)
     finally:
         web.stop()
 
@@ -413,7 +476,7 @@ def test_event_stream_survives_a_failing_source(source, caplog):
     web = serve(flaky)
     try:
         reader = EventReader(web)
-        with caplog.at_level("ERROR", logger="collector.web"):
+        with caplog.at_level("ERROR", logger="collector.views"):
             name, data = reader.read_event()
         assert name == "source-error" and "error" in strict_json(data.encode())
         flaky.failing = False
@@ -457,7 +520,7 @@ def test_first_event_is_immediate_and_keepalives_are_comments(source, monkeypatc
         name, _ = reader.read_event()
         assert name == "channels"
         assert time.monotonic() - started < 1.5
-        lines = [reader.response.fp.readline() for _ in range(4)]
+        lines = [reader.response.readline() for _ in range(4)]
         assert b": keep-alive\n" in lines
         reader.close()
     finally:
@@ -482,7 +545,7 @@ def test_stop_ends_open_streams_promptly(source):
 
     def drain(reader):
         try:
-            while reader.response.fp.readline():
+            while reader.response.readline():
                 pass
         except OSError:
             pass
@@ -498,6 +561,283 @@ def test_stop_ends_open_streams_promptly(source):
         thread.join(2)
     assert len(ended) == 3
     assert web.active_streams == 0
+
+
+def test_stop_with_open_streams_leaves_no_thread_behind(source):
+    before = set(threading.enumerate())
+    web = serve(source, push_seconds=30)
+    readers = [EventReader(web) for _ in range(5)]
+    try:
+        for reader in readers:
+            assert reader.read_event()[0] == "channels"
+        assert web.active_streams == 5
+        started = time.monotonic()
+        web.stop()
+        assert time.monotonic() - started < 5
+        assert wait_until(lambda: set(threading.enumerate()) <= before, timeout=5), \
+            set(threading.enumerate()) - before
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def test_event_streams_beyond_the_limit_get_503(source):
+    web = serve(source, limits=HttpLimits(max_event_streams=2))
+    readers = [EventReader(web) for _ in range(2)]
+    try:
+        for reader in readers:
+            reader.read_event()
+        status, headers, body = request(web, "GET", "/api/events")
+        assert status == 503 and headers["retry-after"] == "5"
+        assert "too many event streams" in strict_json(body)["error"]
+        assert web.guard.refused["event_streams"] == 1
+        readers.pop().close()
+        assert wait_until(lambda: web.active_streams == 1)
+        readers.append(EventReader(web))
+        assert readers[-1].read_event()[0] == "channels"
+    finally:
+        for reader in readers:
+            reader.close()
+        web.stop()
+
+
+# -- snapshots: computed once per push, outside the collector's lock -----------------------------
+
+def test_fifty_streams_and_requests_share_one_computation_per_push(source):
+    web = serve(source)
+    readers = []
+    try:
+        readers = [EventReader(web, timeout=10) for _ in range(50)]
+        for reader in readers:
+            assert reader.read_event()[0] == "channels"
+        computes, started = source.computes, time.monotonic()
+        for _ in range(3):
+            for reader in readers:
+                assert reader.read_event()[0] == "channels"
+            for _ in range(10):
+                assert request(web, "GET", "/api/channels")[0] == 200
+                assert request(web, "GET", "/api/channels/roll")[0] == 200
+                assert request(web, "GET", "/metrics")[0] == 200
+        pushes = (time.monotonic() - started) / PUSH
+        assert web.active_streams == 50
+        # At most one computation per push (and one under way), for 50 streams and
+        # 90 requests: 150 events and 90 answers from a handful of computations.
+        assert source.computes - computes <= pushes + 2
+        assert source.captures == source.computes
+    finally:
+        for reader in readers:
+            reader.close()
+        web.stop()
+
+
+def report_ingestor(messages: int = 12) -> Ingestor:
+    """A real ingestor with one linear channel over several windows."""
+    ingestor = Ingestor(fleet="demo", bins=20, window_seconds=10.0, keep_windows=4)
+    mechanism = ClassicalOGPM(epsilon=1.0, low=0.0, high=1.0).describe()
+    for seq in range(messages):
+        payload = protocol.report(agent=f"w{seq % 3}", channel="x", kind="linear", seq=seq,
+                                  t=100.0 + 5 * seq, dt=1, codes=[1000 * seq % 65536, 7, 30000],
+                                  mechanism=mechanism)
+        assert ingestor.ingest(protocol.data_topic("demo", f"w{seq % 3}", "x"), payload,
+                               200.0) == "accepted"
+    return ingestor
+
+
+def test_the_collectors_lock_is_free_while_a_snapshot_is_computed(monkeypatch):
+    ingestor = report_ingestor()
+    lock = threading.RLock()
+    views = Views(lambda: ingestor, lock, clock=lambda: 300.0)
+    computing, go_on = threading.Event(), threading.Event()
+    real_get = Series.get
+
+    def blocking_get(self, *, windows=False):  # runs only while documents are computed
+        computing.set()
+        assert go_on.wait(10)
+        return real_get(self, windows=windows)
+
+    monkeypatch.setattr(Series, "get", blocking_get)
+    web = serve(views)
+    try:
+        assert computing.wait(5)  # the first snapshot is being computed ...
+        assert lock.acquire(timeout=2)  # ... and the aggregation loop could go on
+        lock.release()
+        go_on.set()
+        status, _, body = request(web, "GET", "/api/channels")
+        assert status == 200 and strict_json(body)["channels"]["x"]["count"] == 36
+        snapshot = web.snapshots.latest
+        assert 0 < snapshot.lock_seconds < snapshot.compute_seconds
+    finally:
+        go_on.set()
+        web.stop()
+
+
+def test_snapshot_documents_equal_the_views_under_the_lock():
+    ingestor = report_ingestor()
+    views = Views(lambda: ingestor, clock=lambda: 300.0)
+    live = Views(lambda: ingestor, clock=lambda: 300.0)
+
+    def same(documents):
+        assert json_safe(documents.channels) == json_safe(live.channels_json())
+        assert json_safe(documents.channel_details["x"]) == json_safe(live.channel_json("x"))
+
+    same(views.documents(views.capture()))
+    # More reports, in a new window: the unchanged windows' results are reused.
+    mechanism = ClassicalOGPM(epsilon=1.0, low=0.0, high=1.0).describe()
+    payload = protocol.report(agent="w1", channel="x", kind="linear", seq=99, t=170.0, dt=1,
+                              codes=[5, 6], mechanism=mechanism)
+    assert ingestor.ingest(protocol.data_topic("demo", "w1", "x"), payload, 200.0) == "accepted"
+    same(views.documents(views.capture()))
+
+
+# -- connection limits -----------------------------------------------------------------------------
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server has closed ``sock`` (reading away what it sent before)."""
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+def test_slow_loris_is_held_to_the_cap_costs_no_thread_and_times_out(source):
+    cap, slow = 100, 300
+    web = serve(source, limits=HttpLimits(max_connections=cap, header_timeout_seconds=1.0))
+    sockets, held, watching = [], [], threading.Event()
+
+    def watch():  # what the server holds, sampled throughout
+        while not watching.is_set():
+            held.append(web.open_connections)
+            time.sleep(0.002)
+
+    threads = threading.active_count()
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        for _ in range(slow):
+            sock = socket.create_connection(("127.0.0.1", web.port), timeout=5)
+            sock.sendall(b"GET /api/channels HTTP/1.1\r\nHost: x")  # never finished
+            sock.setblocking(False)
+            sockets.append(sock)
+        assert threading.active_count() <= threads + 1  # the watcher; none in the server
+        # A real client is answered at once: it takes the longest-waiting one's place.
+        started = time.monotonic()
+        assert request(web, "GET", "/api/channels")[0] == 200
+        assert time.monotonic() - started < 3
+        # Every slow connection ends: made room for a newer one, or timed out.
+        still_open = set(sockets)
+
+        def all_closed() -> bool:
+            still_open.difference_update([s for s in still_open if closed_by_server(s)])
+            return not still_open
+
+        assert wait_until(all_closed, timeout=30, interval=0.1), \
+            f"{len(still_open)} slow connections still open"
+        refused = web.guard.refused
+        assert refused["evicted"] + refused["header_timeout"] >= slow
+        assert refused["header_timeout"] >= 1 and refused["connections"] == 0
+        assert threading.active_count() <= threads + 1
+        assert wait_until(lambda: web.open_connections == 0)
+    finally:
+        watching.set()
+        watcher.join()
+        for sock in sockets:
+            sock.close()
+        web.stop()
+    assert max(held) <= cap
+
+
+def test_a_silent_connection_gets_408(source):
+    web = serve(source, limits=HttpLimits(header_timeout_seconds=0.5))
+    try:
+        with socket.create_connection(("127.0.0.1", web.port), timeout=10) as sock:
+            answer = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:100]
+        assert "error" in strict_json(answer.partition(b"\r\n\r\n")[2])
+        assert web.guard.refused["header_timeout"] == 1
+    finally:
+        web.stop()
+
+
+def test_headers_trickling_in_are_cut_off_at_the_header_timeout(source):
+    web = serve(source, limits=HttpLimits(header_timeout_seconds=1.0))
+    head = b"GET /api/channels HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
+    try:
+        with socket.create_connection(("127.0.0.1", web.port), timeout=10) as sock:
+            sock.sendall(b"GET /api/channels HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert b"200 OK" in sock.recv(200)  # a first request, then keep-alive ...
+            time.sleep(0.1)
+            sock.setblocking(False)
+            for byte in head:  # ... and the next one a byte at a time, 10 s in all
+                try:
+                    sock.send(bytes([byte]))
+                except OSError:  # reset: closed
+                    break
+                if closed_by_server(sock):
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("a request trickling in for 10 s was not cut off")
+        assert web.guard.refused["header_timeout"] == 1
+    finally:
+        web.stop()
+
+
+def test_idle_keepalive_connections_are_closed(source):
+    web = serve(source, limits=HttpLimits(idle_timeout_seconds=0.5))
+    try:
+        with socket.create_connection(("127.0.0.1", web.port), timeout=10) as sock:
+            sock.sendall(b"GET /api/range HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = read_until_closed(sock)  # ends when the server closes the idle connection
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        assert wait_until(lambda: web.open_connections == 0)
+    finally:
+        web.stop()
+
+
+def test_a_client_that_stops_reading_is_dropped(source):
+    web = serve(source, limits=HttpLimits(idle_timeout_seconds=0.5))
+    try:
+        with socket.create_connection(("127.0.0.1", web.port), timeout=10) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            # Pipelined requests for far more than the kernel buffers hold (loopback's grow
+            # to megabytes), and never a byte read.
+            sock.sendall(b"GET /api/channels HTTP/1.1\r\nHost: x\r\n\r\n" * 1000)
+            assert wait_until(lambda: web.guard.refused["write_timeout"] == 1, timeout=20)
+        assert wait_until(lambda: web.open_connections == 0)
+    finally:
+        web.stop()
+
+
+def test_at_the_cap_with_every_connection_busy_a_new_one_is_refused(source):
+    web = serve(source, limits=HttpLimits(max_connections=2))
+    readers = [EventReader(web) for _ in range(2)]
+    try:
+        for reader in readers:
+            reader.read_event()
+        with socket.create_connection(("127.0.0.1", web.port), timeout=10) as sock:
+            answer = read_until_closed(sock)
+        assert answer.startswith(b"HTTP/1.1 503 "), answer[:100]
+        assert b"Retry-After: 5" in answer
+        assert web.guard.refused["connections"] == 1
+        assert web.open_connections == 2
+    finally:
+        for reader in readers:
+            reader.close()
+        web.stop()
 
 
 # -- package data ---------------------------------------------------------------------------------
