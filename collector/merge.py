@@ -188,7 +188,9 @@ class MergeService:
                 lambda c, u, m: self.view.update(m.topic, m.payload),
             protocol.range_result_subscription(config.fleet): self.range_results.on_message})
         self.views = Views(self.view.ingestor, self.lock, broker_status=self.client.status,
-                           range_results=self.range_results.get, extra=self.view.shards_json)
+                           range_results=self.range_results.get,
+                           range_ignored=self.range_results.ignored_counts,
+                           extra=self.view.shards_json)
         self._stop = threading.Event()
         self.web = None
         if web:

@@ -267,6 +267,10 @@ class RangeResults:
         with self._lock:
             return {channel: dict(sides) for channel, sides in self._results.items()}
 
+    def ignored_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.ignored)
+
 
 class RangeSchedule:
     """Runs ``[[range_discovery.schedule]]`` in a thread (on the designated coordinator only).

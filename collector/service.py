@@ -99,7 +99,8 @@ class CollectorService:
             if self.shard.merge_view is not None:
                 get_ingestor = self.shard.merged
         self.views = Views(get_ingestor, self.lock, clock, broker_status=self.store.network,
-                           range_results=self.range_results.get, extra=extra)
+                           range_results=self.range_results.get,
+                           range_ignored=self.range_results.ignored_counts, extra=extra)
         self.network = NetworkProcess(network_settings(config))
         discovery = config.range_discovery
         self.range_schedule = RangeSchedule(config, channel_domain=self.channel_domain,

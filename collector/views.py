@@ -76,10 +76,12 @@ class SnapshotSource(Protocol):
         ...
 
 
-def range_document(results: dict, t: float) -> dict:
-    """GET /api/range: the latest range-discovery result per channel and side."""
+def range_document(results: dict, ignored: dict, t: float) -> dict:
+    """GET /api/range: the latest range-discovery result per channel and side, and how
+    many results were not shown, by reason."""
     return {"t": t, "channels": {name: {side: sides.get(side) for side in ("min", "max")}
-                                 for name, sides in sorted(results.items())}}
+                                 for name, sides in sorted(results.items())},
+            "ignored": dict(sorted(ignored.items()))}
 
 
 class Views:
@@ -89,6 +91,7 @@ class Views:
                  clock: Callable[[], float] = time.time,
                  broker_status: Callable[[], dict] | None = None,
                  range_results: Callable[[], dict] | None = None,
+                 range_ignored: Callable[[], dict] | None = None,
                  extra: Callable[[], dict] | None = None):
         """``extra``: more top-level fields for /api/channels (a shard's or the merge
         view's ``shard``/``shards``, docs/SCALE_OUT.md).  ``broker_status``,
@@ -100,6 +103,7 @@ class Views:
         self._clock = clock
         self._broker_status = broker_status or (lambda: {"connected": None, "since": None})
         self._range_results = range_results or dict
+        self._range_ignored = range_ignored or dict
         self._earlier: dict[tuple, Series] = {}  # the last documents' series, by identity
 
     # -- snapshots (SnapshotSource) ------------------------------------------------------------
@@ -109,7 +113,8 @@ class Views:
             state = self._get().to_state()
             now = self._clock()
             lock_seconds = time.perf_counter() - held
-        context = (self._broker_status(), self._range_results(), self._extra())
+        context = (self._broker_status(), (self._range_results(), self._range_ignored()),
+                   self._extra())
         return Capture(t=now, content=(state, *context), lock_seconds=lock_seconds)
 
     def documents(self, capture: Capture) -> Documents:
@@ -129,7 +134,7 @@ class Views:
         self._earlier = series
         return Documents(
             channels=self._document(ingestor, capture.t, broker, ranges, extra, entries),
-            channel_details=details, range=range_document(ranges, capture.t),
+            channel_details=details, range=range_document(*ranges, capture.t),
             dead_letters=list(ingestor.dead_letters))
 
     # -- documents at once, under the lock --------------------------------------------------------
@@ -139,7 +144,8 @@ class Views:
             entries = {name: self._channel(ingestor, name, windows=False)
                        for name in sorted(ingestor.series)}
             return self._document(ingestor, self._clock(), self._broker_status(),
-                                  self._range_results(), self._extra(), entries)
+                                  (self._range_results(), self._range_ignored()),
+                                  self._extra(), entries)
 
     def channel_json(self, name: str) -> dict | None:
         with self._lock:
@@ -149,8 +155,8 @@ class Views:
             return self._channel(ingestor, name, windows=True)
 
     # -- building them ----------------------------------------------------------------------
-    def _document(self, ingestor: Ingestor, now: float, broker: dict, ranges: dict,
-                  extra: dict, entries: dict) -> dict:
+    def _document(self, ingestor: Ingestor, now: float, broker: dict,
+                  ranges: tuple[dict, dict], extra: dict, entries: dict) -> dict:
         """GET /api/channels, with the channels' ``entries`` already computed."""
         return {
             "fleet": ingestor.fleet, "t": now, "broker": broker,
@@ -161,7 +167,8 @@ class Views:
                        for name, s in sorted(ingestor.agents.items())},
             "ingest": {**ingestor.counters, "rejects": dict(ingestor.rejects)},
             "channels": entries,
-            "range": range_document(ranges, now)["channels"],
+            "range": range_document(*ranges, now)["channels"],
+            "range_ignored": dict(ranges[1]),
             **extra,
         }
 
@@ -211,6 +218,9 @@ def document_metrics(document: dict) -> list[Metric]:
         _labelled(CounterMetricFamily, "ldp_ingest_rejects_total",
                   "Messages rejected, by reason.", "reason", ingest["rejects"]),
     ]
+    families.append(_labelled(CounterMetricFamily, "ldp_range_results_ignored_total",
+                              "Range results not shown, by reason.", "reason",
+                              document.get("range_ignored", {})))
     connected = document["broker"]["connected"]
     if connected is not None:
         families.append(GaugeMetricFamily("ldp_broker_connected",

@@ -186,7 +186,10 @@ def test_a_collector_next_to_a_fleet_takes_the_corpus_unharmed(tmp_path, mosquit
             assert agents[agent]["rejects"] == sum(
                 1 for entry in delivered if entry.expect.startswith("rejected:")
                 and len(entry.topic.split("/")) == 5 and entry.topic.split("/")[3] == agent)
-        assert sorted(collector.api("/api/range")["channels"]) == ["r0", "r1"]
+        ranges = collector.api("/api/range")
+        assert sorted(ranges["channels"]) == ["r0", "r1"]
+        assert ranges["ignored"] == {reason: n for reason, n in
+                                     hostile.expected(corpus, "range").items() if reason != "shown"}
         assert max(latencies) < 5.0, max(latencies)
         assert rss_after - rss_before < RSS_GROWTH_MAX_KB, (rss_before, rss_after)
     finally:

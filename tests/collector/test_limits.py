@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import pickle
+import signal
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +22,7 @@ from edge_agent import protocol
 from edge_agent.config import ConfigError
 from edge_agent.mechanisms import ClassicalOGPM
 from edge_agent.protocol import RangeResult
+from tests.support import CollectorProcess, MqttClient, wait_for_api
 
 FLEET = "demo"
 NOW = 1_800_000_000.0
@@ -212,3 +215,34 @@ def test_only_the_configured_coordinators_range_results_are_shown():
     deliver("ay", "max", b"")  # a cleared result
     deliver("az", "max", result("az"))
     assert sorted(results.get()) == ["ax", "az"]
+
+
+def test_sighup_reloads_the_registry_of_a_running_collector(tmp_path, mosquitto):
+    """Through the broker: an agent refused, then added to the file, then accepted; a
+    broken file keeps the registry in force."""
+    registry = tmp_path / "agents.txt"
+    registry.write_text("w1\n")
+    collector = CollectorProcess(tmp_path, mosquitto,
+                                 registry={"agents": "registered", "file": str(registry)})
+    collector.start()
+    publisher = MqttClient(mosquitto, v5=False).connect()
+
+    def send(agent: str, seq: int) -> None:
+        publisher.acked(publisher.publish(*report(agent=agent, seq=seq, t=time.time())))
+
+    send("w1", 0)
+    send("w2", 0)
+    assert wait_for_api(lambda: collector.api()["ingest"]["rejects"] == {"unknown_agent": 1}
+                        and collector.api()["ingest"]["messages"] == 1, 20)
+    registry.write_text("w1\nw2\n")
+    collector.process.send_signal(signal.SIGHUP)
+    assert wait_for_api(lambda: "registry reloaded" in collector.output(), 20)
+    send("w2", 1)
+    assert wait_for_api(lambda: collector.api()["ingest"]["messages"] == 2, 20)
+    registry.write_text("w1\n_not an id\n")
+    collector.process.send_signal(signal.SIGHUP)
+    assert wait_for_api(lambda: "registry not reloaded" in collector.output(), 20)
+    send("w2", 2)  # still registered
+    assert wait_for_api(lambda: collector.api()["ingest"]["messages"] == 3, 20)
+    publisher.close()
+    assert collector.terminate() == 0
