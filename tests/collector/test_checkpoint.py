@@ -28,8 +28,15 @@ DATA = REPO / "tests" / "data"
 FLEET = "demo"
 
 
+# Keys the API gained after commit 482e47e that are not the ingestor's state.
+NEWER_THAN_LEGACY = ("range_ignored",)
+
+
 def document(ingestor: Ingestor) -> dict:
-    return json.loads(json.dumps(Views(lambda: ingestor, clock=lambda: 1000.0).channels_json()))
+    said = json.loads(json.dumps(Views(lambda: ingestor, clock=lambda: 1000.0).channels_json()))
+    for key in NEWER_THAN_LEGACY:
+        said.pop(key)
+    return said
 
 
 def seen(ingestor: Ingestor) -> dict:
