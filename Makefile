@@ -63,6 +63,7 @@ bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 	$(PY) -m benchmarks.plot_errors --out docs
 	$(PY) -m benchmarks.bench_agent --python $(RUNTIME_VENV)/bin/python --markdown docs/bench_agent.md
 	$(PY) -m benchmarks.bench_collector --messages 20000
+	$(PY) -m benchmarks.bench_collector_load --messages 40000 --runs 3
 	$(PY) -m benchmarks.bench_estimation --out docs
 	$(PY) -m benchmarks.range_error --out docs
 	$(PY) -m benchmarks.range_broker --sizes 256 1024 4096

@@ -46,12 +46,14 @@ FLEET = "bench"
 def make_messages(count: int, batch: int, agents: int = 20) -> list[tuple[str, bytes]]:
     mech = ClassicalOGPM(epsilon=1.0, low=-2.0, high=2.0)
     rng = np.random.default_rng(0)
+    t0 = time.time() - 3600  # within the collector's [limits] (an hour old, 1 ms apart)
     messages = []
     for i in range(count):
         agent = f"a{i % agents}"
         codes = rng.integers(0, 1 << 16, batch).tolist()
         payload = protocol.report(agent=agent, channel="x", kind="linear", seq=i // agents,
-                                  t=1.7e9 + i, dt=1.0, mechanism=mech.describe(), codes=codes)
+                                  t=t0 + i * 1e-3, dt=1.0, mechanism=mech.describe(),
+                                  codes=codes)
         messages.append((protocol.data_topic(FLEET, agent, "x"), payload))
     return messages
 

@@ -112,7 +112,7 @@ class CollectorService:
         self._stop = threading.Event()
         self._stop_requested = threading.Event()  # set by SIGTERM / SIGINT
         self._reload_requested = threading.Event()  # set by SIGHUP
-        self._progress_due = 0.0
+        self._progress_due, self._progress_saved = 0.0, -1
 
     @property
     def connected(self) -> bool:
@@ -150,11 +150,16 @@ class CollectorService:
                         and self.shard is not None:
                     self.shard.last_report = received
                 self.position = row_id
-        now = time.monotonic()
-        if now >= self._progress_due:  # a write per batch would contend with the journal
-            self.store.set_progress(self.position)
-            self._progress_due = now + PROGRESS_SECONDS
         return more
+
+    def save_progress(self) -> None:
+        """Tell the network child how far aggregation got: at most every
+        ``PROGRESS_SECONDS`` (a write per batch would contend with the journal), and
+        also once caught up, so the last batch is not left unreported."""
+        now = time.monotonic()
+        if self.position != self._progress_saved and now >= self._progress_due:
+            self.store.set_progress(self.position)
+            self._progress_saved, self._progress_due = self.position, now + PROGRESS_SECONDS
 
     def checkpoint(self) -> bool:
         """Save the aggregates with the journal position they include; False (logged,
@@ -226,6 +231,7 @@ class CollectorService:
                     self.reload_registry()
                 if not self.catch_up():
                     self._stop.wait(0.01)  # caught up: poll again shortly
+                self.save_progress()
                 now = time.monotonic()
                 if self.shard is not None:
                     if self.shard.claims_arrived.is_set() or now >= next_settle:
