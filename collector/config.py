@@ -18,6 +18,7 @@ from edge_agent.config import (
     read_toml,
 )
 from edge_agent.mqtt_client import Endpoint
+from edge_agent.protocol import is_name
 from edge_agent.protocol.states import AggregateSettings
 
 
@@ -221,8 +222,42 @@ def parse_collector_config(data: dict) -> CollectorConfig:
         raise ConfigError(format_validation_error(exc)) from None
 
 
+# The registry ([registry] file): one agent id per line, blank lines and # comments ignored.
+MAX_REGISTRY_BYTES = 64 << 20
+
+
+def load_registry(path: str | Path) -> frozenset[str]:
+    """The agent ids of a registry file, or ``ConfigError`` naming the file and line."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_REGISTRY_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_REGISTRY_BYTES >> 20} MB")
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc})") from None
+    agents = set()
+    for number, line in enumerate(text.splitlines(), 1):
+        agent = line.split("#", 1)[0].strip()
+        if not agent:
+            continue
+        if not is_name(agent):
+            raise ConfigError(f"{path}, line {number}: {agent[:80]!r} is not an agent id "
+                              f"(letters, digits, . _ -, at most 64, not starting with . _ -)")
+        agents.add(agent)
+    return frozenset(agents)
+
+
 def load_collector_config(path: str | Path) -> CollectorConfig:
-    return parse_collector_config(read_toml(path))
+    """The configuration in ``path``, with the registry file it names checked too."""
+    config = parse_collector_config(read_toml(path))
+    if config.registry.agents == "registered":
+        try:
+            load_registry(config.registry.file)
+        except ConfigError as exc:
+            raise ConfigError(f"registry.file: {exc}") from None
+    return config
 
 
 __all__ = ["CollectorConfig", "ConfigError", "load_collector_config", "parse_collector_config"]

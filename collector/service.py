@@ -33,11 +33,10 @@ from edge_agent import protocol
 
 from . import checkpoint
 from .checkpoint import restore
-from .config import CollectorConfig, ConfigError
+from .config import CollectorConfig, ConfigError, load_registry
 from .network import NetworkProcess, NetworkSettings
 from .publisher import CollectorClient
 from .range import RangeResults, RangeSchedule
-from .registry import load_registry
 from .shard import ShardRole
 from .store import CollectorStore
 from .views import Views

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import pickle
 import signal
+import subprocess
 import time
 from types import SimpleNamespace
 
@@ -22,7 +23,8 @@ from edge_agent import protocol
 from edge_agent.config import ConfigError
 from edge_agent.mechanisms import ClassicalOGPM
 from edge_agent.protocol import RangeResult
-from tests.support import CollectorProcess, MqttClient, wait_for_api
+from tests.support import REPO, CollectorProcess, MqttClient, child_env, wait_for_api, write_toml
+from tests.support.processes import python_module
 
 FLEET = "demo"
 NOW = 1_800_000_000.0
@@ -168,6 +170,22 @@ def test_a_bad_registry_file_names_its_problem(tmp_path, text, problem):
         load_registry(tmp_path / "missing.txt")
     with pytest.raises(ConfigError, match="registry: file: required"):
         parse_collector_config({"fleet": FLEET, "registry": {"agents": "registered"}})
+
+
+@pytest.mark.parametrize("command, status", [("check-config", 2), ("run", 78)])
+def test_a_missing_registry_file_is_a_configuration_error_naming_the_key(tmp_path, command,
+                                                                         status):
+    """Not a traceback when the service starts (exit 78: systemd does not restart it)."""
+    config = write_toml(tmp_path / "collector.toml", {
+        "fleet": FLEET, "broker": {"host": "127.0.0.1", "port": 1},
+        "storage": {"path": str(tmp_path / "collector.sqlite")},
+        "registry": {"agents": "registered", "file": str(tmp_path / "agents.txt")}})
+    argv = [command, config] if command == "check-config" else [command, "--config", config]
+    done = subprocess.run(python_module("collector", *argv), capture_output=True, text=True,
+                          env=child_env(), cwd=REPO, timeout=120)
+    assert done.returncode == status
+    assert f"registry.file: {tmp_path / 'agents.txt'}: no such file" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_one_message_that_fails_does_not_stop_the_batch(monkeypatch):
