@@ -80,16 +80,21 @@ def test_huge_and_jumping_sequence_numbers_stop_nothing_and_drop_nothing(tmp_pat
     assert again.terminate() == 0
 
 
-def test_sigterm_after_the_network_child_was_killed_stops_at_once(tmp_path, mosquitto):
-    """Defect 4: the child killed while it waited on a shared Event left the parent's
-    Event.set() blocked for ever; systemd would SIGKILL it after the stop timeout."""
-    collector = CollectorProcess(tmp_path, mosquitto).start()
-    publisher = MqttClient(mosquitto, v5=False).connect()
+def kill_network_child_after_50(collector: CollectorProcess, publisher: MqttClient) -> None:
+    """Seq 0-49 counted, then the collector's network process SIGKILLed."""
     send(publisher, range(50))
     assert wait_until(lambda: collector.api()["ingest"]["messages"] == 50, 30)
     (network,) = [pid for pid, command in children(collector.pid).items()
                   if "spawn_main" in command]
     os.kill(network, signal.SIGKILL)
+
+
+def test_sigterm_after_the_network_child_was_killed_stops_at_once(tmp_path, mosquitto):
+    """Defect 4: the child killed while it waited on a shared Event left the parent's
+    Event.set() blocked for ever; systemd would SIGKILL it after the stop timeout."""
+    collector = CollectorProcess(tmp_path, mosquitto).start()
+    publisher = MqttClient(mosquitto, v5=False).connect()
+    kill_network_child_after_50(collector, publisher)
     assert collector.terminate(timeout=30) == 0, collector.output()[-3000:]
     publisher.close()
 
@@ -97,11 +102,7 @@ def test_sigterm_after_the_network_child_was_killed_stops_at_once(tmp_path, mosq
 def test_a_killed_network_child_is_restarted_and_loses_nothing(tmp_path, mosquitto):
     collector = CollectorProcess(tmp_path, mosquitto, checkpoint_seconds=0.5).start()
     publisher = MqttClient(mosquitto, v5=False).connect()
-    send(publisher, range(50))
-    assert wait_until(lambda: collector.api()["ingest"]["messages"] == 50, 30)
-    (network,) = [pid for pid, command in children(collector.pid).items()
-                  if "spawn_main" in command]
-    os.kill(network, signal.SIGKILL)
+    kill_network_child_after_50(collector, publisher)
     send(publisher, range(50, 120))  # queued in the collector's session meanwhile
     assert wait_until(lambda: collector.api()["ingest"]["messages"] == 120, 60), \
         collector.output()[-3000:]
