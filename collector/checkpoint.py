@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from edge_agent.protocol import Rejected, ValidReport, check_report
-from edge_agent.protocol.states import decode_checkpoint, encode_checkpoint
+from edge_agent.protocol.states import TrackerState, decode_checkpoint, encode_checkpoint
 
 from . import checkpoint_v0
 from .claims import ClaimBook
@@ -34,11 +34,20 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded (the message says where and why)."""
 
 
+def tracker_states(ingestor: Ingestor) -> list[TrackerState]:
+    return [tracker.to_state(agent, channel)
+            for (agent, channel), tracker in ingestor.trackers.items()]
+
+
+def with_trackers(ingestor: Ingestor, trackers: list[TrackerState]) -> Ingestor:
+    ingestor.trackers = {(state.agent, state.channel): SeqTracker.from_state(state)
+                         for state in trackers}
+    return ingestor
+
+
 def dump(ingestor: Ingestor) -> bytes:
-    trackers = [tracker.to_state(agent, channel)
-                for (agent, channel), tracker in ingestor.trackers.items()]
     held = ingestor.claims.held_reports() if ingestor.claims is not None else []
-    return encode_checkpoint(ingestor.to_state(), trackers, held)
+    return encode_checkpoint(ingestor.to_state(), tracker_states(ingestor), held)
 
 
 def load(payload: bytes) -> tuple[Ingestor, list[tuple[ValidReport, float]]]:
@@ -57,9 +66,7 @@ def load(payload: bytes) -> tuple[Ingestor, list[tuple[ValidReport, float]]]:
         raise CheckpointError(f"{exc.reason}: {exc.detail}") from None
     except StateError as exc:
         raise CheckpointError(str(exc)) from None
-    ingestor.trackers = {(state.agent, state.channel): SeqTracker.from_state(state)
-                         for state in checkpoint.trackers}
-    return ingestor, held
+    return with_trackers(ingestor, checkpoint.trackers), held
 
 
 def attach_claims(config: CollectorConfig, ingestor: Ingestor,

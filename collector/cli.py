@@ -40,6 +40,43 @@ def merge(config_path: str) -> None:
     sys.exit(MergeService(config).run_forever())
 
 
+def _scale_out(config_path: str, role: str) -> CollectorConfig:
+    config = _load(config_path, EXIT_CONFIG)
+    if config.scale_out is None:
+        click.echo(f"{config_path}: invalid configuration:\n  scale_out: the {role} needs a "
+                   f"[scale_out] table (docs/SCALE_OUT.md)", err=True)
+        sys.exit(EXIT_CONFIG)
+    return config
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
+def ingress(config_path: str) -> None:
+    """Take reports from MQTT into the JetStream stream, acknowledged once stored."""
+    from .scaleout.engine import EngineError
+    from .scaleout.ingress import Ingress
+
+    try:
+        sys.exit(Ingress(_scale_out(config_path, "ingress")).run_forever())
+    except EngineError as exc:
+        click.echo(f"edge-collector ingress: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
+def member(config_path: str) -> None:
+    """Own partitions of the JetStream stream and count their reports exactly."""
+    from .scaleout.engine import EngineError
+    from .scaleout.member import Member
+
+    try:
+        sys.exit(Member(_scale_out(config_path, "member")).run_forever())
+    except EngineError as exc:
+        click.echo(f"edge-collector member: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+
+
 @main.command("discover-range")
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
 @click.option("--channel", required=True, help="a linear channel's name")

@@ -139,6 +139,45 @@ class ShardConfig(Model):
         return self
 
 
+class ScaleOutConfig(Model):
+    """Scale-out on NATS JetStream (docs/SCALE_OUT.md): ``edge-collector ingress``,
+    ``member`` and ``merge`` use it; a single collector (``run``) does not."""
+
+    # The NATS servers of the cluster (any of them will do; all are tried).
+    servers: Annotated[list[Annotated[str, Field(pattern=r"^(nats|tls)://[^\s/]+$")]],
+                       Field(min_length=1, max_length=32)]
+    # The JetStream stream of every fleet message; its subjects are <stream>.<partition>,
+    # and its KV buckets <stream>_leases and <stream>_state.
+    stream: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")] = "ldp_reports"
+    # Partitions: one agent's messages all go to one; a member owns whole partitions.
+    # Fixed when the stream is created: more than the members you will ever run.
+    partitions: Annotated[int, Field(ge=1, le=1024)] = 32
+    # Copies of every message and state in the cluster (3 survives one node down).
+    replicas: Annotated[int, Field(ge=1, le=5)] = 3
+    # The stream drops a copy with a message id it stored this recently (agent/channel/seq).
+    duplicate_window_seconds: Annotated[float, Field(ge=1, le=86400)] = 120.0
+    # How long the stream keeps messages: a member down longer loses what expired.
+    max_age_seconds: Annotated[float, Field(ge=60, le=365 * 86400)] = 7 * 86400.0
+    # This member's name (in leases and partition states); default: broker.client_id.
+    member: Name | None = None
+    # A member that stops renewing loses its partitions after this long.  Above the
+    # cluster's failover time (10-15 s): shorter, and every lease expires when a node dies.
+    lease_seconds: Annotated[float, Field(ge=3, le=600)] = 20.0
+    # A member writes the state of each partition it owns this often (when changed).
+    checkpoint_seconds: Annotated[float, Field(ge=0.2, le=600)] = 2.0
+    username: str | None = None
+    password_file: Path | None = None
+    tls_ca: Path | None = None  # CA of the servers' certificates, for tls:// servers
+
+    @model_validator(mode="after")
+    def _lease(self):
+        if self.lease_seconds < 2 * self.checkpoint_seconds:
+            raise ValueError("lease_seconds: must be at least twice checkpoint_seconds")
+        if (self.username is None) != (self.password_file is None):
+            raise ValueError("username: set both username and password_file, or neither")
+        return self
+
+
 class RangeScheduleConfig(Model):
     """A channel whose range is discovered periodically (on the coordinator)."""
 
@@ -191,6 +230,7 @@ class CollectorConfig(Model):
     shard: ShardConfig = ShardConfig()
     limits: LimitsConfig = LimitsConfig()
     registry: RegistryConfig = RegistryConfig()
+    scale_out: ScaleOutConfig | None = None
 
     @model_validator(mode="after")
     def _ports(self):
@@ -206,6 +246,11 @@ class CollectorConfig(Model):
         return AggregateSettings(bins=aggregates.histogram_bins,
                                  window_seconds=aggregates.window_seconds,
                                  keep_windows=aggregates.keep_windows)
+
+    @property
+    def member_name(self) -> str:
+        """This scale-out member's name."""
+        return (self.scale_out and self.scale_out.member) or self.broker.client_id
 
     @property
     def shard_name(self) -> str | None:

@@ -20,12 +20,18 @@ from dataclasses import dataclass, field
 
 from edge_agent import protocol
 from edge_agent.protocol import Rejected
-from edge_agent.protocol.states import AggregateSettings, decode_shard_state
+from edge_agent.protocol.states import (
+    AggregateSettings,
+    IngestorState,
+    decode_partition_state,
+    decode_shard_state,
+)
 
 from .config import CollectorConfig
 from .ingest import Ingestor
 from .publisher import CollectorClient
 from .range import RangeResults
+from .scaleout.feed import PartitionFeed
 from .stats import StateError
 from .views import Views
 from .web import WebServer, latest_channels
@@ -48,21 +54,38 @@ def decode_state(payload: bytes, *, shard: str, fleet: str, settings: AggregateS
         raise ShardStateRejected(exc.reason, exc.detail) from None
     if group is not None and document.group != group:
         raise ShardStateRejected("group", f"shard of group {document.group!r}")
-    if document.state.fleet != fleet:
+    envelope = {"v": document.v, "type": document.type, "shard": document.shard,
+                "group": document.group, "t": document.t, "every": document.every}
+    return envelope, _ingestor(document.state, fleet, settings)
+
+
+def decode_partition(payload: bytes, *, partition: int, fleet: str,
+                     settings: AggregateSettings) -> tuple[dict, Ingestor]:
+    """(envelope, the partition's ``Ingestor``) of a scale-out partition state
+    (docs/SCALE_OUT.md), or ``ShardStateRejected``."""
+    try:
+        document = decode_partition_state(payload, partition)
+    except Rejected as exc:
+        raise ShardStateRejected(exc.reason, exc.detail) from None
+    envelope = {"v": document.v, "type": document.type, "t": document.t,
+                "every": document.every, "group": None, "owner": document.owner,
+                "sequence": document.sequence}
+    return envelope, _ingestor(document.state, fleet, settings)
+
+
+def _ingestor(state: IngestorState, fleet: str, settings: AggregateSettings) -> Ingestor:
+    if state.fleet != fleet:
         raise ShardStateRejected("fleet", f"not a state of fleet {fleet!r}")
-    if document.state.settings != settings:
-        raise ShardStateRejected("settings", f"aggregates settings {document.state.settings} "
+    if state.settings != settings:
+        raise ShardStateRejected("settings", f"aggregates settings {state.settings} "
                                              f"differ from ours {settings}"[:300])
     try:
-        ingestor = Ingestor.from_state(document.state)
+        return Ingestor.from_state(state)
     except StateError as exc:
         raise ShardStateRejected("schema", str(exc)[:300]) from None
     except (RecursionError, MemoryError, OverflowError, TypeError, ValueError,
             AttributeError, KeyError, IndexError) as exc:
         raise ShardStateRejected("schema", f"{type(exc).__name__}: {str(exc)[:200]}") from None
-    envelope = {"v": document.v, "type": document.type, "shard": document.shard,
-                "group": document.group, "t": document.t, "every": document.every}
-    return envelope, ingestor
 
 
 @dataclass
@@ -73,6 +96,7 @@ class ShardEntry:
     received: float
     size: int
     group: str | None
+    owner: str | None = None  # a scale-out partition's member
 
 
 @dataclass
@@ -93,12 +117,26 @@ class MergeView:
         self._generation = 0
         self._cache: tuple[int, Ingestor] | None = None
 
+    def update_partition(self, key: str, payload: bytes) -> str:
+        """A scale-out partition's state (key ``p.<n>`` of the state bucket), as ``update``."""
+        prefix, _, number = key.partition(".")
+        if prefix != "p" or not number.isdigit() or len(number) > 4:
+            return "ignored"
+        name = f"p{int(number):04d}"
+        return self._put(name, payload, lambda: decode_partition(
+            payload, partition=int(number), fleet=self.fleet, settings=self.settings))
+
     def update(self, topic: str, payload: bytes) -> str:
         """A message on ``_shards/+/state``: 'accepted', 'removed', 'ignored' or
         'rejected:<reason>'.  Never raises: a bad payload keeps the shard's last state."""
         name = protocol.shard_of(topic, self.fleet, "state")
         if name is None or name == self.exclude:
             return "ignored"
+        return self._put(name, payload, lambda: decode_state(
+            payload, shard=name, fleet=self.fleet, settings=self.settings, group=self.group))
+
+    def _put(self, name: str, payload: bytes, decode: Callable[[], tuple[dict, Ingestor]]) \
+            -> str:
         if not payload:  # an operator cleared the retained state: forget the shard
             with self._lock:
                 if self.shards.pop(name, None) is not None:
@@ -106,18 +144,19 @@ class MergeView:
                     self._generation += 1
             return "removed"
         try:
-            envelope, ingestor = decode_state(payload, shard=name, fleet=self.fleet,
-                                              settings=self.settings, group=self.group)
+            envelope, ingestor = decode()
         except ShardStateRejected as exc:
             return self._reject(name, exc.reason, exc.detail)
         except Exception as exc:  # defence in depth: the merge view must not die of a payload
             return self._reject(name, "internal", type(exc).__name__)
         with self._lock:
             known = self.shards.get(name)
-            if known is not None and envelope["t"] < known.t:
+            # (A partition's states arrive in the bucket's revision order: no clock needed.)
+            if known is not None and "sequence" not in envelope and envelope["t"] < known.t:
                 return self._reject(name, "stale", "older than the state we hold")
             self.shards[name] = ShardEntry(ingestor, envelope["t"], envelope["every"],
-                                           self.clock(), len(payload), envelope["group"])
+                                           self.clock(), len(payload), envelope["group"],
+                                           envelope.get("owner"))
             self.errors.pop(name, None)
             self._generation += 1
         return "accepted"
@@ -152,6 +191,7 @@ class MergeView:
         with self._lock:
             shards = {name: {"t": e.t, "age": max(0.0, now - e.t), "received": e.received,
                              "stale": now - e.t > 3 * e.every + 5, "group": e.group,
+                             "owner": e.owner,
                              "messages": e.ingestor.counters["messages"],
                              "values": e.ingestor.counters["values"],
                              "duplicates": e.ingestor.counters["duplicates"],
@@ -159,7 +199,8 @@ class MergeView:
                       for name, e in self.shards.items()}
             for name, error in self.errors.items():
                 shards.setdefault(name, {"t": None, "age": None, "received": None,
-                                         "stale": True, "group": None, "messages": 0,
+                                         "stale": True, "group": None, "owner": None,
+                                         "messages": 0,
                                          "values": 0, "duplicates": 0, "bytes": 0,
                                          "error": error})
             rejects = dict(self.rejects)
@@ -183,10 +224,16 @@ class MergeService:
         self.range_results = RangeResults(
             config.fleet, coordinator=config.range_discovery.client_id,
             limit=config.limits.range_results)
-        self.client = CollectorClient(config, role="merge", label="merge view", follow={
-            protocol.shard_topic(config.fleet, "+", "state"):
-                lambda c, u, m: self.view.update(m.topic, m.payload),
-            protocol.range_result_subscription(config.fleet): self.range_results.on_message})
+        follow = {protocol.range_result_subscription(config.fleet):
+                  self.range_results.on_message}
+        self.feed = None
+        if config.scale_out is not None:  # the partitions' states, from the KV bucket
+            self.feed = PartitionFeed(config.scale_out, self.view.update_partition,
+                                      name=f"{config.broker.client_id}-merge")
+        else:
+            follow[protocol.shard_topic(config.fleet, "+", "state")] = \
+                lambda c, u, m: self.view.update(m.topic, m.payload)
+        self.client = CollectorClient(config, role="merge", label="merge view", follow=follow)
         self.views = Views(self.view.ingestor, self.lock, broker_status=self.client.status,
                            range_results=self.range_results.get,
                            range_ignored=self.range_results.ignored_counts,
@@ -198,6 +245,8 @@ class MergeService:
 
     def start(self) -> None:
         self.client.start()
+        if self.feed is not None:
+            self.feed.start()
         if self.web is not None:
             self.web.start()
         self._thread = threading.Thread(target=self._snapshots, name="merge-snapshots",
@@ -217,6 +266,8 @@ class MergeService:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.feed is not None:
+            self.feed.stop()
         if self.web is not None:
             self.web.stop()
         self.client.stop()

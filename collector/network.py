@@ -63,6 +63,19 @@ class NetworkSettings:
     max_backlog: int = MAX_BACKLOG
     # MQTT 5: the broker drops anything larger for us (bounds a message's memory).
     max_packet_bytes: int | None = None
+    # An ingress (docs/SCALE_OUT.md): the journal is this JetStream stream, not ``path``.
+    scale_out: object | None = None  # a collector.config.ScaleOutConfig
+    fleet: str = ""
+
+
+def open_journal(settings: NetworkSettings):
+    """The SQLite journal, or an ingress's JetStream stream (imported only then: a
+    single collector's network process stays without nats, pydantic and msgspec)."""
+    if settings.scale_out is None:
+        return CollectorStore(settings.path)
+    from .scaleout.journal import JetStreamJournal
+
+    return JetStreamJournal(settings.scale_out, settings.fleet, settings.client_id)
 
 
 def run(settings: NetworkSettings, control: Connection) -> None:
@@ -72,7 +85,7 @@ def run(settings: NetworkSettings, control: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    store = CollectorStore(settings.path)
+    store = open_journal(settings)
     store.set_network(False)
     lock = threading.Lock()
     # (mid, qos) of messages received, not yet journaled; journaled, not yet acknowledged

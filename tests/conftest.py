@@ -1,11 +1,12 @@
-"""Shared fixtures: a real Mosquitto broker on a free loopback port, and no child
-process outliving its test.  The helpers themselves live in tests/support."""
+"""Shared fixtures: a real Mosquitto broker on a free loopback port, a real 3-node NATS
+JetStream cluster, and no child process outliving its test.  The helpers themselves live in tests/support."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.support import Mosquitto, stop_leftover_processes
+from tests.support.nats import NatsCluster
 
 
 @pytest.fixture(autouse=True)
@@ -21,3 +22,10 @@ def mosquitto(tmp_path):
     broker = Mosquitto(tmp_path).start()
     yield broker
     broker.stop()
+
+
+@pytest.fixture
+def nats_cluster(tmp_path):
+    cluster = NatsCluster(tmp_path / "nats").start()
+    yield cluster
+    cluster.stop()

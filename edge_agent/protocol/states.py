@@ -294,3 +294,49 @@ def parse_key(text: str) -> tuple[str, str] | None:
     """(agent, channel) of a claims key "agent/channel", or None."""
     agent, _, channel = text.partition("/")
     return (agent, channel) if is_name(agent) and is_name(channel) else None
+
+
+# -- a scale-out partition's state (collector.scaleout, docs/SCALE_OUT.md) ------------------
+
+PARTITION_STATE_VERSION = 1
+MAX_PARTITIONS = 1024
+
+
+class PartitionState(Struct, forbid_unknown_fields=True):
+    """One partition's aggregates and sequence trackers with the stream sequence they
+    include, the value of key ``p.<partition>`` in the ``<stream>_state`` KV bucket.
+    Written by the partition's owner with compare-and-set (a stale owner's write
+    fails); read by the next owner and by the merge view."""
+
+    v: Literal[1]
+    type: Literal["partition-state"]
+    partition: Annotated[int, Meta(ge=0, lt=MAX_PARTITIONS)]
+    partitions: Annotated[int, Meta(ge=1, le=MAX_PARTITIONS)]
+    owner: Name  # the member that wrote it
+    t: NonNegative  # when (the member's clock)
+    every: NonNegative  # how often its owner writes it
+    sequence: Annotated[int, Meta(ge=0)]  # the last stream sequence applied
+    state: IngestorState
+    trackers: list[TrackerState]
+
+
+_partition_state_decoder = msgspec.json.Decoder(PartitionState)
+
+
+def encode_partition_state(state: IngestorState, trackers: list[TrackerState], *,
+                           partition: int, partitions: int, owner: str, now: float,
+                           every: float, sequence: int) -> bytes:
+    return encode(PartitionState(v=PARTITION_STATE_VERSION, type="partition-state",
+                                 partition=partition, partitions=partitions, owner=owner,
+                                 t=now, every=every, sequence=sequence, state=state,
+                                 trackers=trackers))
+
+
+def decode_partition_state(payload: bytes, partition: int) -> PartitionState:
+    """The typed state of ``partition`` (the number its key gives), or ``Rejected``."""
+    if len(payload) > MAX_SHARD_STATE_BYTES:
+        raise Rejected("oversized", f"{len(payload)} bytes")
+    document = decode_checked(_partition_state_decoder, payload, _SHARD_STATE_REASONS)
+    if document.partition != partition:
+        raise Rejected("topic", "the partition differs from the key's")
+    return document

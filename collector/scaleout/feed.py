@@ -1,0 +1,67 @@
+"""The merge view's input in scale-out: every partition's state, as the KV bucket changes.
+
+A thread with its own event loop watches the ``<stream>_state`` bucket and hands
+each new value to ``on_state(key, payload)`` (``MergeView.update_partition``).
+The watch starts with every key's latest value, so a merge view (stateless)
+that restarts has the whole picture at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+
+from ..config import ScaleOutConfig
+from .engine import open_engine
+
+log = logging.getLogger(__name__)
+
+
+class PartitionFeed:
+    def __init__(self, config: ScaleOutConfig, on_state: Callable[[str, bytes], object], *,
+                 name: str):
+        self.config, self.on_state, self.name = config, on_state, name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="partition-feed", daemon=True)
+        self._started = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait(5)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._started.set()
+        watching = asyncio.create_task(self._watch())
+        await self._stop.wait()
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        engine = None
+        while True:
+            try:
+                if engine is None:
+                    engine = await open_engine(self.config, self.name)
+                watcher = await engine.states.watchall()
+                async for entry in watcher:
+                    if entry is not None and entry.value:
+                        self.on_state(entry.key, entry.value)
+            except asyncio.CancelledError:
+                if engine is not None:
+                    await engine.close()
+                raise
+            except Exception as exc:  # the cluster failing over: watch again
+                log.warning("watching the partition states failed (%r); again", exc)
+                await asyncio.sleep(1.0)

@@ -1,0 +1,105 @@
+"""The ingress's journal: the JetStream stream instead of the SQLite file.
+
+The collector's network process (``collector.network``) appends every message it
+receives to a journal, commits, and only then acknowledges the messages to the
+MQTT broker.  ``JetStreamJournal`` has the interface of ``CollectorStore`` that
+the network process uses, so an ingress is that same process: ``append`` buffers
+a message, ``commit`` publishes the buffer to the stream and returns once
+JetStream has acknowledged every message (stored on a quorum of its replicas),
+or raises, keeping those not stored for the next commit.  A message stored twice
+(an ingress that died before its MQTT acknowledgements, an agent resending) has
+the same ``Nats-Msg-Id`` and the stream drops it within its duplicate window;
+later copies are dropped by the members' sequence trackers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from ..config import ScaleOutConfig
+from .engine import Engine, open_engine
+from .partitions import agent_of, message_id, partition_of, subject
+
+log = logging.getLogger(__name__)
+
+COMMIT_TIMEOUT = 30.0  # a commit that takes longer fails (the messages stay unacknowledged)
+IN_FLIGHT = 1024  # publishes awaiting their acknowledgement at once
+
+TOPIC_HEADER = "Ldp-Topic"  # the MQTT topic (the member ingests it as a collector would)
+RECEIVED_HEADER = "Ldp-Received"  # when the ingress received it (seconds since the epoch)
+
+
+class JetStreamJournal:
+    def __init__(self, config: ScaleOutConfig, fleet: str, name: str):
+        self.config, self.fleet = config, fleet
+        self._buffer: list[tuple[str, bytes, dict]] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="jetstream",
+                                        daemon=True)
+        self._thread.start()
+        self.engine: Engine = self._run(open_engine(config, name), timeout=None)
+
+    def _run(self, coroutine, timeout: float | None = COMMIT_TIMEOUT):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    # -- the CollectorStore interface the network process uses --
+    def append(self, topic: str, payload: bytes, received: float) -> None:
+        agent = agent_of(topic, self.fleet)
+        if agent is None:
+            return  # not a fleet message: nothing would count it (acknowledged all the same)
+        headers = {TOPIC_HEADER: topic, RECEIVED_HEADER: repr(received)}
+        identity = message_id(topic, payload, self.fleet)
+        if identity is not None:
+            headers["Nats-Msg-Id"] = identity
+        self._buffer.append((subject(self.config.stream,
+                                     partition_of(agent, self.config.partitions)),
+                             payload, headers))
+
+    def commit(self) -> None:
+        if not self._buffer:
+            return
+        batch, self._buffer = self._buffer, []
+        try:
+            failed = self._run(self._publish(batch))
+        except Exception:
+            self._buffer = batch + self._buffer
+            raise
+        if failed:
+            self._buffer = failed + self._buffer
+            raise RuntimeError(f"JetStream did not store {len(failed)} of {len(batch)} "
+                               f"message(s)")
+
+    async def _publish(self, batch: list[tuple[str, bytes, dict]]) -> list:
+        """The messages of ``batch`` JetStream did not acknowledge."""
+        slots = asyncio.Semaphore(IN_FLIGHT)
+        js = self.engine.js
+
+        async def one(message):
+            async with slots:
+                await js.publish(message[0], message[1], headers=message[2],
+                                 stream=self.config.stream, timeout=COMMIT_TIMEOUT / 2)
+
+        results = await asyncio.gather(*(one(message) for message in batch),
+                                       return_exceptions=True)
+        failed = [message for message, result in zip(batch, results)
+                  if isinstance(result, BaseException)]
+        if failed:
+            log.debug("not stored: %r", next(r for r in results if isinstance(r, BaseException)))
+        return failed
+
+    def backlog(self) -> int:
+        return 0  # the members read the stream at their own pace; it keeps max_age_seconds
+
+    def set_network(self, connected: bool) -> None:
+        if connected:
+            log.info("MQTT subscription up: messages go to stream %s", self.config.stream)
+
+    def close(self) -> None:
+        try:
+            self._run(self.engine.close(), timeout=10)
+        except Exception as exc:
+            log.warning("closing the NATS connection: %s", exc)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
