@@ -135,6 +135,8 @@ def run(settings: NetworkSettings, control: Connection) -> None:
     client.on_message = on_message
     client.start()
 
+    failures = [0]  # commits failed in a row (logged once, and when they work again)
+
     def journal() -> None:
         """Commit what arrived.  If that fails nothing becomes acknowledgeable: the
         messages stay buffered for the next attempt (collector.store)."""
@@ -142,9 +144,15 @@ def run(settings: NetworkSettings, control: Connection) -> None:
             try:
                 store.commit()
             except Exception as exc:
-                log.error("journal commit failed (%s: %s); %d message(s) stay "
-                          "unacknowledged", type(exc).__name__, exc, len(received))
+                failures[0] += 1
+                log.log(logging.ERROR if failures[0] == 1 else logging.DEBUG,
+                        "journal commit failed (%s: %s); %d message(s) stay unacknowledged "
+                        "and are retried", type(exc).__name__, exc, len(received))
                 return
+            if failures[0]:
+                log.info("journal commits work again, after %d failed attempt(s)",
+                         failures[0])
+                failures[0] = 0
             journaled.extend(received)
             received.clear()
             buffered[0] = 0

@@ -1,5 +1,6 @@
 """Shared fixtures: a real Mosquitto broker on a free loopback port, a real 3-node NATS
-JetStream cluster, and no child process outliving its test.  The helpers themselves live in tests/support."""
+JetStream cluster, and no child process outliving its test.  The helpers themselves live
+in tests/support."""
 
 from __future__ import annotations
 

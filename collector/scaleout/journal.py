@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 from ..config import ScaleOutConfig
 from .engine import Engine, open_engine
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 COMMIT_TIMEOUT = 30.0  # a commit that takes longer fails (the messages stay unacknowledged)
 IN_FLIGHT = 1024  # publishes awaiting their acknowledgement at once
+MAX_BACKOFF = 2.0  # seconds between attempts while the stream does not store
 
 TOPIC_HEADER = "Ldp-Topic"  # the MQTT topic (the member ingests it as a collector would)
 RECEIVED_HEADER = "Ldp-Received"  # when the ingress received it (seconds since the epoch)
@@ -35,6 +37,7 @@ class JetStreamJournal:
     def __init__(self, config: ScaleOutConfig, fleet: str, name: str):
         self.config, self.fleet = config, fleet
         self._buffer: list[tuple[str, bytes, dict]] = []
+        self._backoff, self._retry_at, self._error = 0.0, 0.0, ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="jetstream",
                                         daemon=True)
@@ -60,16 +63,21 @@ class JetStreamJournal:
     def commit(self) -> None:
         if not self._buffer:
             return
+        if time.monotonic() < self._retry_at:  # the cluster is failing over: wait a little
+            raise RuntimeError(f"JetStream unavailable, next attempt in "
+                               f"{self._retry_at - time.monotonic():.1f} s")
         batch, self._buffer = self._buffer, []
         try:
             failed = self._run(self._publish(batch))
         except Exception:
-            self._buffer = batch + self._buffer
-            raise
+            failed = batch
         if failed:
             self._buffer = failed + self._buffer
+            self._backoff = min(MAX_BACKOFF, 2 * self._backoff) if self._backoff else 0.2
+            self._retry_at = time.monotonic() + self._backoff
             raise RuntimeError(f"JetStream did not store {len(failed)} of {len(batch)} "
-                               f"message(s)")
+                               f"message(s) ({self._error})")
+        self._backoff = 0.0
 
     async def _publish(self, batch: list[tuple[str, bytes, dict]]) -> list:
         """The messages of ``batch`` JetStream did not acknowledge."""
@@ -83,11 +91,11 @@ class JetStreamJournal:
 
         results = await asyncio.gather(*(one(message) for message in batch),
                                        return_exceptions=True)
-        failed = [message for message, result in zip(batch, results)
-                  if isinstance(result, BaseException)]
-        if failed:
-            log.debug("not stored: %r", next(r for r in results if isinstance(r, BaseException)))
-        return failed
+        errors = [result for result in results if isinstance(result, BaseException)]
+        if errors:
+            self._error = f"{type(errors[0]).__name__}: {errors[0]}"[:200]
+        return [message for message, result in zip(batch, results)
+                if isinstance(result, BaseException)]
 
     def backlog(self) -> int:
         return 0  # the members read the stream at their own pace; it keeps max_age_seconds

@@ -7,29 +7,59 @@ the merged counts equal exactly what was published: nothing lost, nothing twice.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+import nats
 import numpy as np
+from nats.js.api import AckPolicy, ConsumerConfig
 
-from tests.collector.test_e2e_shards import CHANNELS, Publisher, comparable
-from tests.support import CollectorProcess, wait_until
+from collector.scaleout.partitions import message_id
+from tests.collector.test_e2e_shards import AGENTS, CHANNELS, Publisher, comparable
+from tests.support import CollectorProcess, MqttClient, wait_until
 from tests.support import wait_for_api as wait_for
 
+STREAM = "ldp_reports"
 PARTITIONS = 8
+DUPLICATE_WINDOW = 2.0
 
 
 def scale_out(cluster, **extra) -> dict:
     return {"servers": cluster.urls, "partitions": PARTITIONS, "lease_seconds": 10,
-            "checkpoint_seconds": 0.5, **extra}
+            "checkpoint_seconds": 0.5, "duplicate_window_seconds": DUPLICATE_WINDOW, **extra}
+
+
+def stored_ids(cluster) -> list[str]:
+    """The Nats-Msg-Id of every message in the stream, read with a client of our own."""
+    async def read() -> list[str]:
+        client = await nats.connect(cluster.urls)
+        js = client.jetstream()
+        info = await js.stream_info(STREAM)
+        ids = []
+        subscription = await js.pull_subscribe(f"{STREAM}.*", stream=STREAM, config=ConsumerConfig(
+            ack_policy=AckPolicy.NONE, mem_storage=True, num_replicas=1))
+        while len(ids) < info.state.messages:
+            for message in await subscription.fetch(500, timeout=5):
+                ids.append(message.headers["Nats-Msg-Id"])
+        await client.close()
+        return ids
+
+    for _ in range(60):  # after a restart: until the stream has its leader again
+        try:
+            return asyncio.run(read())
+        except nats.errors.Error:
+            time.sleep(0.5)
+    return asyncio.run(read())
 
 
 class Role(CollectorProcess):
     """An ingress or a member: no HTTP API; ready once its log says so."""
 
-    def __init__(self, tmp_path, broker, cluster, command: str, name: str, ready: str):
+    def __init__(self, tmp_path, broker, cluster, command: str, name: str, ready: str,
+                 **settings):
         super().__init__(tmp_path, broker, name=name, command=command,
                          broker_settings={"client_id": name},
-                         scale_out=scale_out(cluster, member=name))
+                         scale_out=scale_out(cluster, member=name, **settings))
         self.ready = ready
 
     def start(self) -> Role:
@@ -45,8 +75,9 @@ class Role(CollectorProcess):
         return self
 
 
-def ingress(tmp_path, broker, cluster) -> Role:
-    return Role(tmp_path, broker, cluster, "ingress", "ingress", "MQTT subscription up")
+def ingress(tmp_path, broker, cluster, **settings) -> Role:
+    return Role(tmp_path, broker, cluster, "ingress", "ingress", "MQTT subscription up",
+                **settings)
 
 
 def member(tmp_path, broker, cluster, name: str) -> Role:
@@ -80,7 +111,8 @@ def test_counts_stay_exact_through_node_member_and_ingress_kills(tmp_path, mosqu
     entry = ingress(tmp_path, mosquitto, nats_cluster).start()
     members[1] = member(tmp_path, mosquitto, nats_cluster, "m1").start()
     publisher.seqs(range(100, 120))
-    publisher.replay(60)  # old reports again, as from agents' spools
+    time.sleep(DUPLICATE_WINDOW + 0.5)
+    publisher.replay(60)  # old reports again, as from agents' spools, after the window
 
     assert wait_for(lambda: counts(single) == publisher.values, 90), \
         (counts(single), publisher.values)
@@ -90,9 +122,10 @@ def test_counts_stay_exact_through_node_member_and_ingress_kills(tmp_path, mosqu
     one, merged = single.api(), merge.api()
     assert merged["ingest"]["messages"] == one["ingest"]["messages"] == len(publisher.sent)
     assert merged["ingest"]["values"] == one["ingest"]["values"] == sum(publisher.values.values())
-    # Copies within the stream's duplicate window never reach a member; the rest are
-    # recognised by the partition's sequence trackers.
-    assert merged["ingest"]["duplicates"] <= publisher.copies
+    # Copies within the stream's duplicate window never reach a member; the rest (the
+    # replay, and what a restarted ingress or a retried batch stored again after the
+    # 2-s window) are recognised by the partition's sequence trackers.
+    assert merged["ingest"]["duplicates"] >= 60
     for name in CHANNELS:
         assert comparable(merged["channels"][name]) == comparable(one["channels"][name]), name
     assert {a: (s["messages"], s["values"]) for a, s in merged["agents"].items()} == \
@@ -106,3 +139,42 @@ def test_counts_stay_exact_through_node_member_and_ingress_kills(tmp_path, mosqu
           f"{time.monotonic() - started:.1f} s")
     for process in (merge, *members, entry, single):
         assert process.terminate() == 0, process.output()[-3000:]
+
+
+def test_acknowledged_to_mqtt_implies_stored_in_the_stream(tmp_path, mosquitto, nats_cluster):
+    """Without a JetStream quorum the ingress acknowledges nothing: the reports stay
+    queued in its MQTT session, through a SIGKILL of the ingress, until stored; and the
+    stream's duplicate window keeps one copy of each."""
+    window = {"duplicate_window_seconds": 120}
+    entry = ingress(tmp_path, mosquitto, nats_cluster, **window).start()
+    publisher = Publisher(mosquitto, np.random.default_rng(3))
+    publisher.seqs(range(0, 5))
+    before = {f"{agent}/{channel}/{seq}" for agent in AGENTS for channel in CHANNELS
+              for seq in range(5)}
+    assert wait_until(lambda: set(stored_ids(nats_cluster)) == before, 30)
+    nats_cluster.kill(1)
+    nats_cluster.kill(2)  # one node of three: no quorum, nothing can be stored
+    publisher.seqs(range(5, 10))
+    time.sleep(3)
+    entry.kill()  # what it holds unacknowledged stays in its MQTT session
+    # Which reports did the ingress not acknowledge?  Its session gives them to us.
+    probe = MqttClient(mosquitto, client_id="ingress", persistent=True, manual_ack=True)
+    probe.connect()
+    time.sleep(2)
+    unacknowledged = {message_id(topic, payload, "demo") for topic, payload, _ in
+                      probe.messages}
+    probe.close()  # without acknowledging: the session keeps them for the next ingress
+    everything = {f"{agent}/{channel}/{seq}" for agent in AGENTS for channel in CHANNELS
+                  for seq in range(10)}
+    assert everything - before <= unacknowledged <= everything  # (a batch is acknowledged
+    # once all of it is stored: the first may still have been waiting for a retry)
+    nats_cluster.start_node(1)
+    nats_cluster.start_node(2)
+    # Every acknowledged report is stored (an unacknowledged one may be too: the stream
+    # leader had it in its log when the quorum came back).
+    assert everything - unacknowledged <= set(stored_ids(nats_cluster))
+    entry = ingress(tmp_path, mosquitto, nats_cluster, **window).start()
+    assert wait_until(lambda: set(stored_ids(nats_cluster)) == everything, 60), \
+        entry.output()[-3000:]
+    assert len(stored_ids(nats_cluster)) == len(everything)  # each once
+    assert entry.terminate() == 0
