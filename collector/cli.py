@@ -40,41 +40,39 @@ def merge(config_path: str) -> None:
     sys.exit(MergeService(config).run_forever())
 
 
-def _scale_out(config_path: str, role: str) -> CollectorConfig:
+def _run_scale_out(config_path: str, role: str, service) -> None:
+    """Run ``service(config)`` (an ingress or a member); exit 78 without [scale_out], or
+    when the cluster's stream was made with other settings."""
+    from .scaleout.engine import EngineError
+
     config = _load(config_path, EXIT_CONFIG)
     if config.scale_out is None:
         click.echo(f"{config_path}: invalid configuration:\n  scale_out: the {role} needs a "
                    f"[scale_out] table (docs/SCALE_OUT.md)", err=True)
         sys.exit(EXIT_CONFIG)
-    return config
+    try:
+        sys.exit(service(config).run_forever())
+    except EngineError as exc:
+        click.echo(f"edge-collector {role}: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
 
 
 @main.command()
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
 def ingress(config_path: str) -> None:
     """Take reports from MQTT into the JetStream stream, acknowledged once stored."""
-    from .scaleout.engine import EngineError
     from .scaleout.ingress import Ingress
 
-    try:
-        sys.exit(Ingress(_scale_out(config_path, "ingress")).run_forever())
-    except EngineError as exc:
-        click.echo(f"edge-collector ingress: {exc}", err=True)
-        sys.exit(EXIT_CONFIG)
+    _run_scale_out(config_path, "ingress", Ingress)
 
 
 @main.command()
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
 def member(config_path: str) -> None:
     """Own partitions of the JetStream stream and count their reports exactly."""
-    from .scaleout.engine import EngineError
     from .scaleout.member import Member
 
-    try:
-        sys.exit(Member(_scale_out(config_path, "member")).run_forever())
-    except EngineError as exc:
-        click.echo(f"edge-collector member: {exc}", err=True)
-        sys.exit(EXIT_CONFIG)
+    _run_scale_out(config_path, "member", Member)
 
 
 @main.command("discover-range")
@@ -156,7 +154,10 @@ def _domain_from_api(config: CollectorConfig, channel: str) -> tuple[float, floa
 @click.option("--workdir", default=None, type=click.Path(file_okay=False),
               help="keep configs, state and logs here, a new or empty directory (default: a "
                    "temporary directory)")
-def demo(agents, duration, http_port, broker, embedded, workdir) -> None:
+@click.option("--scale-out", is_flag=True,
+              help="a local 3-node NATS JetStream cluster, an ingress, two aggregation "
+                   "members and the merge view instead of one collector (docs/SCALE_OUT.md)")
+def demo(agents, duration, http_port, broker, embedded, workdir, scale_out) -> None:
     """Broker, collector, dashboard and a fleet of simulated wearables, in one command.
 
     Ctrl-C, SIGTERM or SIGHUP stops everything it started.
@@ -165,7 +166,7 @@ def demo(agents, duration, http_port, broker, embedded, workdir) -> None:
 
     try:
         code = run_demo(agents=agents, duration=duration, http_port=http_port, broker=broker,
-                        workdir=workdir, embedded=embedded)
+                        workdir=workdir, embedded=embedded, scale_out=scale_out)
     except DemoError as exc:  # found before anything started
         click.echo(f"edge-collector demo: {exc}", err=True)
         code = 2

@@ -8,7 +8,10 @@ SIGHUP or after ``--duration``):
   embedded pure-Python broker amqtt (MQTT 3.1.1; the collector then speaks
   3.1.1);
 * ``edge-collector run`` with the dashboard on ``--http-port`` and a range
-  discovery schedule for ``accel_x``;
+  discovery schedule for ``accel_x``; or with ``--scale-out``, a local 3-node
+  NATS JetStream cluster, ``edge-collector ingress``, two ``edge-collector
+  member`` and ``edge-collector merge`` serving the dashboard (docs/SCALE_OUT.md),
+  so that parts can be killed while watching the counts;
 * ``edge-agent fleet --count N``: N simulated wearables, each its own agent
   (id ``wearable-<i>``, seed, budget and sequence numbers), streaming
   accelerometer axes, attitude angles and a polar channel.  Because this
@@ -44,6 +47,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .lifetime import CHILDREN_GRACE_SECONDS, preexec_die_with_parent
+from .scaleout.local_cluster import NOT_INSTALLED as NATS_NOT_INSTALLED
+from .scaleout.local_cluster import Node, find_nats_server, node_config
 from .watch import fetch, render
 
 # The wearables' sources and channels: a data file beside this module.
@@ -53,6 +58,7 @@ DEMO_CHANNELS = importlib.resources.files("collector").joinpath("demo_channels.t
 # SIGTERM and SIGHUP (a closed terminal) stop the demo as Ctrl-C does: the children
 # run in their own sessions, so nobody else stops them.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+RESTART_SECONDS = 15.0  # a killed part of the --scale-out demo comes back after this
 
 
 class DemoError(ValueError):
@@ -133,19 +139,23 @@ class Janitor:
 
 class Demo:
     def __init__(self, *, agents: int, duration: float, http_port: int, broker: str | None,
-                 workdir: Path, embedded: bool = False, console: Console | None = None,
-                 janitor: Janitor | None = None):
+                 workdir: Path, embedded: bool = False, scale_out: bool = False,
+                 console: Console | None = None, janitor: Janitor | None = None):
         self.agents, self.duration, self.http_port = agents, duration, http_port
+        self.scale_out = scale_out
         self.workdir = workdir
         self.janitor = janitor
         self.console = console or Console()
         self.processes: list[tuple[str, subprocess.Popen]] = []
+        # With --scale-out, parts a user may kill to watch the failover: restarted.
+        self.restartable: dict[str, list[str]] = {}
+        self._restart_at: dict[str, float] = {}
         self.url = f"http://127.0.0.1:{http_port}"
         self.broker_text = broker
         self.embedded = embedded
 
     # -- children -------------------------------------------------------------------------
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], *, restart: bool = False) -> subprocess.Popen:
         env = dict(os.environ)
         # compiled kernels survive the demo's temporary directory
         env.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "edge-ldp" / "numba"))
@@ -155,6 +165,8 @@ class Demo:
                                        cwd=self.workdir, start_new_session=True,
                                        preexec_fn=preexec_die_with_parent(signal.SIGTERM))
         self.processes.append((name, process))
+        if restart:
+            self.restartable[name] = args
         if self.janitor is not None:
             self.janitor.watch(process.pid)
         return process
@@ -189,6 +201,46 @@ class Demo:
             version, what = "3.1.1", f"the embedded amqtt broker on 127.0.0.1:{port}"
         self._wait(lambda: port_open("127.0.0.1", port), 30, "the broker did not start")
         return "127.0.0.1", port, version, what
+
+    def _start_nats(self) -> list[str]:
+        """A 3-node NATS JetStream cluster on free loopback ports; its client URLs."""
+        binary = find_nats_server()
+        if binary is None:
+            raise RuntimeError(NATS_NOT_INSTALLED)
+        nodes = [Node(f"nats-{i}", free_port(), free_port(), self.workdir / f"nats-{i}")
+                 for i in range(3)]
+        for node in nodes:
+            conf = self.workdir / f"{node.name}.conf"
+            conf.write_text(node_config(node, nodes))
+            self._spawn(node.name, [binary, "-c", str(conf)], restart=True)
+        self._wait(lambda: all(port_open("127.0.0.1", node.client_port) for node in nodes),
+                   30, "the NATS cluster did not start")
+        return [node.url for node in nodes]
+
+    def _start_scale_out(self, collector_config: Path) -> str:
+        """Ingress, two aggregation members and the merge view (with the dashboard) on a
+        local NATS cluster; what runs, for the banner."""
+        urls = self._start_nats()
+        base = collector_config.read_text()
+        for role, name in (("ingress", "ingress"), ("member", "member-1"),
+                           ("member", "member-2"), ("merge", "merge")):
+            config = self.workdir / f"{name}.toml"
+            config.write_text(base.replace('client_id = "demo-collector',
+                                           f'client_id = "demo-{name}') + f"""
+[scale_out]
+servers = [{", ".join(toml_str(url) for url in urls)}]
+partitions = 8
+member = {toml_str(name)}
+""")
+            self._spawn(name, ["-m", "collector", role, "--config", str(config)],
+                        restart=role != "merge")
+        return ("3 NATS nodes, an ingress, 2 members and the merge view; kill -9 one of "
+                f"{self._pids('nats-1', 'member-2', 'ingress')} and watch the counts: it "
+                f"comes back after {RESTART_SECONDS:g} s")
+
+    def _pids(self, *names: str) -> str:
+        return ", ".join(f"{name} {process.pid}" for name, process in self.processes
+                         if name in names)
 
     def _wait(self, predicate, timeout: float, failure: str) -> None:
         deadline = time.monotonic() + timeout
@@ -270,8 +322,11 @@ every_seconds = 60
             stack.callback(self.stop)
             host, port, version, what = self._start_broker()
             agent_config, collector_config = self._write_configs(host, port, version)
-            self._spawn("collector", ["-m", "collector", "run", "--config",
-                                      str(collector_config)])
+            if self.scale_out:
+                what += "; " + self._start_scale_out(collector_config)
+            else:
+                self._spawn("collector", ["-m", "collector", "run", "--config",
+                                          str(collector_config)])
             self._wait(lambda: fetch(self.url + "/api/channels", timeout=1)[0] is not None, 60,
                        "the collector did not start")
             self._spawn("fleet", ["-m", "edge_agent", "fleet", "--config", str(agent_config),
@@ -290,7 +345,22 @@ every_seconds = 60
             return self._check_children()
 
     def _exited(self) -> bool:
-        return any(process.poll() is not None for _, process in self.processes)
+        """Whether a child the demo cannot do without exited; a restartable one that did is
+        started again (after ``RESTART_SECONDS``: long enough to watch the failover)."""
+        for i, (name, process) in enumerate(self.processes):
+            if process.poll() is None or name not in self.restartable:
+                continue
+            if name not in self._restart_at:
+                self._restart_at[name] = time.monotonic() + RESTART_SECONDS
+                self.console.print(f"{name} exited ({process.returncode}); the others go on, "
+                                   f"and it is started again in {RESTART_SECONDS:g} s")
+            elif time.monotonic() >= self._restart_at[name]:
+                del self._restart_at[name], self.processes[i]
+                self._spawn(name, self.restartable[name], restart=True)
+                self.console.print(f"{name} started again")
+                break
+        return any(process.poll() is not None for name, process in self.processes
+                   if name not in self.restartable)
 
     def _summary_loop(self) -> None:
         """Until the duration is over or a child exits; the view every `interval` s."""
@@ -321,7 +391,7 @@ every_seconds = 60
         removed) for every child that exited on its own; else 0."""
         code = 0
         for name, process in self.processes:
-            if process.poll() is not None:
+            if process.poll() is not None and name not in self.restartable:
                 self.console.print(f"[red]{name} exited early ({process.returncode}); "
                                    f"the end of {name}.log:[/]", highlight=False)
                 self.console.print(self._log_tail(name), markup=False, highlight=False)
@@ -390,7 +460,7 @@ def truth_table(document: dict, truth: dict) -> Table:
 
 
 def run_demo(*, agents: int, duration: float, http_port: int, broker: str | None,
-             workdir: str | None, embedded: bool = False) -> int:
+             workdir: str | None, embedded: bool = False, scale_out: bool = False) -> int:
     """Raises DemoError (nothing started) for a bad BROKER or --broker, an HTTP port in
     use or a non-empty --workdir."""
     if broker is None and os.environ.get("BROKER"):
@@ -401,8 +471,10 @@ def run_demo(*, agents: int, duration: float, http_port: int, broker: str | None
     if not port_free("127.0.0.1", http_port):
         raise DemoError(f"port {http_port} is in use; pass --http-port "
                         f'(make demo DEMO_ARGS="--http-port {http_port + 1}")')
+    if scale_out and find_nats_server() is None:
+        raise DemoError(NATS_NOT_INSTALLED)
     options = dict(agents=agents, duration=duration, http_port=http_port, broker=broker,
-                   embedded=embedded)
+                   embedded=embedded, scale_out=scale_out)
     if workdir is None:
         directory = Path(tempfile.mkdtemp(prefix="edge-ldp-demo-"))
         janitor = Janitor(directory)

@@ -50,6 +50,7 @@ from .partitions import subject
 
 log = logging.getLogger(__name__)
 
+IDLE_WRITES = 5  # a partition without news is written every this many checkpoint periods
 FETCH_BATCH = 500  # messages applied at once (~40 ms of work: lease renewals stay on time)
 FETCH_WAIT = 1.0
 
@@ -66,6 +67,7 @@ class Partition:
     lease_revision: int
     state_revision: int | None = None  # our last write of its state (the fence)
     written: int = -1  # the sequence of that write
+    written_at: float = -math.inf  # when (monotonic)
     reader: asyncio.Task | None = field(default=None, repr=False)
 
     @property
@@ -257,19 +259,21 @@ class Member:
         payload = encode_partition_state(
             ingestor.to_state(), tracker_states(ingestor), partition=partition.number,
             partitions=self.scale.partitions, owner=self.name, now=now,
-            every=self.scale.checkpoint_seconds, sequence=partition.sequence)
+            every=IDLE_WRITES * self.scale.checkpoint_seconds, sequence=partition.sequence)
         sequence, states = partition.sequence, self.engine.states
         if partition.state_revision is None:
             partition.state_revision = await states.create(partition.key, payload)
         else:
             partition.state_revision = await states.update(partition.key, payload,
                                                            last=partition.state_revision)
-        partition.written = sequence
+        partition.written, partition.written_at = sequence, time.monotonic()
 
     async def checkpoint(self) -> None:
+        idle = IDLE_WRITES * self.scale.checkpoint_seconds
         for partition in list(self.partitions.values()):
-            if partition.sequence == partition.written and not partition.ingestor.unconfirmed:
-                continue
+            if partition.sequence == partition.written and not partition.ingestor.unconfirmed \
+                    and time.monotonic() - partition.written_at < idle:
+                continue  # nothing new (written now and then: the merge view sees us alive)
             confirmations = partition.ingestor.confirmations(self.clock())
             try:
                 await self._write(partition)

@@ -191,6 +191,49 @@ def test_a_killed_demo_leaves_no_process_port_or_directory_behind():
     assert not port_open("127.0.0.1", port)
 
 
+def pid_of(workdir, fragment: str) -> int:
+    """The pid of the demo's child whose command line contains ``fragment``."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == str(workdir) and \
+                    fragment in open(f"/proc/{pid}/cmdline").read().replace("\0", " "):
+                return int(pid)
+        except OSError:
+            continue
+    raise LookupError(fragment)
+
+
+def test_the_scale_out_demo_keeps_counting_when_a_member_is_killed(tmp_path):
+    """`demo --scale-out`: NATS cluster, ingress, two members and the merge view; a
+    member killed with SIGKILL is started again, and its partitions move meanwhile."""
+    require_mosquitto()
+    port = free_port()
+    demo = start_demo(tmp_path, "--agents", "4", "--http-port", str(port), "--scale-out")
+    try:
+        def owners() -> set:
+            return {p["owner"] for p in api(port)["partitions"].values()}
+
+        assert wait_until(lambda: len(api(port)["agents"]) == 4
+                          and owners() == {"member-1", "member-2"}, 120), \
+            (tmp_path / "member-2.log").read_text()[-2000:]
+        os.kill(pid_of(tmp_path, "member-2.toml"), signal.SIGKILL)
+        before = api(port)["ingest"]["messages"]
+        # Its leases expire (lease_seconds, 20 s) and member-1 takes every partition ...
+        assert wait_until(lambda: owners() == {"member-1"}, 60)
+        assert api(port)["ingest"]["messages"] > before
+        # ... until the demo has started member-2 again and it takes its share back.
+        assert wait_until(lambda: owners() == {"member-1", "member-2"}, 90)
+        assert not api(port)["ingest"]["rejects"]
+        demo.send_signal(signal.SIGTERM)
+        output, _ = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 0, output[-3000:]
+    assert "member-2 exited (-9)" in output and "member-2 started again" in output
+    assert processes_in(tmp_path) == []
+
+
 def test_bad_options_fail_before_anything_starts(tmp_path, monkeypatch):
     runner = CliRunner()
     monkeypatch.delenv("BROKER", raising=False)

@@ -14,9 +14,11 @@ import nats
 import numpy as np
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from collector.config import ScaleOutConfig
+from collector.scaleout.engine import open_engine
 from collector.scaleout.partitions import message_id
 from tests.collector.test_e2e_shards import AGENTS, CHANNELS, Publisher, comparable
-from tests.support import CollectorProcess, MqttClient, wait_until
+from tests.support import CollectorProcess, MqttClient, run_module, wait_until, write_toml
 from tests.support import wait_for_api as wait_for
 
 STREAM = "ldp_reports"
@@ -62,9 +64,14 @@ class Role(CollectorProcess):
                          scale_out=scale_out(cluster, member=name, **settings))
         self.ready = ready
 
+    def start_raw(self) -> Role:
+        """Start without waiting for anything."""
+        super(CollectorProcess, self).start()
+        return self
+
     def start(self) -> Role:
         mark = len(self.output())
-        super(CollectorProcess, self).start()
+        self.start_raw()
 
         def ready() -> bool:
             if not self.running():
@@ -178,3 +185,22 @@ def test_acknowledged_to_mqtt_implies_stored_in_the_stream(tmp_path, mosquitto, 
         entry.output()[-3000:]
     assert len(stored_ids(nats_cluster)) == len(everything)  # each once
     assert entry.terminate() == 0
+
+
+def test_a_role_refuses_a_stream_made_with_another_partition_count(tmp_path, mosquitto,
+                                                                   nats_cluster):
+    async def make_stream() -> None:
+        engine = await open_engine(ScaleOutConfig(servers=nats_cluster.urls, partitions=8),
+                                   "test")
+        await engine.close()
+
+    asyncio.run(make_stream())
+    for command in ("member", "ingress"):
+        role = Role(tmp_path, mosquitto, nats_cluster, command, command, "",
+                    partitions=4).start_raw()
+        assert role.wait(60) == 78
+        assert "was created with 8 partitions, [scale_out] partitions says 4" in role.output()
+    config = write_toml(tmp_path / "plain.toml", {"fleet": "demo"})
+    done = run_module("collector", "member", "--config", config)
+    assert done.returncode == 78 and "scale_out: the member needs a [scale_out] table" \
+        in done.stderr
