@@ -68,7 +68,6 @@ bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 	$(PY) -m benchmarks.range_error --out docs
 	$(PY) -m benchmarks.range_broker --sizes 256 1024 4096
 	$(PY) -m benchmarks.bench_fleet --python $(RUNTIME_VENV)/bin/python
-	$(PY) -m benchmarks.bench_claims
 
 # The configuration reference is generated from the pydantic models (and the sample
 # configs' comments), the protocol's JSON Schema from its msgspec types;

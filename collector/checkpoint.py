@@ -1,10 +1,13 @@
 """Checkpoints: a collector's whole state, saved in its SQLite file and restored at start.
 
 A checkpoint is the typed ``edge_agent.protocol.states.Checkpoint`` (versioned
-JSON): the aggregates exactly as a shard publishes them, the sequence
-trackers, and a shard's held reports.  It is stored with the journal position
-it includes (``store.CollectorStore.checkpoint``); ``restore`` loads it and
+JSON): the aggregates exactly as a scale-out partition's state carries them,
+and the sequence trackers.  It is stored with the journal position it
+includes (``store.CollectorStore.checkpoint``); ``restore`` loads it and
 replays the journal after it, which gives exactly the committed state.
+
+Checkpoints of the removed collector shards may also hold reports the shard
+had kept aside uncounted (``held``); ``restore`` applies each once.
 
 Checkpoints written before the typed codec (pickles) are migrated on load
 (``checkpoint_v0``); anything else that cannot be read stops the collector with
@@ -19,7 +22,6 @@ from edge_agent.protocol import Rejected, ValidReport, check_report
 from edge_agent.protocol.states import TrackerState, decode_checkpoint, encode_checkpoint
 
 from . import checkpoint_v0
-from .claims import ClaimBook
 from .config import CollectorConfig
 from .dedup import SeqTracker
 from .ingest import Ingestor
@@ -46,12 +48,12 @@ def with_trackers(ingestor: Ingestor, trackers: list[TrackerState]) -> Ingestor:
 
 
 def dump(ingestor: Ingestor) -> bytes:
-    held = ingestor.claims.held_reports() if ingestor.claims is not None else []
-    return encode_checkpoint(ingestor.to_state(), tracker_states(ingestor), held)
+    return encode_checkpoint(ingestor.to_state(), tracker_states(ingestor), held=[])
 
 
 def load(payload: bytes) -> tuple[Ingestor, list[tuple[ValidReport, float]]]:
-    """(the ingestor with its trackers, a shard's held reports with their arrival)."""
+    """(the ingestor with its trackers, the reports an old shard's checkpoint held, with
+    their arrival; none in checkpoints written since)."""
     if checkpoint_v0.is_legacy(payload):
         try:
             payload = checkpoint_v0.migrate(payload)
@@ -69,15 +71,9 @@ def load(payload: bytes) -> tuple[Ingestor, list[tuple[ValidReport, float]]]:
     return with_trackers(ingestor, checkpoint.trackers), held
 
 
-def attach_claims(config: CollectorConfig, ingestor: Ingestor,
-                  held: list[tuple[ValidReport, float]]) -> None:
-    """Give a shard's ingestor its claim book with the reports it held; a collector that
-    is no longer a shard settles what it held alone."""
-    if config.shard_name is not None:
-        ingestor.claims = ClaimBook(config.shard_name, config.broker.shared_group,
-                                    peer_timeout=config.shard.peer_timeout_seconds, held=held)
-        return
-    ingestor.claims = None
+def apply_held(ingestor: Ingestor, held: list[tuple[ValidReport, float]]) -> None:
+    """Count the reports an old shard's checkpoint held (it had not counted them), or
+    count a duplicate for each the trackers have seen; the next checkpoint holds none."""
     for report, received in held:
         tracker = ingestor.trackers.get((report.agent, report.channel))
         if tracker is not None and tracker.seen(report.seq):
@@ -105,7 +101,7 @@ def restore(config: CollectorConfig, store: CollectorStore) -> tuple[Ingestor, i
             raise ValueError(f"{store.path} holds fleet {ingestor.fleet!r}, the config says "
                              f"{config.fleet!r}: use another storage.path")
         ingestor.limits = limits
-    attach_claims(config, ingestor, held)
+    apply_held(ingestor, held)
     position, replayed = upto, 0
     while True:
         rows, more = store.read_journal(position)

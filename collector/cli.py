@@ -16,6 +16,13 @@ def _load(path: str, exit_code: int = 2) -> CollectorConfig:
     return load_or_exit(load_collector_config, path, exit_code)
 
 
+def _refuse(config_path: str, problem: str) -> None:
+    """Exit 78 with a configuration problem the model cannot see (it depends on the
+    command)."""
+    click.echo(f"{config_path}: invalid configuration:\n  {problem}", err=True)
+    sys.exit(EXIT_CONFIG)
+
+
 main = command_group("Fleet-wide aggregates of locally privatised sensor reports.")
 add_check_config(main, load_collector_config)
 
@@ -27,16 +34,24 @@ def run(config_path: str) -> None:
     from .service import CollectorService
 
     config = _load(config_path, EXIT_CONFIG)
+    if config.broker.shared_group is not None:
+        _refuse(config_path, "broker.shared_group: only ingresses share a subscription "
+                             "(docs/SCALE_OUT.md); a collector with it would count only part "
+                             "of the fleet")
     sys.exit(CollectorService(config).run_forever())
 
 
 @main.command()
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
 def merge(config_path: str) -> None:
-    """Merge the shards' published states and serve the dashboard and API (docs/SCALE_OUT.md)."""
+    """Merge the scale-out partitions' states and serve the dashboard and API
+    (docs/SCALE_OUT.md)."""
     from .merge import MergeService
 
     config = _load(config_path, EXIT_CONFIG)
+    if config.scale_out is None:
+        _refuse(config_path, "scale_out: the merge view needs a [scale_out] table "
+                             "(docs/SCALE_OUT.md)")
     sys.exit(MergeService(config).run_forever())
 
 
@@ -47,9 +62,8 @@ def _run_scale_out(config_path: str, role: str, service) -> None:
 
     config = _load(config_path, EXIT_CONFIG)
     if config.scale_out is None:
-        click.echo(f"{config_path}: invalid configuration:\n  scale_out: the {role} needs a "
-                   f"[scale_out] table (docs/SCALE_OUT.md)", err=True)
-        sys.exit(EXIT_CONFIG)
+        _refuse(config_path, f"scale_out: the {role} needs a [scale_out] table "
+                             f"(docs/SCALE_OUT.md)")
     try:
         sys.exit(service(config).run_forever())
     except EngineError as exc:

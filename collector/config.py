@@ -27,7 +27,8 @@ class CollectorBrokerConfig(BrokerConfig):
     # The broker keeps the session (and queues reports) this long while the
     # collector is away (MQTT v5 session expiry).
     session_expiry_seconds: Annotated[int, Field(ge=0, le=2**32 - 1)] = 86400
-    # Several collector shards share one subscription (see docs/SCALE_OUT.md).
+    # Several scale-out ingresses share one subscription (docs/SCALE_OUT.md); a single
+    # collector (``edge-collector run``) refuses it: it would count only its share.
     shared_group: Name | None = None
     # "5" (default) or "3.1.1" for brokers without MQTT 5, such as the demo's
     # embedded amqtt (session_expiry_seconds then does not apply).
@@ -111,32 +112,6 @@ class RegistryConfig(Model):
 class SnapshotConfig(Model):
     # Retained aggregate snapshots on ldp/v1/<fleet>/_aggregates/<channel>; 0 = off.
     interval_seconds: Annotated[float, Field(ge=0, le=86400)] = 10.0
-
-
-class ShardConfig(Model):
-    """Scale-out (docs/SCALE_OUT.md); used when [broker] shared_group is set."""
-
-    # This shard's name in ldp/v1/<fleet>/_shards/<name>/...; default: broker.client_id.
-    # Set it when client ids are secrets (docs/DEPLOYMENT.md): names are visible in the API.
-    name: Name | None = None
-    # The partial aggregates, retained on _shards/<name>/state, this often.
-    state_seconds: Annotated[float, Field(ge=0.5, le=3600)] = 5.0
-    # Claims on new reports are exchanged this often; a report is applied once
-    # every live shard has seen its claim (about two periods).
-    claims_seconds: Annotated[float, Field(ge=0.05, le=60)] = 0.5
-    # A shard silent this long is not waited for (its claims still count).
-    peer_timeout_seconds: Annotated[float, Field(ge=0.5, le=3600)] = 5.0
-    # Serve (and publish as snapshots) the merged view of all shards here.
-    serve_merged: bool = False
-    # Leave the shared group for good: unsubscribe, take what the broker queued
-    # for us, and end the session at the next stop (docs/SCALE_OUT.md).
-    retiring: bool = False
-
-    @model_validator(mode="after")
-    def _periods(self):
-        if self.peer_timeout_seconds < 2 * self.claims_seconds:
-            raise ValueError("peer_timeout_seconds: must be at least twice claims_seconds")
-        return self
 
 
 class ScaleOutConfig(Model):
@@ -227,7 +202,6 @@ class CollectorConfig(Model):
     aggregates: AggregatesConfig = AggregatesConfig()
     snapshots: SnapshotConfig = SnapshotConfig()
     range_discovery: RangeDiscoveryConfig = RangeDiscoveryConfig()
-    shard: ShardConfig = ShardConfig()
     limits: LimitsConfig = LimitsConfig()
     registry: RegistryConfig = RegistryConfig()
     scale_out: ScaleOutConfig | None = None
@@ -241,7 +215,7 @@ class CollectorConfig(Model):
 
     @property
     def aggregate_settings(self) -> AggregateSettings:
-        """The aggregates settings shards and the merge view must share."""
+        """The aggregates settings the scale-out members and the merge view must share."""
         aggregates = self.aggregates
         return AggregateSettings(bins=aggregates.histogram_bins,
                                  window_seconds=aggregates.window_seconds,
@@ -251,13 +225,6 @@ class CollectorConfig(Model):
     def member_name(self) -> str:
         """This scale-out member's name."""
         return (self.scale_out and self.scale_out.member) or self.broker.client_id
-
-    @property
-    def shard_name(self) -> str | None:
-        """This collector's shard name, or None when it is not a shard."""
-        if self.broker.shared_group is None:
-            return None
-        return self.shard.name or self.broker.client_id
 
 
 def parse_collector_config(data: dict) -> CollectorConfig:

@@ -21,7 +21,7 @@ class SeqTracker:
 
     ``floor``: every number up to it was counted here.  Numbers past a gap
     (QoS 1 re-sends can arrive after newer ones; an agent's full spool drops
-    its oldest; a shard sees only its share) are kept as a sorted set of
+    its oldest) are kept as a sorted set of
     disjoint runs ``[start, end]``, so memory depends on the number of gaps,
     never on the numbers themselves: 2**52 costs what 5 does.  Checking and
     adding are exact for any order of arrival, by binary search.
@@ -30,8 +30,7 @@ class SeqTracker:
     spool dropped those reports long ago, or a device plays games with its
     own numbers: it can only hurt its own tracker).  Numbers up to
     ``skipped`` then count as seen here, so a late copy of one is dropped.
-    The give-up is local: ``counted`` (what a shard tells its peers it has)
-    never includes it.
+    ``counted`` (seen, and not merely given up on) never includes those.
     """
 
     __slots__ = ("floor", "skipped", "_starts", "_ends")

@@ -15,13 +15,9 @@ message is refused with its own reason and a log line says which limit.
 
 ``to_state()`` / ``from_state()`` give the aggregates as the typed state of
 ``edge_agent.protocol.states``: what a checkpoint saves (with the trackers,
-``collector.checkpoint``) and what a shard publishes for the merge view.
-Totals are derived from the agents, never stored beside them.
-
-A shard on a shared subscription (``claims`` set, see ``collector.claims``)
-holds each new report until the other shards have seen its claim on the
-(agent, channel, seq), so that a copy delivered to another shard is counted
-once fleet-wide; ``settle()`` applies or drops what is held.
+``collector.checkpoint``) and what a scale-out member writes as a partition's
+state for the merge view.  Totals are derived from the agents, never stored
+beside them.
 """
 
 from __future__ import annotations
@@ -96,7 +92,7 @@ class AgentStats:
 
 
 class Ingestor:
-    """All aggregation state of a collector; mergeable across shards."""
+    """All aggregation state of a collector; mergeable across partitions."""
 
     def __init__(self, *, fleet: str, bins: int = 50, window_seconds: float = 60.0,
                  keep_windows: int = 60, limits: IngestLimits = IngestLimits()):
@@ -110,7 +106,6 @@ class Ingestor:
         self.agents: dict[str, AgentStats] = {}
         self.rejects = collections.Counter()  # by reason
         self.dead_letters: collections.deque = collections.deque(maxlen=DEAD_LETTERS)
-        self.claims = None  # a shard's collector.claims.ClaimBook
         self.status_only: set[str] = set()  # agents known from a status, not from a report
         # Agents whose settled numbers changed, or who sent one again (they lack our
         # confirmation), since the last ``confirmations()``.
@@ -164,10 +159,9 @@ class Ingestor:
 
     # -- messages -------------------------------------------------------------------------
     def ingest(self, topic: str, payload: bytes, now: float | None = None) -> str:
-        """'accepted', 'duplicate', 'rejected:<reason>', 'ignored', 'status', or for a
-        shard 'held' (applied or dropped later by ``settle``).  ``now``: when the message
-        was received (the journal keeps it, so a replay decides alike).  Never raises for
-        a message."""
+        """'accepted', 'duplicate', 'rejected:<reason>', 'ignored' or 'status'.  ``now``:
+        when the message was received (the journal keeps it, so a replay decides alike).
+        Never raises for a message."""
         now = time.time() if now is None else now
         kind = protocol.classify(topic, self.fleet)
         if kind == "ignore":
@@ -189,8 +183,7 @@ class Ingestor:
         self.status_only.discard(message.agent)
         key = (message.agent, message.channel)
         tracker = self.trackers.get(key)
-        if (tracker is not None and tracker.seen(message.seq)) or (
-                self.claims is not None and self.claims.is_held(report)):
+        if tracker is not None and tracker.seen(message.seq):
             return self.duplicate(report)
         try:
             self._check_time(message, now)
@@ -202,9 +195,6 @@ class Ingestor:
                 self.trackers.setdefault(key, SeqTracker()).add(message.seq)
                 self.unconfirmed.add(message.agent)
             raise
-        if self.claims is not None:
-            self.claims.hold(report, now)
-            return "held"
         self.accept(report, now)
         return "accepted"
 
@@ -250,21 +240,8 @@ class Ingestor:
         if max_age is not None and message.t < now - max_age:
             raise Rejected("stale", f"t is {now - message.t:.0f} s old")
 
-    def settle(self, now_monotonic: float | None = None) -> tuple[int, int]:
-        """A shard: apply held reports no other shard counts, drop the others.
-
-        Returns (applied, dropped)."""
-        if self.claims is None:
-            return 0, 0
-        accepted, dropped = self.claims.settle(self.trackers, now_monotonic)
-        for report, received in accepted:
-            self.accept(report, received)
-        for report in dropped:
-            self.duplicate(report)
-        return len(accepted), len(dropped)
-
     def duplicate(self, report: ValidReport) -> str:
-        """Count a report already counted (here, or by another shard)."""
+        """Count a report already counted."""
         self.agents.setdefault(report.message.agent, AgentStats()).duplicates += 1
         self.unconfirmed.add(report.message.agent)
         return "duplicate"
@@ -284,8 +261,6 @@ class Ingestor:
         key = (message.agent, message.channel)
         self.trackers.setdefault(key, SeqTracker()).add(message.seq)
         self.unconfirmed.add(message.agent)
-        if self.claims is not None:
-            self.claims.accepted(report)
         agent = self.agents.setdefault(message.agent, AgentStats())
         agent.messages += 1
         agent.values += values
@@ -340,9 +315,9 @@ class Ingestor:
             stats.status = StatusSummary(state=message.state, budget=message.budget, t=message.t)
         return "status"
 
-    # -- merging shards -----------------------------------------------------------------------
+    # -- merging partitions --------------------------------------------------------------------
     def merge(self, other: Ingestor) -> Ingestor:
-        """Combine another collector's state (disjoint message sets, e.g. shards).
+        """Combine another collector's state (disjoint message sets, e.g. partitions).
 
         A channel's newest series is the one reported most recently on either
         side; dead letters keep the most recent of both."""
@@ -365,8 +340,8 @@ class Ingestor:
             mine.duplicates += stats.duplicates
             mine.rejects += stats.rejects
             mine.last_seen = max(filter(None, (mine.last_seen, stats.last_seen)), default=None)
-            # The newest status wins, whatever the merge order: a retired shard's frozen
-            # state must not override what the live shards heard since.
+            # The newest status wins, whatever the merge order: an older state must not
+            # override a status heard since.
             if stats.online is not None and (
                     mine.online is None or stats.status_time >= mine.status_time):
                 mine.online, mine.status = stats.online, stats.status
@@ -380,8 +355,8 @@ class Ingestor:
     # -- saved and exchanged state (edge_agent.protocol.states) --------------------------------
     def to_state(self) -> IngestorState:
         """Everything the merge view (and a checkpoint) needs of the aggregates: series,
-        per-agent counters, newest series, rejects and dead letters (no trackers, nothing
-        held: those are the checkpoint's)."""
+        per-agent counters, newest series, rejects and dead letters (no trackers: those are
+        the checkpoint's)."""
         series, index = [], {}
         for by_identity in self.series.values():
             for identity, one in by_identity.items():

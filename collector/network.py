@@ -31,7 +31,7 @@ import multiprocessing
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from edge_agent.mqtt_client import Endpoint, MqttClient, Session
@@ -56,9 +56,6 @@ class NetworkSettings:
     session_expiry: int
     ack_interval: float
     subscriptions: list[str]
-    # A retiring shard leaves its shared group, and ends its session when stopped.
-    unsubscribe: list[str] = field(default_factory=list)
-    end_session: bool = False
     log_level: str = "INFO"
     max_backlog: int = MAX_BACKLOG
     # MQTT 5: the broker drops anything larger for us (bounds a message's memory).
@@ -96,8 +93,6 @@ def run(settings: NetworkSettings, control: Connection) -> None:
 
     def on_connected(client, flags):
         log.info("connected to %s (session present: %s)", client.where, flags.session_present)
-        if settings.unsubscribe:  # a retiring shard leaves its shared group
-            client.unsubscribe(settings.unsubscribe)
 
     def on_subscribe(client, userdata, mid, reason_codes, properties):
         if any(code.is_failure for code in reason_codes):
@@ -181,11 +176,10 @@ def run(settings: NetworkSettings, control: Connection) -> None:
                 break
     finally:
         time.sleep(0.1)  # let paho send the last acks
-        # What arrived meanwhile: a retired shard's session (and queue) ends now.
-        journal()
+        journal()  # what arrived meanwhile
         if acknowledge():
             time.sleep(0.1)
-        client.stop(end_session=settings.end_session)
+        client.stop()
         store.close()
 
 

@@ -2,9 +2,8 @@
 
 A collector (and the merge view) publishes every channel's aggregates, retained,
 on ``ldp/v1/<fleet>/_aggregates/<channel>`` (typed: ``protocol.ChannelSnapshot``),
-and follows the retained range results (and, as a shard, its peers' claims and
-states).  This client is separate from the network process's persistent session,
-which carries only the report stream.
+and follows the retained range results.  This client is separate from the network
+process's persistent session, which carries only the report stream.
 """
 
 from __future__ import annotations

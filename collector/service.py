@@ -12,9 +12,7 @@ The service composes its parts, each in its own module:
 * ``publisher.CollectorClient``: retained snapshots out, range results in;
 * ``range.RangeSchedule``: periodic range discovery, on the designated
   coordinator only;
-* ``web.WebServer`` over ``views.Views``: the dashboard, API and metrics;
-* ``shard.ShardRole``: with ``[broker] shared_group``, the claims exchange
-  and the partial state for the merge view (docs/SCALE_OUT.md).
+* ``web.WebServer`` over ``views.Views``: the dashboard, API and metrics.
 
 A restart loads the checkpoint and replays the journal after it: exactly the
 committed state, while the broker re-sends whatever was not acknowledged.
@@ -37,7 +35,6 @@ from .config import CollectorConfig, ConfigError, load_registry
 from .network import NetworkProcess, NetworkSettings
 from .publisher import CollectorClient
 from .range import RangeResults, RangeSchedule
-from .shard import ShardRole
 from .store import CollectorStore
 from .views import Views
 from .web import WebServer, latest_channels
@@ -50,24 +47,19 @@ PACKET_OVERHEAD_BYTES = 64 << 10  # an MQTT packet's header, topic and propertie
 
 
 def network_settings(config: CollectorConfig) -> NetworkSettings:
-    """What the network child subscribes to: the reports (a shard: its share of them, and
-    every status directly, since retained messages skip shared subscriptions)."""
+    """What the network child subscribes to: every report and status; with ``[broker]
+    shared_group`` (several scale-out ingresses, docs/SCALE_OUT.md) the group's share of
+    them, and every status directly, since retained messages skip shared subscriptions."""
     broker, fleet, group = config.broker, config.fleet, config.broker.shared_group
-    retiring = group is not None and config.shard.retiring
-    shared = protocol.shared_subscription(group, protocol.data_subscription(fleet)) \
-        if group is not None else None
     if group is None:
         subscriptions = [protocol.data_subscription(fleet)]
-    elif retiring:
-        subscriptions = [protocol.status_subscription(fleet)]
     else:
-        subscriptions = [shared, protocol.status_subscription(fleet)]
+        subscriptions = [protocol.shared_subscription(group, protocol.data_subscription(fleet)),
+                         protocol.status_subscription(fleet)]
     return NetworkSettings(
         path=str(config.storage.path), endpoint=broker.endpoint(), client_id=broker.client_id,
         session_expiry=broker.session_expiry_seconds,
         ack_interval=config.storage.ack_interval_seconds, subscriptions=subscriptions,
-        # A retiring shard: leave the shared group, and end the session when stopped.
-        unsubscribe=[shared] if retiring else [], end_session=retiring,
         log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
         max_packet_bytes=protocol.MAX_REPORT_BYTES + PACKET_OVERHEAD_BYTES)
 
@@ -83,23 +75,13 @@ class CollectorService:
         self.range_results = RangeResults(
             config.fleet, coordinator=config.range_discovery.client_id,
             limit=config.limits.range_results)
-        self.shard = ShardRole(config, self.ingestor, self.lock, clock=clock) \
-            if config.shard_name is not None else None
         follow = {protocol.range_result_subscription(config.fleet): self.range_results.on_message}
-        if self.shard is not None:
-            follow.update(self.shard.follow())
         self.client = CollectorClient(config, role="publisher", label="snapshot publisher",
                                       follow=follow)
-        get_ingestor, extra = (lambda: self.ingestor), None
-        if self.shard is not None:
-            self.shard.client = self.client
-            self.client.mqtt.on_subscribe = self.shard.on_subscribed
-            extra = self.shard.json
-            if self.shard.merge_view is not None:
-                get_ingestor = self.shard.merged
-        self.views = Views(get_ingestor, self.lock, clock, broker_status=self.store.network,
+        self.views = Views(lambda: self.ingestor, self.lock, clock,
+                           broker_status=self.store.network,
                            range_results=self.range_results.get,
-                           range_ignored=self.range_results.ignored_counts, extra=extra)
+                           range_ignored=self.range_results.ignored_counts)
         self.network = NetworkProcess(network_settings(config))
         discovery = config.range_discovery
         self.range_schedule = RangeSchedule(config, channel_domain=self.channel_domain,
@@ -145,9 +127,7 @@ class CollectorService:
             return False
         with self.lock, self.ingestor.batch():
             for row_id, topic, payload, received in rows:
-                if self.ingestor.ingest(topic, payload, received) not in ("status", "ignored") \
-                        and self.shard is not None:
-                    self.shard.last_report = received
+                self.ingestor.ingest(topic, payload, received)
                 self.position = row_id
         return more
 
@@ -164,8 +144,6 @@ class CollectorService:
         """Save the aggregates with the journal position they include; False (logged,
         nothing changed on disk) if that failed: the next attempt writes it all again."""
         with self.lock:
-            claims = self.ingestor.claims
-            written = claims.snapshot() if claims is not None else None
             state = checkpoint.dump(self.ingestor)
             position = self.position
             confirmations = self.ingestor.confirmations(self.clock()) \
@@ -178,9 +156,6 @@ class CollectorService:
             with self.lock:
                 self.ingestor.unconfirmed.update(confirmations)  # confirmed next time
             return False
-        if written is not None:
-            with self.lock:  # only now may peers record these as seen (docs/SCALE_OUT.md)
-                claims.promote(written)
         self.publish_confirmations(confirmations)
         return True
 
@@ -214,15 +189,10 @@ class CollectorService:
         self.client.publish_snapshots(latest_channels(self.web, self.views))
 
     def _aggregate(self) -> None:
-        storage, snapshots, shard = self.config.storage, self.config.snapshots, self.config.shard
+        storage, snapshots = self.config.storage, self.config.snapshots
         next_checkpoint = time.monotonic() + storage.checkpoint_seconds
-        # A shard's own aggregates are partial: it publishes them as its state for
-        # the merge view, and snapshots only when it serves the merged view.
         snapshot_every = snapshots.interval_seconds or float("inf")
-        if self.shard is not None and self.shard.merge_view is None:
-            snapshot_every = float("inf")
         next_snapshot = time.monotonic() + snapshot_every
-        next_settle = next_claims = next_state = time.monotonic()
         while not self._stop.is_set():
             try:
                 if self._reload_requested.is_set():
@@ -232,16 +202,6 @@ class CollectorService:
                     self._stop.wait(0.01)  # caught up: poll again shortly
                 self.save_progress()
                 now = time.monotonic()
-                if self.shard is not None:
-                    if self.shard.claims_arrived.is_set() or now >= next_settle:
-                        self.shard.settle()
-                        next_settle = now + 0.1
-                    if now >= next_claims and self.connected:
-                        self.shard.publish_claims()
-                        next_claims = now + shard.claims_seconds
-                    if now >= next_state and self.connected and self.shard.state_ready():
-                        self.shard.publish_state()
-                        next_state = now + shard.state_seconds
                 if now >= next_checkpoint:
                     next_checkpoint = now + (storage.checkpoint_seconds if self.checkpoint()
                                              else CHECKPOINT_RETRY_SECONDS)
@@ -273,11 +233,7 @@ class CollectorService:
             self.range_schedule.stop()
         while self.catch_up():  # whatever the child committed last
             pass
-        if self.shard is not None and self.config.shard.retiring:
-            self.shard.apply_held()
         self.checkpoint()
-        if self.shard is not None:
-            self.shard.last_word()
         if self.web is not None:
             self.web.stop()
         self.client.stop()

@@ -2,11 +2,11 @@
 
 Every statistic derives from ``Statistic``: ``update(batch)`` (a numpy array
 of codes, or a pair for ``PolarCross``), ``merge(other)`` (the result equals
-having seen both streams, which is what lets collector shards be combined),
+having seen both streams, which is what lets scale-out partitions be combined),
 ``get()``, and it pickles.  ``to_state()`` gives its sums as plain JSON values
 in the shape of its typed state (``edge_agent.protocol.states``) and
 ``from_state(params, state)`` rebuilds it, checking the types there and here
-that the sums fit the parameters (checkpoints and shard states, never
+that the sums fit the parameters (checkpoints and partition states, never
 pickles).  Statistics work on the integer codes of the output grid: a code c
 stands for the value ``origin + c * step``.  Sums of codes and counts are
 exact Python integers, so incremental, batch and merged results are

@@ -93,8 +93,8 @@ class Views:
                  range_results: Callable[[], dict] | None = None,
                  range_ignored: Callable[[], dict] | None = None,
                  extra: Callable[[], dict] | None = None):
-        """``extra``: more top-level fields for /api/channels (a shard's or the merge
-        view's ``shard``/``shards``, docs/SCALE_OUT.md).  ``broker_status``,
+        """``extra``: more top-level fields for /api/channels (the merge view's
+        ``partitions`` and ``partition_rejects``, docs/API.md).  ``broker_status``,
         ``range_results`` and ``extra`` keep their own locks: snapshots ask them
         without holding ``lock``."""
         self._get = get_ingestor
@@ -228,13 +228,15 @@ def document_metrics(document: dict) -> list[Metric]:
                                           value=int(connected)))
     families.append(GaugeMetricFamily("ldp_agents_online", "Agents online.",
                                       value=document["agents_online"]))
-    if "shards" in document:  # the merge view
+    if "partitions" in document:  # the merge view
         families += [
-            _labelled(GaugeMetricFamily, "ldp_shard_state_age_seconds",
-                      "Age of each shard's latest state.", "shard",
-                      {name: shard["age"] for name, shard in document["shards"].items()}),
-            _labelled(CounterMetricFamily, "ldp_shard_state_rejects_total",
-                      "Shard states rejected, by reason.", "reason", document["shard_rejects"]),
+            _labelled(GaugeMetricFamily, "ldp_partition_state_age_seconds",
+                      "Age of each partition's latest state.", "partition",
+                      {name: partition["age"]
+                       for name, partition in document["partitions"].items()}),
+            _labelled(CounterMetricFamily, "ldp_partition_state_rejects_total",
+                      "Partition states rejected, by reason.", "reason",
+                      document["partition_rejects"]),
         ]
     for metric, (help_text, extract) in CHANNEL_GAUGES.items():
         families.append(_labelled(GaugeMetricFamily, metric, help_text, "channel",

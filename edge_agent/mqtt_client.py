@@ -184,13 +184,7 @@ class MqttClient(mqtt.Client):
             raise ConnectionError(f"broker {self.where} refused or did not answer: {problem}")
         return self
 
-    def stop(self, *, end_session: bool = False) -> None:
-        """Disconnect and stop the loop; ``end_session``: the broker drops our session
-        (MQTT 5), e.g. a collector shard leaving for good."""
-        if end_session and self.endpoint.v5:
-            properties = Properties(PacketTypes.DISCONNECT)
-            properties.SessionExpiryInterval = 0
-            self.disconnect(properties=properties)
-        else:
-            self.disconnect()
+    def stop(self) -> None:
+        """Disconnect and stop the loop."""
+        self.disconnect()
         self.loop_stop()

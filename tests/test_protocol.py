@@ -165,17 +165,18 @@ def test_range_results_and_snapshots_validate_against_their_definitions():
     assert protocol.decode_range_result(payload) == result
 
 
-def test_shard_states_and_checkpoints_are_versioned():
+def test_partition_states_and_checkpoints_are_versioned():
     state = states.IngestorState(
         fleet=FLEET, settings=states.AggregateSettings(bins=10, window_seconds=60.0,
                                                        keep_windows=5),
         rejects={}, agents={}, series=[], latest={}, dead_letters=[])
-    document = states.encode_shard_state(state, shard="s1", group="g", every=5.0, now=1.0)
-    validator("ShardState").validate(json.loads(document))
-    assert states.decode_shard_state(document, "s1").state == state
-    old = json.loads(document) | {"v": 1}
+    document = states.encode_partition_state(state, [], partition=3, partitions=8, owner="m1",
+                                             now=1.0, every=5.0, sequence=7)
+    validator("PartitionState").validate(json.loads(document))
+    assert states.decode_partition_state(document, 3).state == state
+    other = json.loads(document) | {"v": states.PARTITION_STATE_VERSION + 1}
     with pytest.raises(protocol.Rejected) as caught:
-        states.decode_shard_state(json.dumps(old).encode(), "s1")
+        states.decode_partition_state(json.dumps(other).encode(), 3)
     assert caught.value.reason == "version"
     checkpoint = states.encode_checkpoint(state, [], [])
     assert states.decode_checkpoint(checkpoint).state == state

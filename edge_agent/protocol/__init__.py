@@ -4,7 +4,7 @@
 * ``messages``: every message as a typed struct with its bounds (reports,
   statuses, range discovery, aggregate snapshots), with encoders and checking
   decoders;
-* ``states``: a collector's checkpoint and what collector shards exchange;
+* ``states``: a collector's checkpoint and a scale-out partition's state;
 * ``schema``: docs/protocol.schema.json, generated from the types.
 """
 
@@ -72,8 +72,6 @@ from .topics import (
     range_result_subscription,
     range_result_topic,
     report_levels,
-    shard_of,
-    shard_topic,
     shared_subscription,
     status_agent,
     status_subscription,
@@ -91,7 +89,7 @@ __all__ = [
     "description_name", "encode", "is_name", "kind_problem", "mechanism_of", "range_answer",
     "range_control_subscription", "range_control_topic", "range_join", "range_reply_agent",
     "range_reply_subscription", "range_reply_topic", "range_result_levels",
-    "range_result_subscription", "range_result_topic", "report", "report_levels", "shard_of",
-    "shard_topic", "shared_subscription", "snapshot", "status", "status_agent",
-    "status_subscription", "status_topic", "terms_of",
+    "range_result_subscription", "range_result_topic", "report", "report_levels",
+    "shared_subscription", "snapshot", "status", "status_agent", "status_subscription",
+    "status_topic", "terms_of",
 ]

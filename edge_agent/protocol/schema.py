@@ -24,8 +24,6 @@ MESSAGES = {
     "ldp/v1/<fleet>/_range/result/<channel>/<side>": messages.RangeResult,
     "ldp/v1/<fleet>/_aggregates/<channel>": messages.ChannelSnapshot,
     "ldp/v1/<fleet>/_confirm/<agent>": messages.Confirm,
-    "ldp/v1/<fleet>/_shards/<shard>/state": states.ShardState,
-    "ldp/v1/<fleet>/_shards/<shard>/claims": states.Claims,
     # Not MQTT: the value of key p.<partition> of the NATS KV bucket <stream>_state.
     "nats-kv:<stream>_state/p.<partition>": states.PartitionState,
 }

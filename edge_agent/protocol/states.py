@@ -3,10 +3,9 @@
 The same types serve
 
 * the **checkpoint** a collector writes to its SQLite file (``Checkpoint``:
-  aggregates, sequence trackers, a shard's held reports), and
-* the **shard state** a collector shard publishes for the merge view
-  (``ShardState``, retained on ldp/v1/<fleet>/_shards/<shard>/state,
-  docs/SCALE_OUT.md), and the **claims** shards exchange (``Claims``).
+  aggregates and sequence trackers), and
+* the **partition state** a scale-out member writes to the NATS KV bucket for
+  the next owner and the merge view (``PartitionState``, docs/SCALE_OUT.md).
 
 Both are JSON (msgspec): sums of codes are exact integers of any size, which
 msgpack cannot carry.  Decoding checks every type and bound; what depends on
@@ -39,14 +38,9 @@ from .messages import (
     define,
     encode,
 )
-from .topics import is_name
 
-SHARD_STATE_VERSION = 2  # 1 carried the totals too (now derived from the agents)
 CHECKPOINT_VERSION = 2  # 1 kept a tracker's numbers as a bitmap (read, migrated on load)
-CLAIMS_VERSION = 2  # 1: durable floors and lists (replaced: a dead peer's gaps made them grow)
-MAX_SHARD_STATE_BYTES = 64 << 20
-MAX_CLAIMS_BYTES = 16 << 20
-MAX_SEQS_PER_KEY = 100_000
+MAX_PARTITION_STATE_BYTES = 64 << 20
 MAX_TRACKER_RUNS = 1024  # collector.dedup.MAX_RUNS
 DEAD_LETTERS = 200  # recent rejects a collector keeps (and a state may carry)
 MAX_REJECT_REASONS = 256
@@ -170,40 +164,6 @@ class IngestorState(Struct, forbid_unknown_fields=True):
     dead_letters: Annotated[list[DeadLetter], Meta(max_length=DEAD_LETTERS)]
 
 
-# -- the shard state (docs/SCALE_OUT.md, "Shard state") ----------------------------------------
-
-class ShardState(Struct, forbid_unknown_fields=True):
-    v: Literal[2]
-    type: Literal["shard-state"]
-    shard: Name
-    group: Name | None
-    t: NonNegative  # when the shard published it (its clock)
-    every: NonNegative  # how often it publishes
-    state: IngestorState
-
-
-_shard_state_decoder = msgspec.json.Decoder(ShardState)
-_SHARD_STATE_REASONS = {"v": "version", "type": "version"}
-
-
-def encode_shard_state(state: IngestorState, *, shard: str, group: str | None, every: float,
-                       now: float) -> bytes:
-    return encode(ShardState(v=SHARD_STATE_VERSION, type="shard-state", shard=shard,
-                             group=group, t=now, every=every, state=state))
-
-
-def decode_shard_state(payload: bytes, shard: str) -> ShardState:
-    """The typed state of ``shard`` (the name its topic gives), or ``Rejected``
-    (``oversized``, ``json``, ``version``, ``schema``, ``topic``); whether its group,
-    fleet and settings belong here is the caller's question."""
-    if len(payload) > MAX_SHARD_STATE_BYTES:
-        raise Rejected("oversized", f"{len(payload)} bytes")
-    document = decode_checked(_shard_state_decoder, payload, _SHARD_STATE_REASONS)
-    if document.shard != shard:
-        raise Rejected("topic", "the shard name differs from the topic's")
-    return document
-
-
 # -- the checkpoint (collector.checkpoint) ---------------------------------------------------
 
 SeqOrNone = Annotated[int, Meta(ge=-1, lt=SEQ_LIMIT)]  # -1: none yet
@@ -222,7 +182,9 @@ class TrackerState(Struct, array_like=True, forbid_unknown_fields=True):
 
 
 class HeldReport(Struct, array_like=True, forbid_unknown_fields=True):
-    """A shard's report waiting for its peers' claims (collector.claims)."""
+    """A report a checkpoint kept aside uncounted: only checkpoints written by the removed
+    collector shards have any (``held``); ``collector.checkpoint.restore`` applies them
+    once.  New checkpoints write an empty list."""
 
     report: Report
     received: Finite
@@ -247,53 +209,6 @@ def encode_checkpoint(state: IngestorState, trackers: list[TrackerState],
 
 def decode_checkpoint(payload: bytes) -> Checkpoint:
     return decode_checked(_checkpoint_decoder, payload, {"v": "version", "type": "version"})
-
-
-# -- claims between shards (collector.claims, docs/PROTOCOL.md "Collector shards") ------------
-
-SeqList = Annotated[list[Seq], Meta(max_length=MAX_SEQS_PER_KEY)]
-
-
-class Claims(Struct, forbid_unknown_fields=True):
-    v: Literal[2]
-    type: Literal["claims"]
-    shard: Name
-    group: Name
-    t: Finite
-    incarnation: Annotated[str, Meta(min_length=1, max_length=64)]
-    version: Annotated[int, Meta(ge=1)]
-    durable: Annotated[int, Meta(ge=0)]
-    # peer -> (its incarnation, the version of its claims this message took into account)
-    seen: dict[Name, tuple[Annotated[str, Meta(max_length=64)], int]]
-    # "agent/channel" -> (held, have, applied)
-    keys: dict[Annotated[str, Meta(max_length=129)], tuple[SeqList, SeqList, SeqList]]
-
-
-_claims_decoder = msgspec.json.Decoder(Claims)
-
-
-def encode_claims(claims: Claims) -> bytes:
-    return encode(claims)
-
-
-def decode_claims(payload: bytes, shard: str) -> Claims:
-    """The typed claims of ``shard`` (the name its topic gives), or ``Rejected``
-    (``oversized``, ``json``, ``schema``)."""
-    if len(payload) > MAX_CLAIMS_BYTES:
-        raise Rejected("oversized", "claims message too large")
-    claims = decode_checked(_claims_decoder, payload, {"v": "schema", "type": "schema"})
-    if claims.shard != shard:
-        raise Rejected("schema", f"expected a version {CLAIMS_VERSION} claims message of "
-                                 f"{shard}")
-    if claims.durable >= claims.version:
-        raise Rejected("schema", "durable must be below version")
-    return claims
-
-
-def parse_key(text: str) -> tuple[str, str] | None:
-    """(agent, channel) of a claims key "agent/channel", or None."""
-    agent, _, channel = text.partition("/")
-    return (agent, channel) if is_name(agent) and is_name(channel) else None
 
 
 # -- a scale-out partition's state (collector.scaleout, docs/SCALE_OUT.md) ------------------
@@ -321,6 +236,7 @@ class PartitionState(Struct, forbid_unknown_fields=True):
 
 
 _partition_state_decoder = msgspec.json.Decoder(PartitionState)
+_PARTITION_STATE_REASONS = {"v": "version", "type": "version"}
 
 
 def encode_partition_state(state: IngestorState, trackers: list[TrackerState], *,
@@ -334,9 +250,9 @@ def encode_partition_state(state: IngestorState, trackers: list[TrackerState], *
 
 def decode_partition_state(payload: bytes, partition: int) -> PartitionState:
     """The typed state of ``partition`` (the number its key gives), or ``Rejected``."""
-    if len(payload) > MAX_SHARD_STATE_BYTES:
+    if len(payload) > MAX_PARTITION_STATE_BYTES:
         raise Rejected("oversized", f"{len(payload)} bytes")
-    document = decode_checked(_partition_state_decoder, payload, _SHARD_STATE_REASONS)
+    document = decode_checked(_partition_state_decoder, payload, _PARTITION_STATE_REASONS)
     if document.partition != partition:
         raise Rejected("topic", "the partition differs from the key's")
     return document

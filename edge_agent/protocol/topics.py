@@ -7,7 +7,6 @@
   ldp/v1/<fleet>/_range/result/<channel>/<side> retained range result
   ldp/v1/<fleet>/_aggregates/<channel>          retained aggregate snapshot
   ldp/v1/<fleet>/_confirm/<agent>               retained: what a collector durably counted
-  ldp/v1/<fleet>/_shards/<shard>/<state|claims> collector shards (docs/SCALE_OUT.md)
 
 Levels starting with ``_`` are reserved for collectors.
 """
@@ -21,9 +20,8 @@ STATUS = "status"
 RANGE = "_range"
 AGGREGATES = "_aggregates"
 CONFIRM = "_confirm"
-SHARDS = "_shards"
 
-# Agents, channels, fields, fleets, shards: one topic level each, so no wildcards or
+# Agents, channels, fields, fleets: one topic level each, so no wildcards or
 # separators, and no leading "_" (reserved).  The character class is shared with the
 # configuration models (edge_agent.config), whose regex engine spells "end" as "$".
 NAME_CHARS = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
@@ -78,7 +76,7 @@ def classify(topic: str, fleet: str) -> str:
     if len(levels) < 4 or "/".join(levels[:2]) != TOPIC_ROOT or levels[2] != fleet:
         return "ignore"
     if levels[3].startswith("_"):
-        return "ignore"  # collectors' own topics (aggregates, range runs, shards)
+        return "ignore"  # collectors' own topics (aggregates, range runs, confirmations)
     if len(levels) == 5 and levels[4] == STATUS:
         return "status"
     return "report"
@@ -142,18 +140,3 @@ def range_reply_agent(topic: str, fleet: str, run: str) -> str | None:
         return None
     return levels[3]
 
-
-# -- collector shards (docs/SCALE_OUT.md) ----------------------------------------------------
-
-def shard_topic(fleet: str, shard: str, what: str) -> str:
-    """``ldp/v1/<fleet>/_shards/<shard>/<what>``, what = ``state`` or ``claims``."""
-    return f"{TOPIC_ROOT}/{fleet}/{SHARDS}/{shard}/{what}"
-
-
-def shard_of(topic: str, fleet: str, what: str) -> str | None:
-    """The shard name of a ``_shards`` topic of this fleet, or None."""
-    prefix, _, rest = topic.partition(f"{TOPIC_ROOT}/{fleet}/{SHARDS}/")
-    name, _, tail = rest.partition("/")
-    if prefix or tail != what or not is_name(name):
-        return None
-    return name

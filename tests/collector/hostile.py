@@ -186,8 +186,6 @@ def build(now: float, replays: list[tuple[str, bytes]], seed: int = 12) -> list[
     for topic in (f"ldp/v1/other/{victim}/ax", "ldp/v2/demo/w-0/ax", "elsewhere"):
         add("another fleet or root", topic, good, "ignored")
     for topic in (protocol.aggregates_topic(FLEET, "ax"), protocol.confirm_topic(FLEET, victim),
-                  protocol.shard_topic(FLEET, "s1", "state"),
-                  protocol.shard_topic(FLEET, "s1", "claims"),
                   protocol.range_control_topic(FLEET, "r1"),
                   protocol.range_reply_topic(FLEET, victim, "r1")):
         add("collectors' reserved topics", topic, b'{"v":1}',

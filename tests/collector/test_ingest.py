@@ -166,7 +166,7 @@ def test_a_jump_never_drops_the_reports_below_it():
 @pytest.mark.parametrize("seed", range(4))
 def test_seq_tracker_matches_a_plain_set(seed):
     """Runs bookkeeping against the obvious model, with gaps, re-sends and runs added
-    whole (claims), in any order."""
+    whole (as a checkpoint restores them), in any order."""
     rng = np.random.default_rng(seed)
     tracker, model = SeqTracker(), set()
     numbers = rng.permutation(3000)[:2000].tolist() + list(range(0, 3000, 7))

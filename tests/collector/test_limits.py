@@ -188,6 +188,30 @@ def test_a_missing_registry_file_is_a_configuration_error_naming_the_key(tmp_pat
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("command, table, problem", [
+    # Several ingresses share a subscription; a collector on it would see a share only.
+    ("run", {"broker": {"host": "127.0.0.1", "port": 1, "shared_group": "g"}},
+     "broker.shared_group: only ingresses share a subscription"),
+    ("merge", {}, "scale_out: the merge view needs a [scale_out] table"),
+])
+def test_a_command_refuses_a_configuration_it_cannot_serve(tmp_path, command, table, problem):
+    """Valid for another command (check-config accepts it), so found by the command
+    itself: exit 78 with the key named, never a traceback."""
+    config = write_toml(tmp_path / "collector.toml", {
+        "fleet": FLEET, "storage": {"path": str(tmp_path / "collector.sqlite")}, **table})
+    checked = subprocess.run(python_module("collector", "check-config", config),
+                             capture_output=True, text=True, env=child_env(), cwd=REPO,
+                             timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    done = subprocess.run(python_module("collector", command, "--config", config),
+                          capture_output=True, text=True, env=child_env(), cwd=REPO,
+                          timeout=120)
+    assert done.returncode == 78
+    assert f"{config}: invalid configuration:\n  {problem}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "collector.sqlite").exists()  # refused before anything started
+
+
 def test_one_message_that_fails_does_not_stop_the_batch(monkeypatch):
     """Issue 12, defect 1: an exception inside a batch left its position behind, and
     the whole batch was applied again at every retry."""

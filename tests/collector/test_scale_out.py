@@ -17,7 +17,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from collector.config import ScaleOutConfig
 from collector.scaleout.engine import open_engine
 from collector.scaleout.partitions import message_id
-from tests.collector.test_e2e_shards import AGENTS, CHANNELS, Publisher, comparable
+from tests.collector.streams import AGENTS, CHANNELS, Publisher, comparable
 from tests.support import CollectorProcess, MqttClient, run_module, wait_until, write_toml
 from tests.support import wait_for_api as wait_for
 
@@ -124,7 +124,7 @@ def test_counts_stay_exact_through_node_member_and_ingress_kills(tmp_path, mosqu
     assert wait_for(lambda: counts(single) == publisher.values, 90), \
         (counts(single), publisher.values)
     assert wait_for(lambda: counts(merge) == publisher.values, 120), \
-        (counts(merge), publisher.values, merge.api()["shards"])
+        (counts(merge), publisher.values, merge.api()["partitions"])
     time.sleep(2)  # nothing more arrives: the counts stay exact
     one, merged = single.api(), merge.api()
     assert merged["ingest"]["messages"] == one["ingest"]["messages"] == len(publisher.sent)
@@ -137,8 +137,8 @@ def test_counts_stay_exact_through_node_member_and_ingress_kills(tmp_path, mosqu
         assert comparable(merged["channels"][name]) == comparable(one["channels"][name]), name
     assert {a: (s["messages"], s["values"]) for a, s in merged["agents"].items()} == \
         {a: (s["messages"], s["values"]) for a, s in one["agents"].items()}
-    partitions = merged["shards"]
-    assert len(partitions) <= PARTITIONS and merged["shard_rejects"] == {}
+    partitions = merged["partitions"]
+    assert len(partitions) <= PARTITIONS and merged["partition_rejects"] == {}
     assert {p["owner"] for p in partitions.values()} <= {"m0", "m1"}
     print(f"\nscale-out: {len(publisher.sent)} reports + {publisher.copies} copies, "
           f"duplicates seen by members {merged['ingest']['duplicates']}, "

@@ -130,7 +130,7 @@ def test_render_flags_a_disconnected_broker(source):
     source.step()
     assert "broker DISCONNECTED" in text_of(render(source.channels_json()))
     document = source.channels_json()
-    del document["broker"]  # an older collector: no broker field, no claim
+    del document["broker"]  # an older collector: no broker field, nothing said about it
     assert "broker" not in text_of(render(document))
 
 

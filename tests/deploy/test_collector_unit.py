@@ -145,7 +145,7 @@ def test_sample_config_with_every_example_enabled_is_valid():
     enabled = uncomment_examples(text)
     assert "\n[broker.tls]\n" in enabled and "\nshared_group = " in enabled  # it did something
     config = tomllib.loads(enabled)
-    assert config["broker"]["shared_group"] == "collectors"
+    assert config["broker"]["shared_group"] == "ingresses"
     assert set(config["broker"]["tls"]) == {"ca"}
     parse_collector_config(config)
     # The check can fail: shared_group below the TLS header ends up in [broker.tls].

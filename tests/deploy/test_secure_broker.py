@@ -262,7 +262,7 @@ FORBIDDEN_FOR_DEVICE_A = [
     f"ldp/v1/{FLEET}/_range/control/run1",            # the coordinator's control
     f"ldp/v1/{FLEET}/_range/result/accel_x/min",      # ... and results
     f"ldp/v1/{FLEET}/_aggregates/accel_x",            # the collector's snapshots
-    f"ldp/v1/{FLEET}/_shards/shard-1",                # ... and shard state
+    f"ldp/v1/{FLEET}/_other/x",                       # ... and any other reserved level
     f"ldp/v1/{FLEET}/_confirm/dev-a",                 # ... and confirmations, its own too
     f"ldp/v1/{FLEET}/_confirm/dev-b",
     "ldp/v1/other-fleet/dev-b/accel_x",
@@ -300,9 +300,9 @@ def test_device_publishes_only_as_itself(broker, v5):
 
 
 def test_service_accounts_publish_where_they_should(broker):
-    # The positive side of the ACL: the collector writes snapshots and shard
-    # state, the coordinator writes range control and results; neither may
-    # write a device's topic.
+    # The positive side of the ACL: the collector writes snapshots and
+    # confirmations, the coordinator writes range control and results; neither
+    # may write a device's topic, nor a reserved level nobody uses.
     watcher = MqttClient(broker, "collector", client_id="watcher").connect()
     watcher.subscribe("ldp/v1/#")
     collector = MqttClient(broker, "collector", client_id="collector-pub").connect()
@@ -310,10 +310,10 @@ def test_service_accounts_publish_where_they_should(broker):
     try:
         checks = [
             (collector, f"ldp/v1/{FLEET}/_aggregates/accel_x", 0),
-            (collector, f"ldp/v1/{FLEET}/_shards/shard-1", 0),
             (collector, f"ldp/v1/{FLEET}/_confirm/dev-a", 0),
             (collector, f"ldp/v1/{FLEET}/_range/control/run1", 0),  # coordinator = true
             (collector, f"ldp/v1/{FLEET}/dev-a/accel_x", NOT_AUTHORIZED),
+            (collector, f"ldp/v1/{FLEET}/_other/x", NOT_AUTHORIZED),
             (coordinator, f"ldp/v1/{FLEET}/_range/control/run1", 0),
             (coordinator, f"ldp/v1/{FLEET}/_range/result/accel_x/min", 0),
             (coordinator, f"ldp/v1/{FLEET}/_aggregates/accel_x", NOT_AUTHORIZED),
@@ -376,16 +376,16 @@ def test_device_cannot_read_other_devices(broker):
 
 
 def test_collector_reads_through_a_shared_subscription(broker):
-    shard = MqttClient(broker, "collector", client_id="shard-1").connect()
-    shard.subscribe(f"$share/collectors/ldp/v1/{FLEET}/+/+")
-    assert shard.subacks[-1][0].value == 1  # granted QoS 1
+    ingress = MqttClient(broker, "collector", client_id="ingress-1").connect()
+    ingress.subscribe(f"$share/collectors/ldp/v1/{FLEET}/+/+")
+    assert ingress.subacks[-1][0].value == 1  # granted QoS 1
     device = MqttClient(broker, "dev-a", client_id="dev-a").connect()
     try:
         topic = f"ldp/v1/{FLEET}/dev-a/accel_x"
         device.acked(device.publish(topic, report("dev-a", "accel_x")))
-        assert wait_until(lambda: topic in shard.topics(), 5)
+        assert wait_until(lambda: topic in ingress.topics(), 5)
     finally:
-        shard.close()
+        ingress.close()
         device.close()
 
 
@@ -562,9 +562,8 @@ def api(service, path="/api/channels"):
         return json.loads(response.read())
 
 
-@pytest.mark.parametrize("shared_group", [None, "collectors"])
-def test_real_collector_ingests_through_its_own_account(broker, tmp_path, shared_group):
-    config = collector_config(broker, tmp_path, shared_group=shared_group)
+def test_real_collector_ingests_through_its_own_account(broker, tmp_path):
+    config = collector_config(broker, tmp_path)
     assert config.broker.username == "collector" and config.broker.tls is not None
     service = start_collector(config)
     device = MqttClient(broker, "dev-a", client_id="dev-a", v5=False).connect()
@@ -582,21 +581,50 @@ def test_real_collector_ingests_through_its_own_account(broker, tmp_path, shared
         assert sum(service.ingestor.rejects.values()) == 0
         channels = api(service)["channels"]
         assert channels["accel_x"]["count"] == 3
-        # The snapshot publisher got through with the same account and TLS.  A shard
-        # publishes its partial state and claims for the merge view instead of
-        # snapshots (docs/SCALE_OUT.md); the ACL lets the collector write _shards/#.
-        if shared_group is None:
-            snapshots.subscribe(f"ldp/v1/{FLEET}/_aggregates/#")
-            expected = {f"ldp/v1/{FLEET}/_aggregates/accel_x"}
-        else:
-            snapshots.subscribe(f"ldp/v1/{FLEET}/_shards/#")
-            expected = {f"ldp/v1/{FLEET}/_shards/{config.shard_name}/{what}"
-                        for what in ("state", "claims")}
+        # The snapshot publisher got through with the same account and TLS.
+        snapshots.subscribe(f"ldp/v1/{FLEET}/_aggregates/#")
+        expected = {f"ldp/v1/{FLEET}/_aggregates/accel_x"}
         assert wait_until(lambda: expected <= set(snapshots.topics()), 10)
     finally:
         for client in (device, forger, snapshots):
             client.close()
         service.stop()
+
+
+def test_network_process_on_a_shared_subscription_through_its_own_account(broker, tmp_path):
+    """What each of several ingresses runs (docs/SCALE_OUT.md): the network process on
+    the group's share of the reports, and every status directly (retained messages skip
+    shared subscriptions), with the collector account and TLS.  Journaled here to SQLite;
+    an ingress's journal is the JetStream stream."""
+    from collector.network import NetworkProcess
+    from collector.service import network_settings
+    from collector.store import CollectorStore
+
+    config = collector_config(broker, tmp_path, shared_group="collectors")
+    settings = network_settings(config)
+    assert settings.subscriptions == [f"$share/collectors/ldp/v1/{FLEET}/+/+",
+                                      f"ldp/v1/{FLEET}/+/status"]
+    device = MqttClient(broker, "dev-a", client_id="dev-a", v5=False).connect()
+    status = f"ldp/v1/{FLEET}/dev-a/status"
+    assert device.acked(device.publish(status, b'{"retained": true}', retain=True)) == 0
+    store = CollectorStore(config.storage.path)
+    network = NetworkProcess(settings)
+    network.start()
+    try:
+        assert wait_until(lambda: store.network()["connected"], 30), \
+            "the network process did not subscribe"
+        topic = f"ldp/v1/{FLEET}/dev-a/accel_x"
+        device.acked(device.publish(topic, report("dev-a", "accel_x")))
+
+        def journaled() -> set[str]:
+            rows, _ = store.read_journal(0)
+            return {row[1] for row in rows}
+
+        assert wait_until(lambda: {topic, status} <= journaled(), 20), journaled()
+    finally:
+        device.close()
+        network.stop()
+        store.close()
 
 
 def test_real_agent_and_collector_through_their_own_accounts(broker, tmp_path):

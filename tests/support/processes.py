@@ -126,7 +126,7 @@ class CollectorProcess(ChildProcess):
     The configuration makes everything the end-to-end tests watch happen within
     seconds (pushes, checkpoints, windows, snapshots); ``name`` keeps several
     collectors apart in one directory, ``broker_settings`` adds keys to [broker]
-    and ``tables`` adds or replaces whole tables (``shard={...}``,
+    and ``tables`` adds or replaces whole tables (``scale_out={...}``,
     ``range_discovery={...}``)."""
 
     def __init__(self, tmp_path: Path, broker, *, checkpoint_seconds: float = 2.0,

@@ -1,4 +1,4 @@
-"""Shard states: round trips, the JSON document, hostile payloads, the merge view."""
+"""Partition states: round trips, the JSON document, hostile payloads, the merge view."""
 
 from __future__ import annotations
 
@@ -11,22 +11,26 @@ import msgspec
 import numpy as np
 import pytest
 
+from collector.checkpoint import tracker_states
 from collector.ingest import Ingestor
-from collector.merge import MergeView, decode_state
+from collector.merge import MergeView, decode_partition
 from collector.series import Series
 from collector.stats import StateError
 from collector.views import Views, document_metrics
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
-from edge_agent.protocol import shard_topic
-from edge_agent.protocol.states import SHARD_STATE_VERSION, AggregateSettings
-from edge_agent.protocol.states import encode_shard_state as encode_state
+from edge_agent.protocol.states import (
+    PARTITION_STATE_VERSION,
+    AggregateSettings,
+    encode_partition_state,
+)
 
 from .test_stats import STATISTICS, _make_series, _message, _series_cases
 
 FLEET = "demo"
 SETTINGS = {"bins": 20, "window_seconds": 10.0, "keep_windows": 4}
 TYPED_SETTINGS = AggregateSettings(**SETTINGS)
+PARTITIONS = 8
 
 
 def as_json(state):
@@ -209,10 +213,17 @@ def test_merged_states_equal_one_ingestor_that_saw_everything():
     assert math.isclose(yaw_a["circular_mean"], yaw_b["circular_mean"], rel_tol=1e-12)
 
 
+def encode_state(ingestor: Ingestor, *, partition: int, now: float, owner: str = "m1",
+                 sequence: int = 42) -> bytes:
+    """The partition state a member writes (aggregates and trackers)."""
+    return encode_partition_state(ingestor.to_state(), tracker_states(ingestor),
+                                  partition=partition, partitions=PARTITIONS, owner=owner,
+                                  now=now, every=5.0, sequence=sequence)
+
+
 def _document(ingestor=None, **changes) -> dict:
     ingestor = ingestor or fill(new(), np.random.default_rng(9), agents=[0, 1], seqs=range(3))
-    document = json.loads(encode_state(ingestor.to_state(), shard="s1", group="g", every=5.0,
-                                       now=50.0))
+    document = json.loads(encode_state(ingestor, partition=1, now=50.0))
     document.update(changes)
     return document
 
@@ -222,13 +233,13 @@ def _payload(document) -> bytes:
 
 
 def _decode(payload: bytes):
-    return decode_state(payload, shard="s1", fleet=FLEET, settings=TYPED_SETTINGS, group="g")
+    return decode_partition(payload, partition=1, fleet=FLEET, settings=TYPED_SETTINGS)
 
 
 def test_state_document_decodes():
     envelope, ingestor = _decode(_payload(_document()))
-    assert envelope == {"v": SHARD_STATE_VERSION, "type": "shard-state", "shard": "s1",
-                        "group": "g", "t": 50.0, "every": 5.0}
+    assert envelope == {"v": PARTITION_STATE_VERSION, "type": "partition-state", "t": 50.0,
+                        "every": 5.0, "owner": "m1", "sequence": 42}
     assert ingestor.counters["messages"] == 2 * 3 * 4
 
 
@@ -255,9 +266,9 @@ HOSTILE = {
     "huge integer": (lambda d: None, b'{"v": 1' + b"0" * 5000 + b"}", "version"),
     "deep nesting": (lambda d: None, b"[" * 100_000 + b"]" * 100_000, "schema"),
     "not an object": (lambda d: None, b"[1, 2]", "schema"),
-    "another version": (_set(["v"], SHARD_STATE_VERSION + 1), None, "version"),
-    "other shard's name": (_set(["shard"], "s2"), None, "topic"),
-    "other group": (_set(["group"], "h"), None, "group"),
+    "another version": (_set(["v"], PARTITION_STATE_VERSION + 1), None, "version"),
+    "another type": (_set(["type"], "collector-checkpoint"), None, "version"),
+    "other partition's number": (_set(["partition"], 2), None, "topic"),
     "other fleet": (_set(["state", "fleet"], "prod"), None, "fleet"),
     "other bins": (_set(["state", "settings", "bins"], 50), None, "settings"),
     "negative t": (_set(["t"], -1), None, "schema"),
@@ -297,63 +308,71 @@ def test_hostile_states_are_rejected_with_a_reason(case):
         raw = _payload(document)
     with pytest.raises(Exception) as caught:
         _decode(raw)
-    assert type(caught.value).__name__ == "ShardStateRejected"
+    assert type(caught.value).__name__ == "PartitionStateRejected"
     assert caught.value.reason == reason, caught.value.detail
 
 
 def test_merge_view_keeps_the_last_good_state_and_counts_rejects():
     clock = [1000.0]
-    view = MergeView(FLEET, TYPED_SETTINGS, group="g", clock=lambda: clock[0])
-    topic = shard_topic(FLEET, "s1", "state")
+    view = MergeView(FLEET, TYPED_SETTINGS, clock=lambda: clock[0])
     good = _document()
-    assert view.update(topic, _payload(good)) == "accepted"
+    assert view.update_partition("p.1", _payload(good)) == "accepted"
     before = Views(view.ingestor, clock=lambda: clock[0]).channels_json()
     for case, (mutate, raw, reason) in HOSTILE.items():
         if raw is None:
             document = copy.deepcopy(good)
             mutate(document)
             raw = _payload(document)
-        assert view.update(topic, raw) == f"rejected:{reason}", case
-    assert view.update(topic, _payload(dict(good, t=40.0))) == "rejected:stale"
-    assert view.update(shard_topic("other", "s1", "state"), _payload(good)) == "ignored"
-    assert view.update(f"ldp/v1/{FLEET}/_shards/s1/claims", _payload(good)) == "ignored"
+        assert view.update_partition("p.1", raw) == f"rejected:{reason}", case
+    # The state of another partition under this key: refused too.
+    assert view.update_partition("p.2", _payload(good)) == "rejected:topic"
+    for key in ("q.1", "p.x", "p.", "p.12345", "p"):  # not a partition's key
+        assert view.update_partition(key, _payload(good)) == "ignored", key
     after = Views(view.ingestor, clock=lambda: clock[0]).channels_json()
     assert after == before  # nothing changed the aggregates
-    shards = view.shards_json()
-    assert sum(shards["shard_rejects"].values()) == len(HOSTILE) + 1
-    assert shards["shards"]["s1"]["messages"] == sum(
+    partitions = view.partitions_json()
+    assert sum(partitions["partition_rejects"].values()) == len(HOSTILE) + 1
+    assert partitions["partitions"]["p0001"]["messages"] == sum(
         agent["messages"] for agent in good["state"]["agents"].values())
-    assert shards["shards"]["s1"]["error"].startswith("stale")
-    # A newer good state replaces it and clears the error; an empty retained message
-    # (the operator cleared the topic) removes the shard.
-    assert view.update(topic, _payload(dict(good, t=60.0))) == "accepted"
-    assert view.shards_json()["shards"]["s1"]["error"] is None
-    assert view.update(topic, b"") == "removed"
+    assert partitions["partitions"]["p0001"]["owner"] == "m1"
+    assert partitions["partitions"]["p0001"]["error"].startswith("schema")
+    assert partitions["partitions"]["p0002"] == {
+        "owner": None, "t": None, "age": None, "received": None, "stale": True, "messages": 0,
+        "values": 0, "duplicates": 0, "bytes": 0,
+        "error": partitions["partitions"]["p0002"]["error"]}
+    # A new good state replaces it and clears the error (the bucket's revision order
+    # decides what is newer, not the writer's clock); an empty value (the key emptied)
+    # removes the partition.
+    assert view.update_partition("p.1", _payload(dict(good, t=40.0, owner="m2"))) == "accepted"
+    assert view.partitions_json()["partitions"]["p0001"]["error"] is None
+    assert view.partitions_json()["partitions"]["p0001"]["owner"] == "m2"
+    assert view.update_partition("p.1", b"") == "removed"
     assert view.ingestor().counters["messages"] == 0
 
 
-def test_merge_view_merges_shards_and_reports_freshness():
+def test_merge_view_merges_partitions_and_reports_freshness():
     clock = [1000.0]
-    view = MergeView(FLEET, TYPED_SETTINGS, group="g", clock=lambda: clock[0])
+    view = MergeView(FLEET, TYPED_SETTINGS, clock=lambda: clock[0])
     rng = np.random.default_rng(12)
     parts = [fill(new(), rng, agents=[a]) for a in range(3)]
     for i, part in enumerate(parts):
-        payload = encode_state(part.to_state(), shard=f"s{i}", group="g", every=5.0,
-                               now=990.0 + i)
-        assert view.update(shard_topic(FLEET, f"s{i}", "state"), payload) == "accepted"
+        payload = encode_state(part, partition=i, now=990.0 + i, owner=f"m{i % 2}")
+        assert view.update_partition(f"p.{i}", payload) == "accepted"
     merged = view.ingestor()
     assert merged.counters["messages"] == sum(p.counters["messages"] for p in parts)
     assert view.ingestor() is merged  # cached until a state changes
     clock[0] = 1100.0
-    shards = view.shards_json()["shards"]
-    assert list(shards) == ["s0", "s1", "s2"]
-    assert shards["s2"]["age"] == pytest.approx(108.0) and shards["s2"]["stale"]
-    document = Views(view.ingestor, extra=view.shards_json).channels_json()
-    assert set(document["shards"]) == {"s0", "s1", "s2"} and document["shard_rejects"] == {}
+    partitions = view.partitions_json()["partitions"]
+    assert list(partitions) == ["p0000", "p0001", "p0002"]
+    assert [p["owner"] for p in partitions.values()] == ["m0", "m1", "m0"]
+    assert partitions["p0002"]["age"] == pytest.approx(108.0) and partitions["p0002"]["stale"]
+    document = Views(view.ingestor, extra=view.partitions_json).channels_json()
+    assert set(document["partitions"]) == {"p0000", "p0001", "p0002"}
+    assert document["partition_rejects"] == {}
     ages = {tuple(sample.labels.values()): sample.value
             for family in document_metrics(document) for sample in family.samples
-            if sample.name == "ldp_shard_state_age_seconds"}
-    assert ages[("s0",)] == pytest.approx(110.0)
+            if sample.name == "ldp_partition_state_age_seconds"}
+    assert ages[("p0000",)] == pytest.approx(110.0)
 
 
 def test_merge_takes_the_series_reported_most_recently_whatever_the_order():
@@ -375,9 +394,9 @@ def test_merge_takes_the_series_reported_most_recently_whatever_the_order():
         assert [s["mechanism"]["epsilon"] for s in document["other_series"]] == [1.0]
 
 
-def test_merge_keeps_the_newest_status_whatever_the_shard_order():
-    """A retired shard's frozen state says an agent is online; a live shard heard it
-    go offline since.  The newest status must win, not the shard that sorts last."""
+def test_merge_keeps_the_newest_status_whatever_the_order():
+    """One state says an agent is online; another heard it go offline since.  The
+    newest status must win, not the state merged last."""
     def one(state, t):
         ingestor = new()
         topic = f"{protocol.TOPIC_ROOT}/{FLEET}/w1/status"

@@ -1,0 +1,71 @@
+"""A publisher of reports of several agents with copies and replays, remembering what it
+sent (what the end-to-end scale-out tests compare the collectors' counts with)."""
+
+from __future__ import annotations
+
+import time
+
+from edge_agent import protocol
+from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, UnbiasedOGPM
+from tests.support import MqttClient
+
+AGENTS = [f"d{i}" for i in range(6)]
+CHANNELS = {
+    "x": (ClassicalOGPM(epsilon=1.0, low=-2.0, high=2.0), "linear"),
+    "xu": (UnbiasedOGPM(epsilon=2.0, low=-2.0, high=2.0), "linear"),
+    "yaw": (CircularOGPM(epsilon=1.0), "circular"),
+}
+
+
+class Publisher:
+    """Reports of several agents, re-published copies and late replays, all remembered."""
+
+    def __init__(self, broker, rng):
+        self.rng = rng
+        self.sent: list[tuple[str, bytes]] = []
+        self.values: dict[str, int] = {name: 0 for name in CHANNELS}
+        self.copies = 0
+        self.client = MqttClient(broker, v5=False).connect()
+        self.t0 = time.time() - 3600  # report times within what a collector accepts
+
+    def publish(self, topic, payload):
+        self.client.publish(topic, payload)
+
+    def seqs(self, seqs):
+        for seq in seqs:
+            for agent in AGENTS:
+                for channel, (mechanism, kind) in CHANNELS.items():
+                    truth = self.rng.uniform(-1.9, 1.9, 20) if kind == "linear" else \
+                        self.rng.vonmises(1.0, 2.0, 20)
+                    codes = mechanism.perturb_codes(truth, self.rng).tolist()
+                    message = (protocol.data_topic("demo", agent, channel),
+                               protocol.report(agent=agent, channel=channel, kind=kind, seq=seq,
+                                               t=self.t0 + seq, dt=1.0,
+                                               mechanism=mechanism.describe(), codes=codes))
+                    self.publish(*message)
+                    self.sent.append(message)
+                    self.values[channel] += len(codes)
+                    if self.rng.random() < 0.1:  # a re-send right away, as after a reconnect
+                        self.publish(*message)
+                        self.copies += 1
+            time.sleep(0.01)
+        self.flush()
+
+    def replay(self, n):
+        """Old reports again (an agent re-sending its spool after a restart)."""
+        for i in self.rng.choice(len(self.sent), n, replace=False):
+            self.publish(*self.sent[i])
+        self.copies += n
+        self.flush()
+
+    def flush(self):
+        self.client.flush(30)
+
+
+def comparable(channel):
+    """A channel's API entry; the float sums of angles depend on the order of summation."""
+    channel = dict(channel)
+    if channel["kind"] == "circular":
+        for key in ("circular_mean", "resultant_length", "circular_std"):
+            channel.pop(key)
+    return channel
