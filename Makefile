@@ -35,14 +35,16 @@ lint: $(STAMP)
 # Broker (a private Mosquitto if installed, else the embedded amqtt), collector,
 # dashboard and 24 simulated wearables; no root needed.  Ctrl-C stops it all.
 # Options: make demo DEMO_ARGS="--agents 100 --http-port 8081 --broker host:1883"
-# The demo needs only the package and amqtt, not the test and bench tools: its own
+# (DEMO_ARGS="--scale-out": a local NATS JetStream cluster, ingress, members, merge view)
+# The demo needs only the package, amqtt and the NATS server wheel, not the test and
+# bench tools: its own
 # stamp in the same venv.  A venv `make test` set up has everything already (and a
 # later `make test` still installs the test extras: its stamp is not this one).
 DEMO_STAMP := $(VENV)/.demo-stamp
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[demo]'
+	$(PY) -m pip install --quiet -e '.[demo,scale-out]'
 	touch $@
 
 demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
@@ -64,6 +66,7 @@ bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 	$(PY) -m benchmarks.bench_agent --python $(RUNTIME_VENV)/bin/python --markdown docs/bench_agent.md
 	$(PY) -m benchmarks.bench_collector --messages 20000
 	$(PY) -m benchmarks.bench_collector_load --messages 40000 --runs 3
+	$(PY) -m benchmarks.bench_scale_out --messages 40000
 	$(PY) -m benchmarks.bench_estimation --out docs
 	$(PY) -m benchmarks.range_error --out docs
 	$(PY) -m benchmarks.range_broker --sizes 256 1024 4096

@@ -58,7 +58,8 @@ DEMO_CHANNELS = importlib.resources.files("collector").joinpath("demo_channels.t
 # SIGTERM and SIGHUP (a closed terminal) stop the demo as Ctrl-C does: the children
 # run in their own sessions, so nobody else stops them.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-RESTART_SECONDS = 15.0  # a killed part of the --scale-out demo comes back after this
+RESTART_SECONDS = 30.0  # a killed part of the --scale-out demo comes back after this (its
+# leases, 20 s, expire first: the others take its partitions, then it takes its share back)
 
 
 class DemoError(ValueError):

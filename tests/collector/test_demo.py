@@ -218,7 +218,8 @@ def test_the_scale_out_demo_keeps_counting_when_a_member_is_killed(tmp_path):
             (tmp_path / "member-2.log").read_text()[-2000:]
         os.kill(pid_of(tmp_path, "member-2.toml"), signal.SIGKILL)
         before = api(port)["ingest"]["messages"]
-        # Its leases expire (lease_seconds, 20 s) and member-1 takes every partition ...
+        # Its leases expire (lease_seconds, 20 s) and member-1 takes every partition
+        # (the demo starts member-2 again only after 30 s) ...
         assert wait_until(lambda: owners() == {"member-1"}, 60)
         assert api(port)["ingest"]["messages"] > before
         # ... until the demo has started member-2 again and it takes its share back.
