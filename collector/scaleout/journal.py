@@ -26,7 +26,6 @@ from .partitions import agent_of, message_id, partition_of, subject
 log = logging.getLogger(__name__)
 
 COMMIT_TIMEOUT = 30.0  # a commit that takes longer fails (the messages stay unacknowledged)
-IN_FLIGHT = 1024  # publishes awaiting their acknowledgement at once
 MAX_BACKOFF = 2.0  # seconds between attempts while the stream does not store
 
 TOPIC_HEADER = "Ldp-Topic"  # the MQTT topic (the member ingests it as a collector would)
@@ -80,22 +79,36 @@ class JetStreamJournal:
         self._backoff = 0.0
 
     async def _publish(self, batch: list[tuple[str, bytes, dict]]) -> list:
-        """The messages of ``batch`` JetStream did not acknowledge."""
-        slots = asyncio.Semaphore(IN_FLIGHT)
-        js = self.engine.js
-
-        async def one(message):
-            async with slots:
-                await js.publish(message[0], message[1], headers=message[2],
-                                 stream=self.config.stream, timeout=COMMIT_TIMEOUT / 2)
-
-        results = await asyncio.gather(*(one(message) for message in batch),
-                                       return_exceptions=True)
-        errors = [result for result in results if isinstance(result, BaseException)]
-        if errors:
-            self._error = f"{type(errors[0]).__name__}: {errors[0]}"[:200]
-        return [message for message, result in zip(batch, results)
-                if isinstance(result, BaseException)]
+        """The messages of ``batch`` JetStream did not acknowledge in time.  Published
+        with ``publish_async``: one reply subscription for all of them (a request per
+        message, ``publish``, cost the ingress 143 µs of CPU per report)."""
+        js, timeout = self.engine.js, COMMIT_TIMEOUT / 2
+        futures: list[asyncio.Future | BaseException] = []
+        for subject_, payload, headers in batch:
+            try:
+                futures.append(await js.publish_async(
+                    subject_, payload, headers=dict(headers), stream=self.config.stream,
+                    wait_stall=timeout))
+            except Exception as exc:  # stalled, or the connection is down
+                futures.append(exc)
+        waiting = [future for future in futures if isinstance(future, asyncio.Future)]
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout)
+        failed = []
+        for message, future in zip(batch, futures):
+            if not isinstance(future, asyncio.Future):
+                error: BaseException | None = future
+            elif not future.done():
+                future.cancel()  # no answer in time (no quorum, a failover)
+                error = TimeoutError("no acknowledgement")
+            elif future.cancelled():
+                error = TimeoutError("cancelled")
+            else:
+                error = future.exception()
+            if error is not None:
+                failed.append(message)
+                self._error = f"{type(error).__name__}: {error}"[:200]
+        return failed
 
     def backlog(self) -> int:
         return 0  # the members read the stream at their own pace; it keeps max_age_seconds
