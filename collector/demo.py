@@ -118,13 +118,15 @@ def toml_str(value) -> str:
 
 
 class Janitor:
-    """``python -m collector.lifetime clean``: removes the demo's temporary directory once
-    the demo and its children are gone, also when nobody is left to do it (SIGKILL)."""
+    """``python -m collector.lifetime clean``: stops the demo's children and removes its
+    temporary directory (``None``: a --workdir, kept) once the demo is gone, also when
+    nobody is left to do it (SIGKILL)."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path | None):
         self.directory = directory
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "collector.lifetime", "clean", str(directory)],
+            [sys.executable, "-m", "collector.lifetime", "clean",
+             *([str(directory)] if directory is not None else [])],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, cwd="/")
 
@@ -489,4 +491,8 @@ def run_demo(*, agents: int, duration: float, http_port: int, broker: str | None
     if path.exists() and any(path.iterdir()):
         raise DemoError(f"--workdir {workdir} is not empty; pass a new or empty directory")
     path.mkdir(parents=True, exist_ok=True)
-    return Demo(workdir=path.resolve(), **options).run()
+    janitor = Janitor(None)  # the children go with the demo; the directory stays
+    try:
+        return Demo(workdir=path.resolve(), janitor=janitor, **options).run()
+    finally:
+        janitor.finish()

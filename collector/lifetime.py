@@ -5,13 +5,13 @@
   started us ends), SIGKILL included.  For ``subprocess.Popen(preexec_fn=...)``
   use ``preexec_die_with_parent``, which also catches a parent that died
   before the call.
-* ``python -m collector.lifetime clean DIRECTORY``: the demo's janitor.  It
+* ``python -m collector.lifetime clean [DIRECTORY]``: the demo's janitor.  It
   reads the pids of the demo's children on stdin, one per line, until end of
   file (the demo exited, or was killed).  Then it sends SIGTERM to those still
   running (a child that changes its user, as Mosquitto started by root does,
   loses its parent-death signal), waits for them to end (SIGKILL after a grace
-  period) and removes the demo's temporary directory, which a killed demo
-  cannot.
+  period) and removes the demo's temporary directory, if given, which a killed
+  demo cannot (a ``--workdir`` the user chose is kept).
 
 Standard library only: the collector's network child imports it.
 """
@@ -60,16 +60,17 @@ def running(pid: int) -> bool:
         return False
 
 
-def clean_after(directory: Path, lines) -> None:
+def clean_after(directory: Path | None, lines) -> None:
     """Wait for the end of ``lines`` (pids), stop those processes (SIGTERM, SIGKILL after
-    the grace period), then remove ``directory``."""
+    the grace period), then remove ``directory`` (if any)."""
     pids = [int(line) for line in lines if line.strip().isdigit()]
     signal_all(pids, signal.SIGTERM)
     deadline = time.monotonic() + CHILDREN_GRACE_SECONDS
     while any(map(running, pids)) and time.monotonic() < deadline:
         time.sleep(0.2)
     signal_all(pids, signal.SIGKILL)
-    shutil.rmtree(directory, ignore_errors=True)
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def signal_all(pids: list[int], signum: int) -> None:
@@ -81,12 +82,12 @@ def signal_all(pids: list[int], signum: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "clean":
-        print("usage: python -m collector.lifetime clean DIRECTORY", file=sys.stderr)
+    if len(argv) not in (1, 2) or argv[0] != "clean":
+        print("usage: python -m collector.lifetime clean [DIRECTORY]", file=sys.stderr)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the demo
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    clean_after(Path(argv[1]), sys.stdin)
+    clean_after(Path(argv[1]) if len(argv) == 2 else None, sys.stdin)
     return 0
 
 

@@ -20,55 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edge_agent import protocol
-from edge_agent.protocol import Rejected
-from edge_agent.protocol.states import AggregateSettings, IngestorState, decode_partition_state
+from edge_agent.protocol.states import AggregateSettings
 
 from .config import CollectorConfig
 from .ingest import Ingestor
 from .publisher import CollectorClient
 from .range import RangeResults
 from .scaleout.feed import PartitionFeed
-from .stats import StateError
+from .scaleout.partition_state import PartitionStateRejected, decode_partition
 from .views import Views
 from .web import WebServer, latest_channels
 
 log = logging.getLogger(__name__)
-
-
-class PartitionStateRejected(Exception):
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
-
-
-def decode_partition(payload: bytes, *, partition: int, fleet: str,
-                     settings: AggregateSettings) -> tuple[dict, Ingestor]:
-    """(envelope without the state, the partition's ``Ingestor``) of a scale-out partition
-    state (docs/SCALE_OUT.md), or ``PartitionStateRejected``."""
-    try:
-        document = decode_partition_state(payload, partition)
-    except Rejected as exc:
-        raise PartitionStateRejected(exc.reason, exc.detail) from None
-    envelope = {"v": document.v, "type": document.type, "t": document.t,
-                "every": document.every, "owner": document.owner,
-                "sequence": document.sequence}
-    return envelope, _ingestor(document.state, fleet, settings)
-
-
-def _ingestor(state: IngestorState, fleet: str, settings: AggregateSettings) -> Ingestor:
-    if state.fleet != fleet:
-        raise PartitionStateRejected("fleet", f"not a state of fleet {fleet!r}")
-    if state.settings != settings:
-        raise PartitionStateRejected("settings", f"aggregates settings {state.settings} "
-                                                 f"differ from ours {settings}"[:300])
-    try:
-        return Ingestor.from_state(state)
-    except StateError as exc:
-        raise PartitionStateRejected("schema", str(exc)[:300]) from None
-    except (RecursionError, MemoryError, OverflowError, TypeError, ValueError,
-            AttributeError, KeyError, IndexError) as exc:
-        raise PartitionStateRejected("schema",
-                                     f"{type(exc).__name__}: {str(exc)[:200]}") from None
 
 
 @dataclass
@@ -113,15 +76,15 @@ class MergeView:
                     self._generation += 1
             return "removed"
         try:
-            envelope, ingestor = decode_partition(payload, partition=int(number),
+            document, ingestor = decode_partition(payload, partition=int(number),
                                                   fleet=self.fleet, settings=self.settings)
         except PartitionStateRejected as exc:
             return self._reject(name, exc.reason, exc.detail)
         except Exception as exc:  # defence in depth: the merge view must not die of a payload
             return self._reject(name, "internal", type(exc).__name__)
         with self._lock:
-            self.partitions[name] = PartitionEntry(ingestor, envelope["t"], envelope["every"],
-                                                   self.clock(), len(payload), envelope["owner"])
+            self.partitions[name] = PartitionEntry(ingestor, document.t, document.every,
+                                                   self.clock(), len(payload), document.owner)
             self.errors.pop(name, None)
             self._generation += 1
         return "accepted"

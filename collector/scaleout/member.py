@@ -35,17 +35,16 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 
 from edge_agent import protocol
-from edge_agent.protocol import Rejected
-from edge_agent.protocol.states import decode_partition_state, encode_partition_state
+from edge_agent.protocol.states import encode_partition_state
 
 from ..checkpoint import tracker_states, with_trackers
 from ..config import CollectorConfig
 from ..ingest import Ingestor
 from ..publisher import CollectorClient
 from ..registry import ingest_limits
-from ..stats import StateError
 from .engine import Engine, open_engine
 from .journal import RECEIVED_HEADER, TOPIC_HEADER
+from .partition_state import PartitionStateRejected, decode_partition
 from .partitions import subject
 
 log = logging.getLogger(__name__)
@@ -134,7 +133,7 @@ class Member:
                 entry = None
             try:
                 partition = self._load(number, entry, lease_revision)
-            except (Rejected, StateError, ValueError) as exc:
+            except (PartitionStateRejected, ValueError) as exc:
                 log.error("partition %d: its state cannot be read (%s); not taken (move "
                           "the key %s of bucket %s_state away to start it afresh)", number,
                           exc, key, self.scale.stream)
@@ -161,14 +160,12 @@ class Member:
                                               self.limits)
             return Partition(number, ingestor, 0, lease_revision,
                              state_revision=entry.revision if entry else None)
-        document = decode_partition_state(entry.value, number)
+        document, ingestor = decode_partition(entry.value, partition=number,
+                                              fleet=self.config.fleet,
+                                              settings=self.config.aggregate_settings)
         if document.partitions != self.scale.partitions:
             raise ValueError(f"written for {document.partitions} partitions")
-        if document.state.fleet != self.config.fleet:
-            raise ValueError(f"a state of fleet {document.state.fleet!r}")
-        if document.state.settings != self.config.aggregate_settings:
-            raise ValueError("written with other [aggregates] settings")
-        ingestor = with_trackers(Ingestor.from_state(document.state), document.trackers)
+        with_trackers(ingestor, document.trackers)
         ingestor.limits = self.limits
         return Partition(number, ingestor, document.sequence, lease_revision,
                          state_revision=entry.revision, written=document.sequence)

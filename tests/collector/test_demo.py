@@ -235,6 +235,22 @@ def test_the_scale_out_demo_keeps_counting_when_a_member_is_killed(tmp_path):
     assert processes_in(tmp_path) == []
 
 
+def test_a_killed_demo_with_a_workdir_stops_its_children_and_keeps_the_directory(tmp_path):
+    """Mosquitto started as root drops the parent-death signal: the janitor stops it."""
+    require_mosquitto()
+    port = free_port()
+    demo = start_demo(tmp_path, "--agents", "2", "--http-port", str(port))
+    try:
+        assert wait_until(lambda: len(api(port)["agents"]) == 2, 60)
+        assert "mosquitto" in " ".join(processes_in(tmp_path))
+    finally:
+        demo.kill()
+        demo.wait(10)
+    assert wait_until(lambda: not processes_in(tmp_path), 60), processes_in(tmp_path)
+    assert not port_open("127.0.0.1", port)
+    assert (tmp_path / "collector.toml").exists()
+
+
 def test_bad_options_fail_before_anything_starts(tmp_path, monkeypatch):
     runner = CliRunner()
     monkeypatch.delenv("BROKER", raising=False)

@@ -13,7 +13,8 @@ import pytest
 
 from collector.checkpoint import tracker_states
 from collector.ingest import Ingestor
-from collector.merge import MergeView, decode_partition
+from collector.merge import MergeView
+from collector.scaleout.partition_state import decode_partition
 from collector.series import Series
 from collector.stats import StateError
 from collector.views import Views, document_metrics
@@ -237,9 +238,11 @@ def _decode(payload: bytes):
 
 
 def test_state_document_decodes():
-    envelope, ingestor = _decode(_payload(_document()))
-    assert envelope == {"v": PARTITION_STATE_VERSION, "type": "partition-state", "t": 50.0,
-                        "every": 5.0, "owner": "m1", "sequence": 42}
+    document, ingestor = _decode(_payload(_document()))
+    assert {key: getattr(document, key) for key in ("v", "type", "t", "every", "owner",
+                                                      "sequence")} == \
+        {"v": PARTITION_STATE_VERSION, "type": "partition-state", "t": 50.0,
+         "every": 5.0, "owner": "m1", "sequence": 42}
     assert ingestor.counters["messages"] == 2 * 3 * 4
 
 
