@@ -43,16 +43,17 @@ def cases() -> dict[str, tuple[str, bytes]]:
         return rng.integers(0, 1 << 16, n).tolist()
 
     bad = report("x", "linear", linear, codes(499) + [70000])
+    vector_report = report("v", "vector", vector, [codes(100), codes(100), codes(100)],
+                           fields=["x", "y", "z"], strategy={"k": 3, "d": 3, "epsilon": 1.5})
     return {
         "linear, 500 codes": report("x", "linear", linear, codes(500)),
         "linear, 20 codes": report("x", "linear", linear, codes(20)),
         "polar, 2 x 250 codes": report("p", "polar", polar, [codes(250), codes(250)]),
-        "vector, 3 x 100 codes": report("v", "vector", vector,
-                                        [codes(100), codes(100), codes(100)],
-                                        fields=["x", "y", "z"],
-                                        strategy={"k": 3, "d": 3, "epsilon": 1.5}),
+        "vector, 3 x 100 codes": vector_report,
         "rejected: last code outside the grid": bad,
-        "rejected: not JSON": (bad[0], bad[1][:-40]),
+        "rejected: not JSON (the last 40 bytes cut off)": (bad[0], bad[1][:-40]),
+        # The worst cut: right after the last inner object, so it still ends with "}".
+        "rejected: vector cut after its strategy": (vector_report[0], vector_report[1][:-1]),
     }
 
 

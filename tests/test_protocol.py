@@ -104,6 +104,17 @@ def test_reports_decode_with_their_mechanism_and_codes(kind):
     assert json.loads(protocol.encode(report.message)) == json.loads(payload)
 
 
+@pytest.mark.parametrize("kind", REPORTS)
+def test_every_truncation_of_a_report_is_refused_as_json(kind):
+    """Cut anywhere (also right after an inner object, where it still ends with "}"), a
+    report is refused as not JSON, before its codes are decoded (docs/BENCHMARKS.md)."""
+    payload, topic = REPORTS[kind](), protocol.data_topic(FLEET, "w1", "ch")
+    for cut in range(len(payload)):
+        with pytest.raises(protocol.Rejected) as refused:
+            protocol.decode_report(topic, payload[:cut], FLEET)
+        assert refused.value.reason == "json", (cut, payload[:cut])
+
+
 def test_every_status_the_agent_writes_decodes_and_validates():
     full = protocol.status(
         agent="w1", state="online", t=1.7e9,
