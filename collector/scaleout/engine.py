@@ -32,6 +32,17 @@ log = logging.getLogger(__name__)
 PARTITIONS_KEY = "ldp_partitions"  # stream metadata: the partition count it was made with
 MAX_STATE_BYTES = 8 << 20  # one partition's state (the servers' max_payload must allow it)
 READY_TIMEOUT = 60.0
+MIN_SERVER = (2, 11)  # batch direct get (ADR-31)
+# A consumer create (the merge view's watch) takes milliseconds, or is never answered:
+# while a node is down the server places some one-replica consumers on it (about one
+# in three on a 3-node cluster, measured for over a minute after the kill).
+CREATE_TIMEOUT = 2.0
+IDLE_WRITES = 5  # a member writes an unchanged partition's state every this many checkpoints
+
+
+def rewrite_seconds(config: ScaleOutConfig) -> float:
+    """A live member writes each of its partitions' state at least this often."""
+    return IDLE_WRITES * config.checkpoint_seconds
 
 
 class EngineError(RuntimeError):
@@ -94,6 +105,7 @@ def stream_config(config: ScaleOutConfig) -> StreamConfig:
         storage=StorageType.FILE, retention=RetentionPolicy.LIMITS,
         discard=DiscardPolicy.OLD, max_age=config.max_age_seconds,
         duplicate_window=config.duplicate_window_seconds, max_msg_size=1 << 20,
+        allow_direct=True,  # members read with batch direct gets, which every replica serves
         metadata={PARTITIONS_KEY: str(config.partitions)},
         description="edge-ldp: every fleet message, by partition of its agent")
 
@@ -127,6 +139,10 @@ async def _ensure_stream(js: JetStreamContext, config: ScaleOutConfig) -> None:
         raise EngineError(f"stream {config.stream} was created with {made_with} partitions, "
                           f"[scale_out] partitions says {config.partitions}: the count is "
                           f"fixed when the stream is created (docs/SCALE_OUT.md)")
+    if not info.config.allow_direct:  # made by a version whose members used consumers
+        info.config.allow_direct = True
+        await js.update_stream(info.config)
+        log.info("stream %s: direct gets allowed (members read with them)", config.stream)
 
 
 async def _bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
@@ -144,6 +160,11 @@ async def open_engine(config: ScaleOutConfig, name: str,
     nc = await connect(config, name)
     js = nc.jetstream(timeout=10)
     try:
+        version = nc.connected_server_version
+        if (version.major, version.minor) < MIN_SERVER:
+            raise EngineError(f"nats-server {version} is too old: members read with batch "
+                              f"direct gets, which need {'.'.join(map(str, MIN_SERVER))} or "
+                              f"later (docs/SCALE_OUT.md)")
         await _ready(js, ready_timeout)
         await _ensure_stream(js, config)
         leases = await _bucket(js, KeyValueConfig(

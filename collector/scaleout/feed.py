@@ -4,6 +4,11 @@ A thread with its own event loop watches the ``<stream>_state`` bucket and hands
 each new value to ``on_state(key, payload)`` (``MergeView.update_partition``).
 The watch starts with every key's latest value, so a merge view (stateless)
 that restarts has the whole picture at once.
+
+The watch is nats-py's ordered push consumer, which a node failure can silence
+without an error (its consumer lived on that node).  Live members write every
+partition at least every ``engine.rewrite_seconds``, so a watch that hears nothing
+for twice that long is started again (and reads every partition's latest state).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import threading
 from collections.abc import Callable
 
 from ..config import ScaleOutConfig
-from .engine import open_engine
+from .engine import CREATE_TIMEOUT, open_engine, rewrite_seconds
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +54,20 @@ class PartitionFeed:
         await asyncio.gather(watching, return_exceptions=True)
 
     async def _watch(self) -> None:
-        engine = None
+        engine, quiet = None, 2 * rewrite_seconds(self.config) + 1.0
         while True:
+            watcher = None
             try:
                 if engine is None:
                     engine = await open_engine(self.config, self.name)
-                watcher = await engine.states.watchall()
-                async for entry in watcher:
+                watcher = await asyncio.wait_for(engine.states.watchall(), CREATE_TIMEOUT)
+                while True:
+                    try:
+                        entry = await asyncio.wait_for(watcher.updates(timeout=None), quiet)
+                    except TimeoutError:
+                        log.debug("no partition state for %.0f s: watching the bucket again",
+                                 quiet)
+                        break
                     if entry is not None and entry.value:
                         self.on_state(entry.key, entry.value)
             except asyncio.CancelledError:
@@ -65,3 +77,8 @@ class PartitionFeed:
             except Exception as exc:  # the cluster failing over: watch again
                 log.warning("watching the partition states failed (%r); again", exc)
                 await asyncio.sleep(1.0)
+            if watcher is not None:
+                try:
+                    await asyncio.wait_for(watcher.stop(), CREATE_TIMEOUT)
+                except Exception:  # its connection or consumer is gone already
+                    pass

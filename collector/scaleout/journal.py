@@ -26,6 +26,10 @@ from .partitions import agent_of, message_id, partition_of, subject
 log = logging.getLogger(__name__)
 
 COMMIT_TIMEOUT = 30.0  # a commit that takes longer fails (the messages stay unacknowledged)
+# No acknowledgement at all for this long: the rest of the batch is sent again.  A
+# publish that reached a stream leader as it died is never answered; the stream's
+# duplicate window drops the copies of those that were stored after all.
+STALL_SECONDS = 2.0
 MAX_BACKOFF = 2.0  # seconds between attempts while the stream does not store
 
 TOPIC_HEADER = "Ldp-Topic"  # the MQTT topic (the member ingests it as a collector would)
@@ -91,9 +95,13 @@ class JetStreamJournal:
                     wait_stall=timeout))
             except Exception as exc:  # stalled, or the connection is down
                 futures.append(exc)
-        waiting = [future for future in futures if isinstance(future, asyncio.Future)]
-        if waiting:
-            await asyncio.wait(waiting, timeout=timeout)
+        pending = {future for future in futures if isinstance(future, asyncio.Future)}
+        deadline = asyncio.get_running_loop().time() + timeout
+        while pending:  # as long as acknowledgements keep coming (a loaded cluster is slow)
+            left = deadline - asyncio.get_running_loop().time()
+            done, pending = await asyncio.wait(pending, timeout=min(STALL_SECONDS, left))
+            if not done or left <= STALL_SECONDS:
+                break
         failed = []
         for message, future in zip(batch, futures):
             if not isinstance(future, asyncio.Future):

@@ -13,9 +13,15 @@ at once as ours with compare-and-set (from then on an earlier owner's write
 fails: it has been fenced off), then read the partition's subject from the
 next stream sequence and ingest exactly as a single collector does.  Every
 ``checkpoint_seconds`` the state is written with compare-and-set on our last
-revision; a failed write means another member owns the partition, and ours is
+revision; a refused write means another member owns the partition, and ours is
 dropped.  State and position are always written together, so whoever continues
 counts every stored message once: the trackers know what the state counted.
+
+Failovers: every KV operation is given up after ``lease_seconds / 4`` (a request
+can go unanswered while the cluster elects a leader), renewals and checkpoints run
+on separate clocks, and a compare-and-set refused because our own timed-out write
+was applied after all is recognised (the key holds exactly what we wrote), so a
+node failover shorter than ``lease_seconds`` moves no partition.
 
 After each written state, the agents of that partition get their delivery
 confirmations over MQTT (docs/HARDENING.md), as from a single collector.
@@ -31,8 +37,8 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+import natsext
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 
 from edge_agent import protocol
 from edge_agent.protocol.states import encode_partition_state
@@ -42,16 +48,42 @@ from ..config import CollectorConfig
 from ..ingest import Ingestor
 from ..publisher import CollectorClient
 from ..registry import ingest_limits
-from .engine import Engine, open_engine
+from .engine import Engine, open_engine, rewrite_seconds
 from .journal import RECEIVED_HEADER, TOPIC_HEADER
 from .partition_state import PartitionStateRejected, decode_partition
 from .partitions import subject
 
 log = logging.getLogger(__name__)
 
-IDLE_WRITES = 5  # a partition without news is written every this many checkpoint periods
 FETCH_BATCH = 500  # messages applied at once (~40 ms of work: lease renewals stay on time)
-FETCH_WAIT = 1.0
+FETCH_TIMEOUT = 2.0  # a batch is answered in milliseconds, or its replica died meanwhile
+IDLE_POLL = 0.25  # seconds between reads of a partition that had nothing new
+BUSY_POLL = 0.05  # ... that had something, and now has nothing more
+RETRY_SECONDS = 0.2
+
+
+class DirectBatch:
+    """How a batch direct get ended: its last reply, with an empty body and a ``Status``
+    header (204 end of batch, 404 nothing new, anything else an error)."""
+
+    def __init__(self):
+        self.status: str | None = None
+        self.pending = 0
+
+    def ends(self, message) -> bool:
+        headers = message.headers or {}
+        if message.data or "Status" not in headers:
+            return False
+        self.status = headers["Status"]
+        self.pending = int(headers.get("Nats-Num-Pending", 0))
+        return True
+
+    def check(self) -> int:
+        """How many more the replica had; raises for an error status.  No status: the
+        reply stopped coming (its replica died), and what arrived was ingested."""
+        if self.status not in (None, "204", "404"):
+            raise RuntimeError(f"direct get answered {self.status}")
+        return self.pending
 
 
 class LostPartition(Exception):
@@ -67,6 +99,8 @@ class Partition:
     state_revision: int | None = None  # our last write of its state (the fence)
     written: int = -1  # the sequence of that write
     written_at: float = -math.inf  # when (monotonic)
+    attempted: bytes | None = None  # a write that failed (it may have been applied)
+    writing: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     reader: asyncio.Task | None = field(default=None, repr=False)
 
     @property
@@ -89,22 +123,52 @@ class Member:
 
     # -- ownership --------------------------------------------------------------------------
     async def _members(self) -> int:
+        """Live members: the ``m.<name>`` keys of the lease bucket, listed from the
+        stream's subjects and read one by one (``KeyValue.keys`` makes a consumer,
+        which a cluster that lost a node sometimes places on the dead one: it then
+        hangs for the client's whole timeout)."""
+        bucket = f"{self.scale.stream}_leases"
+        prefix = f"$KV.{bucket}."
+        info = await self._kv(self.engine.js.stream_info(f"KV_{bucket}",
+                                                         subjects_filter=f"{prefix}m.>"))
+        live = 0
+        for name in info.state.subjects or {}:
+            try:
+                await self._kv(self.engine.leases.get(name.removeprefix(prefix)))
+            except (KeyNotFoundError, KeyDeletedError):
+                continue  # a member that left (its delete marker expires with the TTL)
+            live += 1
+        return max(1, live)
+
+    async def _kv(self, operation):
+        """One KV operation, given up after ``lease_seconds / 4``: during a cluster
+        failover a request can go unanswered for the client's whole timeout, and one
+        renewal round must not outlast the next."""
+        return await asyncio.wait_for(operation, self.scale.lease_seconds / 4)
+
+    async def _ours(self, bucket, key: str, value: bytes) -> int | None:
+        """After a compare-and-set was refused: the key's revision if it holds ``value``
+        (our own write, which had timed out but was applied), else None."""
         try:
-            keys = await self.engine.leases.keys()
-        except NoKeysError:
-            keys = []
-        return max(1, sum(key.startswith("m.") for key in keys))
+            entry = await self._kv(bucket.get(key))
+        except (KeyNotFoundError, KeyDeletedError):
+            return None
+        return entry.revision if entry.value == value else None
 
     async def balance(self) -> None:
         """Renew our leases, then take or give back partitions towards our fair share."""
-        leases = self.engine.leases
-        await leases.put(f"m.{self.name}", self.name.encode())
+        leases, mine = self.engine.leases, self.name.encode()
+        await self._kv(leases.put(f"m.{self.name}", mine))
         for partition in list(self.partitions.values()):
             try:
-                partition.lease_revision = await leases.update(
-                    partition.key, self.name.encode(), last=partition.lease_revision)
+                partition.lease_revision = await self._kv(leases.update(
+                    partition.key, mine, last=partition.lease_revision))
             except KeyWrongLastSequenceError:
-                await self._drop(partition, "its lease expired and was taken")
+                revision = await self._ours(leases, partition.key, mine)
+                if revision is None:
+                    await self._drop(partition, "its lease expired and was taken")
+                else:
+                    partition.lease_revision = revision
             except KeyNotFoundError:
                 await self._drop(partition, "its lease expired")
         count = self.scale.partitions
@@ -116,9 +180,14 @@ class Member:
             if number in self.partitions:
                 continue
             try:
-                revision = await leases.create(f"p.{number}", self.name.encode())
+                revision = await self._kv(leases.create(f"p.{number}", mine))
             except KeyWrongLastSequenceError:
-                continue  # owned by another member
+                # Owned by another member, or ours: a create that timed out but was
+                # applied, a take that failed, or our previous run's (restarted under the
+                # same name).  The state's compare-and-set fences any earlier owner.
+                revision = await self._ours(leases, f"p.{number}", mine)
+                if revision is None:
+                    continue
             await self._take(number, revision)
         while len(self.partitions) > share:
             await self.release(max(self.partitions))
@@ -128,7 +197,7 @@ class Member:
         key, states = f"p.{number}", self.engine.states
         for _ in range(5):
             try:
-                entry = await states.get(key)
+                entry = await self._kv(states.get(key))
             except KeyNotFoundError:
                 entry = None
             try:
@@ -137,7 +206,7 @@ class Member:
                 log.error("partition %d: its state cannot be read (%s); not taken (move "
                           "the key %s of bucket %s_state away to start it afresh)", number,
                           exc, key, self.scale.stream)
-                await self.engine.leases.delete(key, last=lease_revision)
+                await self._kv(self.engine.leases.delete(key, last=lease_revision))
                 return
             try:
                 await self._write(partition)
@@ -146,7 +215,7 @@ class Member:
             break
         else:
             log.warning("partition %d: could not take its state over; trying later", number)
-            await self.engine.leases.delete(key, last=lease_revision)
+            await self._kv(self.engine.leases.delete(key, last=lease_revision))
             return
         self.partitions[number] = partition
         partition.reader = asyncio.create_task(self._read(partition),
@@ -187,101 +256,112 @@ class Member:
             await asyncio.gather(partition.reader, return_exceptions=True)
         try:
             await self._write(partition)
-            await self.engine.leases.delete(partition.key, last=partition.lease_revision)
+            await self._kv(self.engine.leases.delete(partition.key,
+                                                     last=partition.lease_revision))
             log.info("released partition %d at stream sequence %d", number, partition.sequence)
         except (KeyWrongLastSequenceError, KeyNotFoundError):
             log.warning("partition %d was taken before we released it", number)
 
     # -- reading ----------------------------------------------------------------------------
     async def _read(self, partition: Partition) -> None:
-        """Ingest the partition's messages in stream order, from the one after its state.
-        A gap in the consumer's sequence (a message the client dropped) or a consumer
-        lost in a failover: subscribe again from the last applied message."""
-        js = self.engine.js
+        """Ingest the partition's messages in stream order, from the one after its state,
+        until cancelled (the partition was dropped or released)."""
         while True:
-            start = partition.sequence + 1
             try:
-                subscription = await js.pull_subscribe(
-                    subject(self.scale.stream, partition.number), stream=self.scale.stream,
-                    config=ConsumerConfig(
-                        ack_policy=AckPolicy.NONE, inactive_threshold=60.0,
-                        mem_storage=True, num_replicas=1,
-                        deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                        opt_start_seq=start))
+                read, pending = await self._read_batch(partition)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                log.debug("partition %d: subscribing failed (%r); again", partition.number, exc)
-                await asyncio.sleep(1.0)
+            except Exception as exc:  # no replica answers (an election), a gap, a bad reply
+                log.debug("partition %d: reading from %d failed (%r); again",
+                          partition.number, partition.sequence + 1, exc)
+                await asyncio.sleep(RETRY_SECONDS)
                 continue
-            try:
-                await self._consume(partition, subscription)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.info("partition %d: reading again from %d (%s)", partition.number,
-                         partition.sequence + 1, exc or type(exc).__name__)
-                await asyncio.sleep(0.2)
-            finally:
-                try:
-                    await subscription.unsubscribe()
-                except Exception:  # the connection or the consumer is gone already
-                    pass
+            # More waiting: at once (after letting lease renewals and checkpoints run).
+            await asyncio.sleep(0 if pending else BUSY_POLL if read else IDLE_POLL)
 
-    async def _consume(self, partition: Partition, subscription) -> None:
-        expected = 1
-        while True:
-            try:
-                messages = await subscription.fetch(FETCH_BATCH, timeout=FETCH_WAIT)
-            except TimeoutError:
-                continue
-            ingestor = partition.ingestor
-            with ingestor.batch():
-                for message in messages:
-                    sequence = message.metadata.sequence
-                    if sequence.consumer != expected:
-                        raise RuntimeError(f"gap: consumer sequence {sequence.consumer}, "
-                                           f"expected {expected}")
-                    expected += 1
-                    headers = message.headers or {}
-                    ingestor.ingest(headers.get(TOPIC_HEADER, ""), message.data,
-                                    _received(headers.get(RECEIVED_HEADER)))
-                    partition.sequence = sequence.stream
-            await asyncio.sleep(0)  # let the lease renewals and checkpoints run
+    async def _read_batch(self, partition: Partition) -> tuple[int, int]:
+        """Up to ``FETCH_BATCH`` messages of the partition after its sequence, ingested:
+        (how many, how many more the replica that answered has).
+
+        Read with the stream's batch direct get (ADR-31), which any replica answers: no
+        consumer to create or to lose with a node (the server places some consumers on a
+        dead node for over a minute after it died, and their creation is never
+        answered).  A replica that is behind answers with what it has, a prefix of the
+        stream; each message names the one before it, so a message the client lost is a
+        gap that is refused, never skipped."""
+        batch = DirectBatch()
+        request = (b'{"batch":%d,"seq":%d,"next_by_subj":"%s"}'
+                   % (FETCH_BATCH, partition.sequence + 1,
+                      subject(self.scale.stream, partition.number).encode()))
+        ingestor, previous, read = partition.ingestor, 0, 0
+        with ingestor.batch():
+            async for message in natsext.request_many(
+                    self.engine.nc, f"$JS.API.DIRECT.GET.{self.scale.stream}", request,
+                    sentinel=batch.ends, timeout=FETCH_TIMEOUT):
+                headers = message.headers or {}
+                sequence = int(headers["Nats-Sequence"])
+                if int(headers["Nats-Last-Sequence"]) != previous:
+                    raise RuntimeError(f"gap before stream sequence {sequence}")
+                ingestor.ingest(headers.get(TOPIC_HEADER, ""), message.data,
+                                _received(headers.get(RECEIVED_HEADER)))
+                partition.sequence, previous, read = sequence, sequence, read + 1
+        return read, batch.check()
 
     # -- checkpoints ------------------------------------------------------------------------
     async def _write(self, partition: Partition) -> None:
-        """The partition's state, with compare-and-set on our last revision."""
-        ingestor, now = partition.ingestor, self.clock()
-        payload = encode_partition_state(
-            ingestor.to_state(), tracker_states(ingestor), partition=partition.number,
-            partitions=self.scale.partitions, owner=self.name, now=now,
-            every=IDLE_WRITES * self.scale.checkpoint_seconds, sequence=partition.sequence)
-        sequence, states = partition.sequence, self.engine.states
-        if partition.state_revision is None:
-            partition.state_revision = await states.create(partition.key, payload)
-        else:
-            partition.state_revision = await states.update(partition.key, payload,
-                                                           last=partition.state_revision)
-        partition.written, partition.written_at = sequence, time.monotonic()
+        """The partition's state, with compare-and-set on our last revision (one write of
+        a partition at a time)."""
+        async with partition.writing:
+            ingestor, now = partition.ingestor, self.clock()
+            payload = encode_partition_state(
+                ingestor.to_state(), tracker_states(ingestor), partition=partition.number,
+                partitions=self.scale.partitions, owner=self.name, now=now,
+                every=rewrite_seconds(self.scale), sequence=partition.sequence)
+            sequence, states = partition.sequence, self.engine.states
+            try:
+                if partition.state_revision is None:
+                    revision = await self._kv(states.create(partition.key, payload))
+                else:
+                    revision = await self._kv(states.update(partition.key, payload,
+                                                            last=partition.state_revision))
+            except KeyWrongLastSequenceError:
+                # Another member's write, or our previous one that timed out but was
+                # applied (then the bucket holds exactly what we wrote last).
+                if partition.attempted is None:
+                    raise
+                revision = await self._ours(states, partition.key, partition.attempted)
+                if revision is None:
+                    raise
+                partition.state_revision = revision
+                revision = await self._kv(states.update(partition.key, payload, last=revision))
+            except BaseException:
+                partition.attempted = payload
+                raise
+            partition.state_revision, partition.attempted = revision, None
+            partition.written, partition.written_at = sequence, time.monotonic()
+
+    async def _checkpoint(self, partition: Partition) -> None:
+        idle = rewrite_seconds(self.scale)
+        if partition.sequence == partition.written and not partition.ingestor.unconfirmed \
+                and time.monotonic() - partition.written_at < idle:
+            return  # nothing new (written now and then: the merge view sees us alive)
+        confirmations = partition.ingestor.confirmations(self.clock())
+        try:
+            await self._write(partition)
+        except KeyWrongLastSequenceError:
+            await self._drop(partition, "another member wrote its state")
+            return
+        except Exception as exc:  # the cluster is failing over: next time
+            partition.ingestor.unconfirmed.update(confirmations)
+            log.warning("partition %d: state not written (%r)", partition.number, exc)
+            return
+        self._confirm(partition, confirmations)
 
     async def checkpoint(self) -> None:
-        idle = IDLE_WRITES * self.scale.checkpoint_seconds
-        for partition in list(self.partitions.values()):
-            if partition.sequence == partition.written and not partition.ingestor.unconfirmed \
-                    and time.monotonic() - partition.written_at < idle:
-                continue  # nothing new (written now and then: the merge view sees us alive)
-            confirmations = partition.ingestor.confirmations(self.clock())
-            try:
-                await self._write(partition)
-            except KeyWrongLastSequenceError:
-                await self._drop(partition, "another member wrote its state")
-                continue
-            except Exception as exc:  # the cluster is failing over: next time
-                partition.ingestor.unconfirmed.update(confirmations)
-                log.warning("partition %d: state not written (%r)", partition.number, exc)
-                continue
-            self._confirm(partition, confirmations)
+        """Every partition's state, written concurrently (a write that waits out a
+        failover does not hold up the others)."""
+        await asyncio.gather(*(self._checkpoint(partition)
+                               for partition in list(self.partitions.values())))
 
     def _confirm(self, partition: Partition, confirmations: dict[str, bytes]) -> None:
         if not self.config.storage.confirmations:
@@ -298,41 +378,51 @@ class Member:
         self.client.start()
         log.info("member %s: %d partitions in stream %s", self.name, self.scale.partitions,
                  self.scale.stream)
-        next_balance = next_checkpoint = 0.0
-        loop = asyncio.get_running_loop()
+        # Leases and checkpoints on their own clocks: a checkpoint waiting out a failover
+        # must not delay the renewals that keep our partitions.
+        loops = [asyncio.create_task(self._every(self.scale.lease_seconds / 4, self.balance,
+                                                 "leases not renewed"), name="leases"),
+                 asyncio.create_task(self._every(self.scale.checkpoint_seconds,
+                                                 self.checkpoint, "checkpoint failed"),
+                                     name="checkpoints")]
         try:
-            while not stop.is_set():
-                now = loop.time()
-                if now >= next_balance:
-                    try:
-                        await self.balance()
-                    except Exception as exc:  # a failover: renew at the next round
-                        log.warning("leases not renewed (%r)", exc)
-                    next_balance = now + self.scale.lease_seconds / 4
-                if now >= next_checkpoint:
-                    await self.checkpoint()
-                    next_checkpoint = now + self.scale.checkpoint_seconds
-                try:
-                    await asyncio.wait_for(stop.wait(), 0.1)
-                except TimeoutError:
-                    pass
+            await stop.wait()
         finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
             await self._leave()
+
+    @staticmethod
+    async def _every(period: float, work, failure: str) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            began = loop.time()
+            try:
+                await work()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a failover: again at the next round
+                log.warning("%s (%r)", failure, exc)
+            await asyncio.sleep(max(0.0, began + period - loop.time()))
 
     async def _leave(self) -> None:
         """A clean stop: every partition's last state, leases given back at once."""
         for number in sorted(self.partitions):
-            try:
-                await self.release(number)
+            try:  # bounded: a stop must end even while the cluster is failing over
+                await asyncio.wait_for(self.release(number), self.scale.lease_seconds / 2)
             except Exception as exc:
                 log.warning("partition %d not released (%r): its lease expires in %.0f s",
                             number, exc, self.scale.lease_seconds)
         try:
-            await self.engine.leases.delete(f"m.{self.name}")
+            await self._kv(self.engine.leases.delete(f"m.{self.name}"))
         except Exception:
             pass
         self.client.stop()
-        await self.engine.close()
+        try:
+            await asyncio.wait_for(self.engine.close(), self.scale.lease_seconds / 2)
+        except Exception as exc:
+            log.warning("closing the NATS connection: %r", exc)
 
     def run_forever(self) -> int:
         async def main() -> None:

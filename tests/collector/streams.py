@@ -3,7 +3,10 @@ sent (what the end-to-end scale-out tests compare the collectors' counts with)."
 
 from __future__ import annotations
 
+import threading
 import time
+
+import numpy as np
 
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, UnbiasedOGPM
@@ -69,3 +72,60 @@ def comparable(channel):
         for key in ("circular_mean", "resultant_length", "circular_std"):
             channel.pop(key)
     return channel
+
+
+class SteadyStream:
+    """A steady stream of reports in the background, in phases: the agents of phase ``k``
+    are ``p<k>-d<i>``, so a collector's per-agent counts tell how much of each phase it
+    has counted (``count(api, phase)``) while the next phase is being published."""
+
+    def __init__(self, broker, *, agents: int = 16, rate: float = 10.0, seed: int = 0):
+        self.agents, self.period = agents, 1.0 / rate
+        self.mechanism, self.rng = CHANNELS["x"][0], np.random.default_rng(seed)
+        self.client = MqttClient(broker, v5=False).connect()
+        self.sent: list[int] = [0]  # reports published in each phase
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="steady-stream", daemon=True)
+        self.t0 = time.time() - 3600
+
+    def start(self) -> SteadyStream:
+        self._thread.start()
+        return self
+
+    def next_phase(self) -> int:
+        """Start a new phase; returns the number of the one that ended, all of it
+        acknowledged by the broker."""
+        with self._lock:
+            self.sent.append(0)
+            ended = len(self.sent) - 2
+        self.client.flush(30)
+        return ended
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self.client.flush(30)
+
+    def _run(self) -> None:
+        seq = 0
+        while not self._stop.wait(self.period):
+            with self._lock:
+                phase = len(self.sent) - 1
+                for i in range(self.agents):
+                    agent = f"p{phase}-d{i}"
+                    codes = self.mechanism.perturb_codes(self.rng.uniform(-1, 1, 4),
+                                                         self.rng).tolist()
+                    self.client.publish(protocol.data_topic("demo", agent, "x"),
+                                        protocol.report(agent=agent, channel="x", kind="linear",
+                                                        seq=seq, t=self.t0 + seq, dt=1.0,
+                                                        mechanism=self.mechanism.describe(),
+                                                        codes=codes))
+                    self.sent[phase] += 1
+            seq += 1
+
+    def counted(self, api: dict, phase: int) -> int:
+        """Reports of ``phase`` that the collector behind ``api`` has counted."""
+        prefix = f"p{phase}-"
+        return sum(entry["messages"] for agent, entry in api["agents"].items()
+                   if agent.startswith(prefix))

@@ -17,7 +17,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from collector.config import ScaleOutConfig
 from collector.scaleout.engine import open_engine
 from collector.scaleout.partitions import message_id
-from tests.collector.streams import AGENTS, CHANNELS, Publisher, comparable
+from tests.collector.streams import AGENTS, CHANNELS, Publisher, SteadyStream, comparable
 from tests.support import CollectorProcess, MqttClient, run_module, wait_until, write_toml
 from tests.support import wait_for_api as wait_for
 
@@ -87,8 +87,8 @@ def ingress(tmp_path, broker, cluster, **settings) -> Role:
                 **settings)
 
 
-def member(tmp_path, broker, cluster, name: str) -> Role:
-    return Role(tmp_path, broker, cluster, "member", name, "took partition")
+def member(tmp_path, broker, cluster, name: str, **settings) -> Role:
+    return Role(tmp_path, broker, cluster, "member", name, "took partition", **settings)
 
 
 def counts(process) -> dict:
@@ -204,3 +204,63 @@ def test_a_role_refuses_a_stream_made_with_another_partition_count(tmp_path, mos
     done = run_module("collector", "member", "--config", config)
     assert done.returncode == 78 and "scale_out: the member needs a [scale_out] table" \
         in done.stderr
+
+
+def test_takeover_and_failover_times_are_bounded_by_configuration(request, tmp_path,
+                                                                  mosquitto, nats_cluster):
+    """While reports stream in: SIGKILL the stream's leader node, then a member.  How long
+    until the merged view counts everything published before the kill?
+
+    A node failover is the cluster's (it elects new leaders in 4-9 s) and moves no
+    partition: it ends within ``lease_seconds``, so no lease expires (members read with
+    direct gets, which any replica answers).  A dead member's partitions are taken over
+    once its leases expire: within ``lease_seconds``, plus the survivor's renewal period
+    (``lease_seconds / 4``), plus a checkpoint and the merge view's push; the killed node
+    stays down meanwhile."""
+    lease, checkpoint = 16.0, 0.5
+    settings = {"lease_seconds": lease, "checkpoint_seconds": checkpoint}
+    entry = ingress(tmp_path, mosquitto, nats_cluster, **settings).start()
+    members = [member(tmp_path, mosquitto, nats_cluster, f"m{i}", **settings).start()
+               for i in range(2)]
+    merge = CollectorProcess(tmp_path, mosquitto, name="merge", command="merge",
+                             broker_settings={"client_id": "merge"},
+                             scale_out=scale_out(nats_cluster, **settings)).start()
+    stream = SteadyStream(mosquitto, agents=16, rate=10.0, seed=5).start()
+    request.addfinalizer(stream.stop)
+    slack = 6.0  # a busy 2-core machine: process start-up, the merge view's push
+
+    def caught_up(phase: int) -> float:
+        """Seconds from now until the merged view counts every report of ``phase``."""
+        began = time.monotonic()
+        assert wait_for(lambda: stream.counted(merge.api(), phase) == stream.sent[phase], 90), \
+            (stream.counted(merge.api(), phase), stream.sent[phase])
+        return time.monotonic() - began
+
+    def owners() -> dict[str, str]:
+        return {name: p["owner"] for name, p in merge.api()["partitions"].items()}
+
+    time.sleep(3)
+    caught_up(stream.next_phase())
+    before = owners()
+    assert len(before) == PARTITIONS and set(before.values()) == {"m0", "m1"}
+
+    nats_cluster.kill(nats_cluster.stream_leader(STREAM))
+    node_failover = caught_up(stream.next_phase())
+    assert node_failover < lease, node_failover
+    assert owners() == before  # no lease expired: no partition moved
+
+    members[1].kill()
+    takeover = caught_up(stream.next_phase())
+    assert takeover <= lease * 1.25 + checkpoint + slack, takeover
+    assert set(owners().values()) == {"m0"}
+
+    stream.stop()
+    last = len(stream.sent) - 1
+    caught_up(last)
+    merged = merge.api()["ingest"]
+    assert merged["messages"] == sum(stream.sent), (merged, stream.sent)
+    print(f"\nnode failover: everything published before the kill merged within "
+          f"{node_failover:.1f} s; member takeover: within {takeover:.1f} s "
+          f"(lease_seconds {lease}, checkpoint_seconds {checkpoint})")
+    for process in (merge, members[0], entry):
+        assert process.terminate() == 0, process.output()[-3000:]

@@ -57,6 +57,22 @@ class NatsCluster:
             self.start_node(i)
         return self
 
+    def stream_leader(self, stream: str) -> int:
+        """The index of the node leading ``stream`` now."""
+        import asyncio
+
+        import nats
+
+        async def ask() -> str:
+            client = await nats.connect(self.urls)
+            try:
+                return (await client.jetstream().stream_info(stream)).cluster.leader
+            finally:
+                await client.close()
+
+        leader = asyncio.run(ask())
+        return next(i for i, node in enumerate(self.nodes) if node.name == leader)
+
     def kill(self, i: int) -> None:
         self.servers[i].kill()
 
