@@ -39,6 +39,23 @@ def document(ingestor: Ingestor) -> dict:
     return said
 
 
+def as_recorded(document: dict, recorded: dict) -> bool:
+    """``document`` says what ``recorded`` (written by the legacy collector) said: equal,
+    except that estimates may differ in their last bits with the numpy/BLAS release
+    that computes them (relative 1e-12; a migration error is far larger)."""
+    return _close(document, recorded)
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-12, abs=1e-15)
+    return a == b and type(a) is type(b)
+
+
 def seen(ingestor: Ingestor) -> dict:
     return {f"{agent}/{channel}": [seq for seq in range(12) if tracker.seen(seq)]
             for (agent, channel), tracker in ingestor.trackers.items()}
@@ -53,13 +70,13 @@ def legacy():
 def test_a_pickled_checkpoint_of_the_previous_collector_is_migrated(legacy):
     payload, said = legacy
     ingestor, held = checkpoint.load(payload)
-    assert document(ingestor) == said["channels_json"]
+    assert as_recorded(document(ingestor), said["channels_json"])
     assert seen(ingestor) == said["seen"]
     assert sorted(f"{r.agent}/{r.channel}/{r.seq}" for r, _ in held) == said["held"]
     assert ingestor.agents["w1"].status.budget.spent == 1.0
     # and it is written back in the typed form, unchanged by a round trip
     again, _ = checkpoint.load(checkpoint.dump(ingestor))
-    assert document(again) == said["channels_json"] and seen(again) == said["seen"]
+    assert as_recorded(document(again), said["channels_json"]) and seen(again) == said["seen"]
 
 
 def _store_with(tmp_path, state: bytes, journal=()) -> CollectorStore:
