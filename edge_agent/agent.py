@@ -17,7 +17,9 @@ transaction: ``record_batches`` records every core's batch in it.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -33,7 +35,7 @@ from .range_responder import RangeResponder
 from .readings import Readings
 from .sources import build_source
 from .sources.base import Source
-from .state import StateStore, Transaction, period_start
+from .state import NANO, Budget, StateStore, Transaction, period_start
 from .transport import Outbox, PahoTransport, Transport
 
 log = logging.getLogger(__name__)
@@ -47,13 +49,32 @@ def open_state(config: AgentConfig) -> StateStore:
                       max_messages=config.spool.max_messages)
 
 
+LOCAL_STATUS_FILE = "status.json"
+LOCAL_STATUS_AGENTS = 100
+
+
+def write_local_status(state_dir: Path, status: dict[str, Any]) -> None:
+    """Atomically, readable by the owner and its group only (it holds counters that
+    depend on readings)."""
+    path = state_dir / LOCAL_STATUS_FILE
+    temporary = path.with_suffix(".tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    with os.fdopen(descriptor, "w") as file:
+        json.dump(status, file, indent=1)
+    os.replace(temporary, path)
+
+
+def budget_of(config: AgentConfig) -> Budget:
+    """``[privacy]``: budget_epsilon in every rolling budget_period."""
+    return Budget.of(config.privacy.budget_epsilon, config.privacy.period_seconds)
+
+
 @dataclass
 class Batch:
     """One core's readings selected for release in one tick (raw, in memory only)."""
 
     core: AgentCore
     now: float
-    start: int  # the budget period
     t: float  # the batch's start and length, as reports carry them
     dt: float
     selections: list[tuple[Channel, Selection]] = field(default_factory=list)
@@ -93,11 +114,13 @@ class AgentCore:
         self.channels: list[Channel] = channels if channels is not None else [
             build_channel(c, agent_id=self.agent_id, fleet=config.fleet) for c in config.channels]
         self.period_seconds = config.privacy.period_seconds
+        self.budget = budget_of(config)
         self.range: RangeResponder | None = None  # set by the service: range discovery
         self.log_prefix = log_prefix
         self.log_domains = log_domains
         self._period: int | None = None
         self.exhausted: set[str] = set()
+        self.clock_behind = False
         self._last_tick: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -124,7 +147,8 @@ class AgentCore:
         return {s.name: s.error for s in self.sources.values() if s.error}
 
     def _adopt_discovered_ranges(self) -> None:
-        """``domain = "auto"`` channels take the latest discovered range, per budget period."""
+        """``domain = "auto"`` channels take the latest discovered range when a (UTC-aligned)
+        budget period begins: never in the middle of one, a restart included."""
         if self.range is None:
             return
         for channel in self.channels:
@@ -156,13 +180,10 @@ class AgentCore:
                                        source.column(channel.config.field))
         start = period_start(now, self.period_seconds)
         if start != self._period:
-            if self._period is not None and self.exhausted:
-                log.info("%sbudget period rolled over: %s report again", self.log_prefix,
-                         ", ".join(self.exhausted))
+            if self._period is not None:  # not at the first batch after a (re)start
+                self._adopt_discovered_ranges()
             self._period = start
-            self.exhausted.clear()
-            self._adopt_discovered_ranges()
-        batch = Batch(self, now, start, batch_start, now - batch_start)
+        batch = Batch(self, now, batch_start, now - batch_start)
         for channel in self.channels:
             selection = channel.select(readings[channel.source])
             if len(selection):
@@ -171,30 +192,54 @@ class AgentCore:
 
     def record(self, batch: Batch, tx: Transaction) -> None:
         """Charge what the budget allows of the batch, number it, perturb it and spool
-        the messages, all in the caller's transaction."""
-        budget = self.config.privacy.budget_epsilon
+        the messages, all in the caller's transaction.  Each channel in its own savepoint:
+        a channel that fails costs only its own batch (counted and logged on the device)."""
+        if tx.clock.behind(batch.now):
+            self._clock_behind(batch, tx.clock.wall_high)
+            return
         for channel, selection in batch.selections:
-            allowed = tx.charge(self.agent_id, channel.name, epsilon=channel.epsilon,
-                                wanted=len(selection), start=batch.start, budget_epsilon=budget)
-            if allowed:
-                seq = tx.take_seq(self.agent_id, channel.name)
-                tx.spool(*channel.build_message(selection, seq=seq, allowed=allowed, t=batch.t,
-                                                dt=batch.dt, rng=self.rng),
-                         report=(self.agent_id, channel.name, seq))
+            try:
+                with tx.savepoint():
+                    allowed = tx.charge(self.agent_id, channel.name, cost=channel.charge_nano,
+                                        wanted=len(selection), budget=self.budget)
+                    if allowed:
+                        seq = tx.take_seq(self.agent_id, channel.name)
+                        tx.spool(*channel.build_message(selection, seq=seq, allowed=allowed,
+                                                        t=batch.t, dt=batch.dt, rng=self.rng),
+                                 report=(self.agent_id, channel.name, seq))
+            except Exception:
+                channel.local["errors"] += 1
+                log.exception("%schannel %s: its batch failed and was dropped",
+                              self.log_prefix, channel.name)
+                continue
             batch.outcomes.append((channel, len(selection), allowed))
 
+    def _clock_behind(self, batch: Batch, wall_high: float) -> None:
+        for channel, selection in batch.selections:
+            channel.local["clock_behind"] += len(selection)
+        if not self.clock_behind:
+            self.clock_behind = True
+            log.warning("%sthe clock is behind the latest time it showed (%s UTC): nothing is "
+                        "reported until it catches up (docs/PRIVACY.md)", self.log_prefix,
+                        time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(wall_high)))
+
     def settle(self, batch: Batch) -> None:
-        """Book what the budget refused of a recorded batch (logged once per period)."""
+        """Book what the budget refused of a recorded batch (logged once per exhaustion)."""
+        if batch.outcomes and self.clock_behind:
+            self.clock_behind = False
+            log.info("%sthe clock has caught up: reporting again", self.log_prefix)
         for channel, wanted, allowed in batch.outcomes:
             if allowed == wanted:
+                if channel.name in self.exhausted:
+                    self.exhausted.discard(channel.name)
+                    log.info("%schannel %s reports again", self.log_prefix, channel.name)
                 continue
-            channel.counters["budget_refused"] += wanted - allowed
+            channel.local["budget_refused"] += wanted - allowed
             if channel.name not in self.exhausted:
                 self.exhausted.add(channel.name)
-                log.warning("%sprivacy budget exhausted: channel %s stops reporting until "
-                            "the period ends at %s UTC", self.log_prefix, channel.name,
-                            time.strftime("%Y-%m-%d %H:%M:%S",
-                                          time.gmtime(batch.start + self.period_seconds)))
+                log.warning("%sprivacy budget exhausted: channel %s reports again as earlier "
+                            "spending leaves the rolling %s window", self.log_prefix,
+                            channel.name, self.config.privacy.budget_period)
 
     def _poll(self, source: Source, now: float) -> Readings:
         try:
@@ -206,19 +251,32 @@ class AgentCore:
 
     # -- status ----------------------------------------------------------------------------------
     def status(self, state: str = "online") -> dict[str, Any]:
-        start = self._period if self._period is not None else period_start(
-            time.time(), self.period_seconds)
-        spent = self.store.spent(self.agent_id, start) / 1e9
+        """What the retained status publishes: only what the reports themselves show
+        (docs/PRIVACY.md): the ε spent is what the reports charged, ``reports`` and
+        ``messages`` count them."""
+        spent = self.store.spent(self.agent_id, self.budget.window_seconds)
         return {
             "state": state,
-            "budget": {"epsilon": self.config.privacy.budget_epsilon, "spent": round(spent, 9),
-                       "period": self.config.privacy.budget_period, "period_start": start},
+            "budget": {"epsilon": self.config.privacy.budget_epsilon,
+                       "spent": round(spent / NANO, 9),
+                       "period": self.config.privacy.budget_period},
             "channels": {c.name: {"exhausted": c.name in self.exhausted, **c.counters}
                          for c in self.channels},
-            "sources": {s.name: {"finished": s.finished, "error": s.error,
-                                 "rejected_rows": s.rejected_rows}
+            "sources": {s.name: {"finished": s.finished, "error": s.error}
                         for s in self.sources.values()},
         }
+
+    def local_status(self) -> dict[str, Any]:
+        """The device-only status: also the counters that depend on readings (non-finite,
+        clipped or wrapped values, readings the budget or the clock refused, rows a
+        source could not read).  Written to the state directory, never published."""
+        status = self.status()
+        status["clock_behind"] = self.clock_behind
+        for channel in self.channels:
+            status["channels"][channel.name].update(channel.local)
+        for source in self.sources.values():
+            status["sources"][source.name]["rejected_rows"] = source.rejected_rows
+        return status
 
 
 class AgentService:
@@ -245,9 +303,7 @@ class AgentService:
             fleet=config.fleet, store=self.store, rng=rng,
             agents={core.agent_id: [c.name for c in core.channels if c.kind == "linear"]
                     for core in self.cores},
-            budget_epsilon=config.privacy.budget_epsilon,
-            range_epsilon_max=config.privacy.range_epsilon_max,
-            period_seconds=config.privacy.period_seconds)
+            budget=budget_of(config), range_epsilon_max=config.privacy.range_epsilon_max)
         for core in self.cores:
             core.range = self.range
         self.agents = frozenset(core.agent_id for core in self.cores)
@@ -292,6 +348,18 @@ class AgentService:
                                 range=self.range.status(core.agent_id)),
                 qos=1, retain=True)
 
+    def _write_local_status(self) -> None:
+        """The device-only status (``AgentCore.local_status``) in the state directory,
+        readable by ``edge-agent status``; for a fleet, its first LOCAL_STATUS_AGENTS."""
+        try:
+            write_local_status(Path(self.config.privacy.state_dir), {
+                "t": round(self.clock(), 3), "agents": len(self.cores),
+                "status": {core.agent_id: {**core.local_status(),
+                                           "range": self.range.status(core.agent_id)}
+                           for core in self.cores[:LOCAL_STATUS_AGENTS]}})
+        except OSError as exc:
+            log.warning("local status not written: %s", exc)
+
     def tick(self, now: float) -> None:
         """One batch of every core, recorded in one transaction."""
         started = time.monotonic()
@@ -315,22 +383,27 @@ class AgentService:
             core.start()
         self.transport.start()
         sdnotify.ready("warmed up; reporting")
-        now = self.clock()
-        next_tick, next_status = now + batch, now + self.status_interval
+        # Batches are timed by the monotonic clock: a wall clock stepped back must not
+        # stop them (the ledger decides what may be reported meanwhile).
+        elapsed = time.monotonic
+        began = elapsed()
+        next_tick, next_status = began + batch, began + self.status_interval
         log.info("agent %s running: %d agent(s), %d channel(s), batches of %gs",
                  self.config.agent_id, len(self.cores),
                  sum(len(c.channels) for c in self.cores), batch)
         ended = False
         try:
             while not self._stop.is_set():
-                now = self.clock()
+                now = elapsed()
                 if now >= next_tick:
-                    self.tick(now)
+                    self.tick(self.clock())
                     next_tick = max(next_tick + batch, now)
                 self.outbox.pump()
                 self.watchdog.tick()
-                if now >= next_status and self.transport.connected:
-                    self._publish_status()
+                if now >= next_status:
+                    self._write_local_status()
+                    if self.transport.connected:
+                        self._publish_status()
                     next_status = now + self.status_interval
                 if not ended and all(core.finished for core in self.cores):
                     ended = True
@@ -338,7 +411,7 @@ class AgentService:
                         log.info("all sources have ended")
                         break
                     log.info("all sources have ended; staying connected until SIGTERM")
-                self._stop.wait(min(0.05, max(0.0, next_tick - self.clock())))
+                self._stop.wait(min(0.05, max(0.0, next_tick - elapsed())))
         finally:
             self._shutdown()
         return self.exit_code
@@ -346,6 +419,7 @@ class AgentService:
     def _shutdown(self) -> None:
         sdnotify.stopping()
         self.tick(self.clock())  # whatever the sources still hold goes into the spool
+        self._write_local_status()
         for core in self.cores:
             core.stop()
         failed = [(core.agent_id, name, error) for core in self.cores

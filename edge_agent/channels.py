@@ -2,17 +2,25 @@
 
 A channel (a Telegraf-style processor) does three things per batch:
 
-1. ``select``: drop readings with a NaN in any field it reports (counted in
-   ``counters['nan_dropped']``; a NaN is a broken reading, and guessing a
-   value would misreport it), then keep at most one reading per
+1. ``select``: drop readings with a NaN or an infinity in any field it reports
+   (counted on the device only, ``local['non_finite_dropped']``; such a reading
+   is broken, and guessing a value would misreport it), then keep at most one reading per
    ``report_interval`` seconds (the first at or after the previous report
    plus the interval; 0 keeps every reading).  Which readings are kept
    depends only on time, never on values.
 2. The state store decides how many of the selected readings the budget
    allows (see ``state.StateStore.record``).
 3. ``build_message``: perturb that many readings and encode one message.
-   Values outside the domain are clipped by the mechanism and counted in
-   ``counters['clipped']``.
+   Values outside the domain are clipped (or wrapped) by the mechanism and
+   counted in ``local['clipped']``.
+
+``counters`` are published in the agent's status: they count reports and
+messages, which the collector sees anyway.  ``local`` counters depend on the
+readings and never leave the device (docs/PRIVACY.md).
+
+A channel's privacy map (``privacy_loss``) is the exact loss of one report,
+composed from its mechanisms' exact losses; the ledger charges
+``charge_nano``, that loss rounded up exactly to integer units.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -31,9 +40,15 @@ from .config import (
     PolarChannelConfig,
     VectorChannelConfig,
 )
-from .mechanisms import CircularOGPM, PolarOGPM, linear_mechanism
+from .mechanisms import CircularOGPM, ExactLoss, PolarOGPM, linear_mechanism
 from .mechanisms.randomness import RandomSource, as_random_source
 from .readings import Readings
+from .state import NANO
+
+# Counters the status publishes (the collector counts the same from the reports) and
+# counters that depend on readings, kept on the device (docs/PRIVACY.md).
+PUBLISHED_COUNTERS = ("reports", "messages")
+LOCAL_COUNTERS = ("non_finite_dropped", "clipped", "budget_refused", "clock_behind", "errors")
 
 
 def period_of(unit: str) -> float:
@@ -66,8 +81,9 @@ class Channel:
         self.topic = protocol.data_topic(fleet, agent_id, config.name)
         self.report_interval = config.report_interval
         self._next_due = -math.inf
-        self.counters = {"nan_dropped": 0, "clipped": 0, "reports": 0, "budget_refused": 0,
-                         "messages": 0}
+        self._charge: tuple[Any, int] | None = None
+        self.counters = dict.fromkeys(PUBLISHED_COUNTERS, 0)
+        self.local = dict.fromkeys(LOCAL_COUNTERS, 0)
 
     def for_agent(self, agent_id: str, fleet: str) -> Channel:
         """This channel for another agent: same config and (immutable, shared) mechanism,
@@ -76,7 +92,8 @@ class Channel:
         clone.agent_id = agent_id
         clone.topic = protocol.data_topic(fleet, agent_id, self.name)
         clone._next_due = -math.inf
-        clone.counters = dict.fromkeys(self.counters, 0)
+        clone.counters = dict.fromkeys(PUBLISHED_COUNTERS, 0)
+        clone.local = dict.fromkeys(LOCAL_COUNTERS, 0)
         return clone
 
     @property
@@ -86,13 +103,26 @@ class Channel:
     def describe(self) -> dict[str, Any]:
         return self.mechanism.describe()
 
+    # -- the privacy map -------------------------------------------------------------------
+    def privacy_loss(self) -> ExactLoss:
+        """The exact privacy loss of one report (all its values), from the mechanism."""
+        return self.mechanism.exact_privacy_loss()
+
+    @property
+    def charge_nano(self) -> int:
+        """What the ledger charges for one report: ``privacy_loss`` rounded up exactly to
+        units of 1e-9 (cached per mechanism: ``domain = "auto"`` replaces it)."""
+        if self._charge is None or self._charge[0] is not self.mechanism:
+            self._charge = (self.mechanism, self.privacy_loss().ceiling(NANO))
+        return self._charge[1]
+
     # -- step 1 --------------------------------------------------------------------------
     def select(self, readings: Readings) -> Selection:
         columns = [readings.column(name) for name in self.field_names]
         ok = np.ones(len(readings), dtype=bool)
         for column in columns:
-            ok &= ~np.isnan(column)
-        self.counters["nan_dropped"] += int(len(readings) - np.count_nonzero(ok))
+            ok &= np.isfinite(column)
+        self.local["non_finite_dropped"] += int(len(readings) - np.count_nonzero(ok))
         index = np.flatnonzero(ok)
         times = readings.times[index]
         if self.report_interval > 0 and index.size:
@@ -117,7 +147,7 @@ class Channel:
                       dt: float, rng: Any = None) -> tuple[str, bytes]:
         source = as_random_source(rng)
         codes, clipped = self._perturb(tuple(v[:allowed] for v in selection.values), source)
-        self.counters["clipped"] += clipped
+        self.local["clipped"] += clipped
         self.counters["reports"] += allowed
         self.counters["messages"] += 1
         payload = protocol.report(agent=self.agent_id, channel=self.name, kind=self.kind,
@@ -194,6 +224,15 @@ class PolarChannel(Channel):
         return [radius.tolist(), angle.tolist()], clipped
 
 
+def share_of(epsilon: float, parts: int) -> float:
+    """epsilon / parts, rounded down so that ``parts`` shares compose to at most epsilon
+    exactly (parts * Fraction(share) <= Fraction(epsilon))."""
+    share = epsilon / parts
+    while Fraction(share) * parts > Fraction(epsilon):
+        share = math.nextafter(share, 0.0)
+    return share
+
+
 def vector_plan(config: VectorChannelConfig) -> tuple[int, float]:
     """(k, epsilon per axis report) for a vector channel.
 
@@ -213,18 +252,18 @@ def vector_plan(config: VectorChannelConfig) -> tuple[int, float]:
     """
     d = len(config.fields)
     if config.strategy == "split":
-        return d, config.epsilon / d
+        return d, share_of(config.epsilon, d)
     if config.strategy == "sample":
-        return config.k, config.epsilon / config.k
+        return config.k, share_of(config.epsilon, config.k)
 
     def score(k: int) -> float:
-        mech = linear_mechanism(config.mechanism, epsilon=config.epsilon / k,
+        mech = linear_mechanism(config.mechanism, epsilon=share_of(config.epsilon, k),
                                 low=config.domain[0], high=config.domain[1],
                                 grid_bits=min(config.grid_bits, 10))
         return mech.worst_case_error(2) * d / k
 
     best = min(range(1, d + 1), key=score)
-    return best, config.epsilon / best
+    return best, share_of(config.epsilon, best)
 
 
 class VectorChannel(Channel):
@@ -254,6 +293,12 @@ class VectorChannel(Channel):
             codes.append(axis_codes.tolist())
             clipped += axis_clipped
         return codes, clipped
+
+    def privacy_loss(self) -> ExactLoss:
+        """k axis reports per reading: k times the axis mechanism's loss (sequential
+        composition)."""
+        axis = self.mechanism.exact_privacy_loss()
+        return sum([axis] * (self.k - 1), axis)
 
     def _extra(self):
         return {"fields": list(self.field_names),

@@ -1,8 +1,10 @@
-"""``edge-agent``: run the agent, check a configuration, inspect the budget, simulate a fleet."""
+"""``edge-agent``: run the agent, check a configuration, inspect the budget and the local
+status, simulate a fleet."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -91,48 +93,61 @@ def fleet(config_path: str, count: int, keep_running: bool, truth_path: str | No
                    "a fleet's virtual agents are <agent_id>-<i>)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
-    """Epsilon spent and remaining, per budget period and per channel."""
+    """Epsilon spent in the rolling budget period that ends now, per channel."""
     from .agent import STATE_FILE
-    from .state import StateStore, period_start
+    from .state import NANO, StateStore
 
     config = _load(config_path)
     agent_id = agent_id or config.agent_id
     path = Path(config.privacy.state_dir) / STATE_FILE
+    window, total = config.privacy.period_seconds, config.privacy.budget_epsilon
+    channels: dict[str, dict] = {}
+    behind = False
     if not path.exists():
         click.echo(f"no ledger yet at {path}: nothing has been spent", err=True)
-        rows = []
     else:
         store = StateStore(path, read_only=True)
-        rows = store.budget_report(agent_id)
-        store.close()
-    total = config.privacy.budget_epsilon
-    current = period_start(time.time(), config.privacy.period_seconds)
-    periods: dict[int, dict] = {}
-    for _, start, channel, spent, reports in rows:
-        period = periods.setdefault(start, {"period_start": start, "channels": {}, "spent": 0.0})
-        period["channels"][channel] = {"spent": spent, "reports": reports}
-        period["spent"] += spent
-    for period in periods.values():
-        period["remaining"] = max(0.0, total - period["spent"])
-        period["current"] = period["period_start"] == current
+        try:
+            rows = store.budget_report(agent_id, window)
+            behind = store.clock().behind(time.time())
+        except sqlite3.OperationalError:
+            raise click.ClickException(f"{path}: a ledger from an earlier version; start the "
+                                       f"agent once to convert it") from None
+        finally:
+            store.close()
+        channels = {name: {"spent": nano / NANO, "reports": reports}
+                    for name, (nano, reports) in rows.items()}
+    spent = sum(entry["spent"] for entry in channels.values())
+    summary = {"agent": agent_id, "budget_epsilon": total,
+               "period": config.privacy.budget_period, "spent": spent,
+               "remaining": max(0.0, total - spent), "clock_behind": behind,
+               "channels": channels}
     if as_json:
-        click.echo(json.dumps({"agent": agent_id, "budget_epsilon": total,
-                               "period": config.privacy.budget_period,
-                               "periods": list(periods.values())}, indent=2))
+        click.echo(json.dumps(summary, indent=2))
         return
-    click.echo(f"agent {agent_id}: budget {total:g} per {config.privacy.budget_period}")
-    if current not in periods:
-        click.echo(f"  current period (from {_utc(current)}): spent 0, remaining {total:g}")
-    for start, period in periods.items():
-        label = "current period" if period["current"] else "period"
-        click.echo(f"  {label} from {_utc(start)}: spent {period['spent']:.6g}, "
-                   f"remaining {period['remaining']:.6g}")
-        for channel, entry in sorted(period["channels"].items()):
-            click.echo(f"    {channel:<24} {entry['spent']:>12.6g}  ({entry['reports']} reports)")
+    click.echo(f"agent {agent_id}: budget {total:g} in every rolling "
+               f"{config.privacy.budget_period}; spent {spent:.6g}, remaining "
+               f"{summary['remaining']:.6g}")
+    if behind:
+        click.echo("  the clock is behind the latest time the agent saw: nothing is reported")
+    for channel, entry in sorted(channels.items()):
+        click.echo(f"    {channel:<24} {entry['spent']:>12.6g}  ({entry['reports']} reports)")
 
 
-def _utc(seconds: int) -> str:
-    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
+def status(config_path: str) -> None:
+    """The running agent's device-only status (counters that depend on readings, which
+    are never published), as it last wrote it to the state directory."""
+    from .agent import LOCAL_STATUS_FILE
+
+    config = _load(config_path)
+    path = Path(config.privacy.state_dir) / LOCAL_STATUS_FILE
+    try:
+        click.echo(path.read_text())
+    except FileNotFoundError:
+        raise click.ClickException(f"{path}: no status yet (the agent writes it every "
+                                   f"30 s while it runs)") from None
 
 
 if __name__ == "__main__":  # pragma: no cover

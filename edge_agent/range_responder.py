@@ -39,14 +39,7 @@ from . import protocol
 from .mechanisms.randomized_response import RandomizedResponse
 from .protocol import Announce, RangeTerms, Rejected, Round
 from .rangefind import answer_epsilon, assigned_round, true_answer
-from .state import (
-    RANGE_REPLIES,
-    StateStore,
-    Transaction,
-    period_start,
-    to_nano_down,
-    to_nano_up,
-)
+from .state import NANO, RANGE_REPLIES, Budget, StateStore, Transaction, to_nano_up
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +101,10 @@ class RangeResponder:
     """Answers range runs for one or many (virtual) agents sharing a state store."""
 
     def __init__(self, *, fleet: str, agents: dict[str, Iterable[str]], store: StateStore,
-                 budget_epsilon: float, range_epsilon_max: float, period_seconds: float,
-                 rng: Any = None, keep_seconds: float = KEEP_SECONDS):
+                 budget: Budget, range_epsilon_max: float, rng: Any = None,
+                 keep_seconds: float = KEEP_SECONDS):
         """``agents``: agent id -> names of its linear channels."""
-        self.fleet, self.store, self.rng = fleet, store, rng
-        self.budget_epsilon, self.period_seconds = budget_epsilon, period_seconds
+        self.fleet, self.store, self.rng, self.budget = fleet, store, rng, budget
         self.range_epsilon_max = range_epsilon_max
         self.windows = {(agent, channel): RangeWindow(keep_seconds)
                         for agent, channels in agents.items() for channel in channels}
@@ -158,7 +150,6 @@ class RangeResponder:
 
     def _announce(self, message: Announce, now: float) -> None:
         run, terms = message.run, terms_key(message)
-        start = period_start(now, self.period_seconds)
         joins = []
         for agent in self.agents:
             window = self.windows.get((agent, message.channel))
@@ -171,8 +162,8 @@ class RangeResponder:
                 reason = "epsilon_above_max"
             elif window.extreme(message.side, message.window_seconds) is None:
                 reason = "no_data"
-            elif self.store.spent(agent, start) + to_nano_up(message.epsilon) \
-                    > to_nano_down(self.budget_epsilon):
+            elif self.store.spent(agent, self.budget.window_seconds, now) \
+                    + to_nano_up(message.epsilon) > self.budget.nano:
                 reason = "budget"
             if reason is not None:
                 self.counters[agent].refuse(reason)
@@ -214,15 +205,15 @@ class RangeResponder:
             truths.append(true_answer(value, message.threshold, message.side))
         if not agents:
             return
-        eps = answer_epsilon(message.epsilon, rounds, message.strategy)
-        answers = RandomizedResponse(epsilon=eps).respond(np.array(truths, dtype=np.int8),
-                                                          self.rng)
+        mechanism = RandomizedResponse(epsilon=answer_epsilon(message.epsilon, rounds,
+                                                              message.strategy))
+        answers = mechanism.respond(np.array(truths, dtype=np.int8), self.rng)
+        cost = mechanism.exact_privacy_loss().ceiling(NANO)  # its privacy map, exactly
         allowed = rounds if message.strategy == "sequential" else 1  # answers per run
-        start = period_start(now, self.period_seconds)
         outcomes = []
         with self.store.transaction(now) as tx:
             for agent, z in zip(agents, answers):
-                outcome = self._answer(tx, agent, message, allowed, eps, start)
+                outcome = self._answer(tx, agent, message, allowed, cost)
                 if outcome == "answered":
                     tx.spool(protocol.range_reply_topic(self.fleet, agent, run),
                              protocol.range_answer(agent=agent, run=run, round=index, z=int(z)),
@@ -234,15 +225,15 @@ class RangeResponder:
             elif outcome != "duplicate":
                 self.counters[agent].refuse(outcome)
 
-    def _answer(self, tx: Transaction, agent: str, message: Round, allowed: int, eps: float,
-                start: int) -> str:
+    def _answer(self, tx: Transaction, agent: str, message: Round, allowed: int,
+                cost: int) -> str:
         """Whether ``agent`` may answer this round, and if so the answer's charge.
 
         ``answered``; or, with nothing charged or sent: ``not_joined``, ``duplicate``
         (this round was answered already: replays never make an agent answer twice),
         ``rounds_changed`` (another L than the rounds answered before), ``run_complete``
-        (the run's answers are used up) or ``exhausted`` (the period budget cannot
-        pay)."""
+        (the run's answers are used up), ``clock_behind`` (the wall clock is behind its
+        latest time) or ``exhausted`` (the rolling budget cannot pay)."""
         joined = tx.range_run(agent, message.run)
         if joined is None:
             return "not_joined"
@@ -252,8 +243,10 @@ class RangeResponder:
             return "rounds_changed"
         if len(joined.answered) >= allowed:
             return "run_complete"
-        if not tx.charge(agent, f"_range:{message.channel}", epsilon=eps, wanted=1,
-                         start=start, budget_epsilon=self.budget_epsilon):
+        if tx.clock.behind(tx.now):
+            return "clock_behind"
+        if not tx.charge(agent, f"_range:{message.channel}", cost=cost, wanted=1,
+                         budget=self.budget):
             return "exhausted"
         tx.answer_range(agent, message.run, message.round, message.rounds)
         return "answered"

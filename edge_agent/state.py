@@ -19,6 +19,25 @@ still holds.
 
 Only perturbed data is ever stored: message payloads are grid codes.
 
+The budget only moves forward (docs/PRIVACY.md, "The budget")
+--------------------------------------------------------------
+Spending is kept per agent and channel against the *ledger time*, a clock of
+our own that never goes back and never jumps: between two charges it advances
+by the wall clock's advance, at most the monotonic clock's within one boot (a
+clock stepped back stands still, a clock stepped forward moves at the
+monotonic clock's pace, restarts of the agent included); across a reboot by
+the wall clock's advance past the latest time it ever showed (never less than
+zero).
+The budget holds over every *rolling* window of ``budget_period`` of ledger
+time: a charge at ledger time t is allowed only if everything charged after
+``t - period`` plus it stays within the budget.  Spending is kept for the
+longest period ever configured, so a longer period counts what was spent
+before the change; nothing in the config, the clock or a restart gives
+spent epsilon back.  While the wall clock is behind the latest time it has
+shown (a Pi without a real-time clock before NTP), nothing is reported.
+Charges are integers (``NANO`` units of epsilon), rounded up exactly from the
+channel's privacy map; budgets are rounded down.
+
 The file is in WAL mode with ``synchronous=FULL``, so a committed batch
 survives ``kill -9`` and power loss.  Several virtual agents (the fleet
 simulator) can share one file: every row carries its agent id.
@@ -28,21 +47,33 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS ledger (
+CREATE TABLE IF NOT EXISTS spending (    -- the budget ledger
     agent TEXT NOT NULL,
-    period_start INTEGER NOT NULL,      -- seconds since the epoch, UTC-aligned
     channel TEXT NOT NULL,
+    until REAL NOT NULL,                -- ledger time by which these charges were made
     spent_nano INTEGER NOT NULL,        -- epsilon spent, in units of 1e-9, rounded up
     reports INTEGER NOT NULL,
-    PRIMARY KEY (agent, period_start, channel)
+    PRIMARY KEY (agent, channel, until)
+);
+CREATE INDEX IF NOT EXISTS spending_until ON spending (until);
+CREATE TABLE IF NOT EXISTS ledger_clock (  -- one row
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    ledger_time REAL NOT NULL,          -- never decreases
+    wall REAL NOT NULL,                 -- the wall clock at that ledger time
+    wall_high REAL NOT NULL,            -- the latest wall-clock time ever seen
+    retain_seconds REAL NOT NULL,       -- the longest budget period ever used
+    boot_id TEXT NOT NULL,              -- the boot (kernel boot_id) of the last charge
+    since_boot REAL NOT NULL            -- and the monotonic clock then
 );
 CREATE TABLE IF NOT EXISTS seq (
     agent TEXT NOT NULL,
@@ -94,18 +125,78 @@ REPORTS, RANGE_REPLIES = 0, 1
 LANES = (RANGE_REPLIES, REPORTS)  # the order the outbox serves them
 
 
-def to_nano_up(epsilon: float) -> int:
-    """Charges round up, so the integer ledger never under-counts."""
-    return math.ceil(epsilon * NANO)
+# Spending is kept in buckets of ledger time: at most this many per period (a charge
+# counts until its bucket's end, so a window counts at most one bucket more than it
+# must: 1/1440 of a period, on the safe side).
+BUCKETS_PER_PERIOD = 1440
+# The wall clock may be this far behind its latest time before reporting stops
+# (NTP corrects small offsets by stepping too).
+CLOCK_TOLERANCE = 5.0
+LEGACY_RETAIN = 7 * 86400.0  # the longest period a ledger from before ledger time counted
 
 
-def to_nano_down(epsilon: float) -> int:
+def to_nano_up(epsilon: float | Fraction) -> int:
+    """Charges round up, exactly (the float 0.1 is a little more than 1/10)."""
+    return math.ceil(Fraction(epsilon) * NANO)
+
+
+def to_nano_down(epsilon: float | Fraction) -> int:
     """Budgets round down, for the same reason."""
-    return math.floor(epsilon * NANO)
+    return math.floor(Fraction(epsilon) * NANO)
 
 
 def period_start(now: float, period_seconds: float) -> int:
+    """The UTC-aligned period holding ``now`` (when ``domain = "auto"`` adopts a range)."""
     return int(math.floor(now / period_seconds) * period_seconds)
+
+
+def boot_clock() -> float:
+    """Seconds since boot, suspend included where the OS counts it (CLOCK_BOOTTIME)."""
+    return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
+
+
+def boot_id() -> str:
+    """This boot's id (Linux); elsewhere one per process, so every start counts as a boot."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return f"process-{os.getpid()}-{time.time()}"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """At most ``nano`` units of epsilon in every rolling window of ``window_seconds``."""
+
+    nano: int
+    window_seconds: float
+
+    @classmethod
+    def of(cls, epsilon: float, window_seconds: float) -> Budget:
+        return cls(to_nano_down(epsilon), float(window_seconds))
+
+    @property
+    def bucket_seconds(self) -> float:
+        return min(3600.0, max(1.0, self.window_seconds / BUCKETS_PER_PERIOD))
+
+    def bucket_end(self, ledger_time: float) -> float:
+        width = self.bucket_seconds
+        return (math.floor(ledger_time / width) + 1) * width
+
+
+@dataclass(frozen=True)
+class LedgerClock:
+    """The persisted ledger clock (see the module's docstring)."""
+
+    ledger_time: float
+    wall: float
+    wall_high: float
+    retain_seconds: float
+    boot_id: str
+    since_boot: float
+
+    def behind(self, now: float) -> bool:
+        """Whether the wall clock is behind the latest time it has shown."""
+        return now < self.wall_high - CLOCK_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -125,31 +216,62 @@ class Transaction:
 
     def __init__(self, db: sqlite3.Connection, store: StateStore, now: float):
         self._db, self._store, self.now = db, store, now
-        self._spent: dict[tuple[str, int], int] = {}  # (agent, period) -> nano-epsilon
+        self._spent: dict[tuple[str, float], int] = {}  # (agent, window) -> nano-epsilon
+        self._clock: LedgerClock | None = None
 
     # -- the ledger --
-    def spent(self, agent: str, start: int) -> int:
-        """Epsilon spent by ``agent`` in the period starting at ``start`` (nano)."""
-        key = (agent, start)
+    @property
+    def clock(self) -> LedgerClock:
+        """The ledger clock advanced to ``now`` (persisted with this transaction)."""
+        if self._clock is None:
+            self._clock = self._store._advance(self._db, self.now)
+        return self._clock
+
+    def spent(self, agent: str, window_seconds: float) -> int:
+        """Epsilon ``agent`` spent in the rolling window ending now (nano)."""
+        key = (agent, window_seconds)
         if key not in self._spent:
-            self._spent[key] = self._store.spent(agent, start)
+            self._spent[key] = self._store._spent(self._db, agent, window_seconds,
+                                                  self.clock.ledger_time)
         return self._spent[key]
 
-    def charge(self, agent: str, channel: str, *, epsilon: float, wanted: int, start: int,
-               budget_epsilon: float) -> int:
-        """Charge as many of ``wanted`` reports at ``epsilon`` each as the period's budget
-        still allows (charges round up, the budget down); returns how many."""
-        cost = to_nano_up(epsilon)
-        room = max(0, to_nano_down(budget_epsilon) - self.spent(agent, start))
-        allowed = int(min(wanted, room // cost)) if cost else 0
+    def charge(self, agent: str, channel: str, *, cost: int, wanted: int,
+               budget: Budget) -> int:
+        """Charge as many of ``wanted`` reports at ``cost`` (nano-epsilon) each as the
+        rolling window's budget still allows; returns how many (none while the wall clock
+        is behind its latest time)."""
+        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+            raise ValueError(f"cost: must be a positive integer (nano-epsilon), got {cost!r}")
+        clock = self.clock
+        if clock.behind(self.now):
+            return 0
+        room = max(0, budget.nano - self.spent(agent, budget.window_seconds))
+        allowed = int(min(wanted, room // cost))
         if allowed:
-            self._spent[(agent, start)] += cost * allowed
+            for key in self._spent:  # every window this transaction has read grows
+                if key[0] == agent:
+                    self._spent[key] += cost * allowed
+            self._store._retain(self._db, clock, budget.window_seconds)
             self._db.execute(
-                "INSERT INTO ledger VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent, period_start, "
-                "channel) DO UPDATE SET spent_nano = spent_nano + excluded.spent_nano, "
+                "INSERT INTO spending VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent, channel, "
+                "until) DO UPDATE SET spent_nano = spent_nano + excluded.spent_nano, "
                 "reports = reports + excluded.reports",
-                (agent, start, channel, cost * allowed, allowed))
+                (agent, channel, budget.bucket_end(clock.ledger_time), cost * allowed, allowed))
         return allowed
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A part of the transaction that an error undoes alone (one channel's batch)."""
+        self._db.execute("SAVEPOINT part")
+        spent, spooled = dict(self._spent), self._store._spooled
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK TO part")
+            self._db.execute("RELEASE part")
+            self._spent, self._store._spooled = spent, spooled
+            raise
+        self._db.execute("RELEASE part")
 
     # -- sequence numbers --
     def take_seq(self, agent: str, channel: str) -> int:
@@ -196,9 +318,14 @@ class Transaction:
 
 class StateStore:
     def __init__(self, path: str | Path, *, max_messages: int = 200_000,
-                 read_only: bool = False):
+                 read_only: bool = False, monotonic: Callable[[], float] = boot_clock,
+                 boot_id: Callable[[], str] = boot_id):
+        """``monotonic`` and ``boot_id``: the clock that paces the ledger clock within a
+        boot, and which boot this is (tests that simulate days pass their own)."""
         self.path = Path(path)
         self.max_messages = max_messages
+        self.monotonic = monotonic
+        self.boot_id = boot_id()
         # One connection per store; the agent loop is its only user, but keep a
         # lock so a stray thread cannot interleave transactions.
         self._lock = threading.RLock()
@@ -221,6 +348,24 @@ class StateStore:
                 self._db.execute(f"ALTER TABLE spool ADD COLUMN {column} {declaration}")
         self._db.execute("CREATE INDEX IF NOT EXISTS spool_report ON spool (agent, channel, seq)")
         self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
+        self._migrate_ledger()
+
+    def _migrate_ledger(self) -> None:
+        """A ledger from before ledger time (spending per UTC-aligned period): what the
+        last week's periods spent is charged now, in full (it stays counted for a whole
+        period from now: more than it must, never less)."""
+        if not self._db.execute("SELECT name FROM sqlite_master WHERE type='table' AND "
+                                "name='ledger'").fetchone():
+            return
+        now = time.time()
+        with self.transaction(now):
+            self._db.execute(
+                "INSERT INTO spending SELECT agent, channel, ?, SUM(spent_nano), SUM(reports) "
+                "FROM ledger WHERE period_start > ? GROUP BY agent, channel",
+                (now + 1.0, now - LEGACY_RETAIN))
+            clock = self._advance(self._db, now)
+            self._retain(self._db, clock, LEGACY_RETAIN)
+            self._db.execute("DROP TABLE ledger")
 
     def close(self) -> None:
         with self._lock:
@@ -242,13 +387,65 @@ class StateStore:
                 self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
                 raise
 
-    # -- reads -----------------------------------------------------------------------
-    def spent(self, agent: str, start: int) -> int:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT COALESCE(SUM(spent_nano), 0) FROM ledger "
-                "WHERE agent=? AND period_start=?", (agent, start)).fetchone()
+    # -- the ledger clock and spending ---------------------------------------------
+    def _stored_clock(self, db: sqlite3.Connection) -> LedgerClock | None:
+        row = db.execute("SELECT ledger_time, wall, wall_high, retain_seconds, boot_id, "
+                         "since_boot FROM ledger_clock WHERE id = 0").fetchone()
+        return LedgerClock(*row) if row else None
+
+    def _paced_clock(self, db: sqlite3.Connection, now: float) -> LedgerClock:
+        """The ledger clock at wall-clock ``now``, not yet persisted: it advances by the
+        wall clock's advance since the last charge, at most the monotonic clock's within
+        one boot; across a reboot (only the wall clock can tell) by the wall clock's
+        advance past the latest time it ever showed."""
+        since_boot = self.monotonic()
+        stored = self._stored_clock(db)
+        if stored is None:
+            return LedgerClock(now, now, now, 0.0, self.boot_id, since_boot)
+        if stored.boot_id == self.boot_id:
+            advance = min(max(0.0, now - stored.wall), max(0.0, since_boot - stored.since_boot))
+        else:  # from the latest time the wall clock showed: never more than really passed
+            advance = max(0.0, now - stored.wall_high)
+        return LedgerClock(stored.ledger_time + advance, now, max(stored.wall_high, now),
+                           stored.retain_seconds, self.boot_id, since_boot)
+
+    def _advance(self, db: sqlite3.Connection, now: float) -> LedgerClock:
+        clock = self._paced_clock(db, now)
+        db.execute("INSERT INTO ledger_clock VALUES (0, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO "
+                   "UPDATE SET ledger_time = excluded.ledger_time, wall = excluded.wall, "
+                   "wall_high = excluded.wall_high, boot_id = excluded.boot_id, "
+                   "since_boot = excluded.since_boot",
+                   (clock.ledger_time, clock.wall, clock.wall_high, clock.retain_seconds,
+                    clock.boot_id, clock.since_boot))
+        return clock
+
+    @staticmethod
+    def _retain(db: sqlite3.Connection, clock: LedgerClock, window_seconds: float) -> None:
+        """Keep spending for the longest period ever used; forget what is older."""
+        retain = max(clock.retain_seconds, window_seconds)
+        if retain > clock.retain_seconds:
+            db.execute("UPDATE ledger_clock SET retain_seconds = ? WHERE id = 0", (retain,))
+        db.execute("DELETE FROM spending WHERE until <= ?", (clock.ledger_time - retain,))
+
+    @staticmethod
+    def _spent(db: sqlite3.Connection, agent: str, window_seconds: float,
+               ledger_time: float) -> int:
+        row = db.execute("SELECT COALESCE(SUM(spent_nano), 0) FROM spending WHERE agent = ? "
+                         "AND until > ?", (agent, ledger_time - window_seconds)).fetchone()
         return int(row[0])
+
+    # -- reads -----------------------------------------------------------------------
+    def clock(self, now: float | None = None) -> LedgerClock:
+        """The ledger clock as a charge at ``now`` would see it (nothing is written)."""
+        with self._lock:
+            return self._paced_clock(self._db, time.time() if now is None else now)
+
+    def spent(self, agent: str, window_seconds: float, now: float | None = None) -> int:
+        """Epsilon ``agent`` has spent in the rolling window that ends at ``now`` (nano)."""
+        with self._lock:
+            ledger_time = self._paced_clock(self._db, time.time() if now is None else now) \
+                .ledger_time
+            return self._spent(self._db, agent, window_seconds, ledger_time)
 
     def range_terms(self, agent: str, run: str) -> str | None:
         with self._lock:
@@ -262,17 +459,18 @@ class StateStore:
                                    (agent, channel)).fetchone()
         return row[0] if row else 0
 
-    def budget_report(self, agent: str | None = None) -> list[tuple[str, int, str, float, int]]:
-        """(agent, period_start, channel, epsilon spent, reports), newest period first."""
+    def budget_report(self, agent: str, window_seconds: float,
+                      now: float | None = None) -> dict[str, tuple[int, int]]:
+        """Per channel of ``agent``: (nano-epsilon, reports) in the rolling window ending
+        at ``now`` (range-discovery answers under ``_range:<channel>``)."""
         with self._lock:
-            query = "SELECT agent, period_start, channel, spent_nano, reports FROM ledger"
-            args: tuple = ()
-            if agent is not None:
-                query += " WHERE agent=?"
-                args = (agent,)
-            rows = self._db.execute(query + " ORDER BY period_start DESC, agent, channel",
-                                    args).fetchall()
-        return [(a, p, c, n / NANO, r) for a, p, c, n, r in rows]
+            ledger_time = self._paced_clock(self._db, time.time() if now is None else now) \
+                .ledger_time
+            rows = self._db.execute(
+                "SELECT channel, SUM(spent_nano), SUM(reports) FROM spending WHERE agent = ? "
+                "AND until > ? GROUP BY channel ORDER BY channel",
+                (agent, ledger_time - window_seconds)).fetchall()
+        return {channel: (int(nano), int(reports)) for channel, nano, reports in rows}
 
     # -- the spool -------------------------------------------------------------------
     def enqueue(self, topic: str, payload: bytes, *, qos: int = 1, lane: int = REPORTS) -> None:

@@ -76,15 +76,32 @@ class ExactLoss:
     def __add__(self, other: ExactLoss) -> ExactLoss:
         return ExactLoss(self.ratio * other.ratio, self.exponent + other.exponent)
 
-    def __float__(self) -> float:
-        # Correctly rounded: if the exact loss is <= a float epsilon, so is this.
+    def _decimal(self) -> Decimal:
+        """The loss to 80 significant digits."""
         with localcontext() as ctx:
             ctx.prec = 80
-            value = (Decimal(self.ratio.numerator).ln() - Decimal(self.ratio.denominator).ln()
-                     + Decimal(self.exponent.numerator) / Decimal(self.exponent.denominator))
-            return float(value)
+            return (Decimal(self.ratio.numerator).ln() - Decimal(self.ratio.denominator).ln()
+                    + Decimal(self.exponent.numerator) / Decimal(self.exponent.denominator))
 
-    def at_most(self, epsilon: float) -> bool:
+    def __float__(self) -> float:
+        # Correctly rounded: if the exact loss is <= a float epsilon, so is this.
+        return float(self._decimal())
+
+    def ceiling(self, unit: int) -> int:
+        """The least integer n with loss <= n / unit, exactly (what a ledger counting in
+        units of 1/unit must charge)."""
+        if self.ratio == 1:
+            return math.ceil(self.exponent * unit)
+        with localcontext() as ctx:
+            ctx.prec = 80
+            n = math.ceil(self._decimal() * unit)
+        # ln of a rational other than 1 is irrational, so the loss is never n / unit
+        # itself; 80 digits place it, and the exact check below settles any doubt.
+        while not self.at_most(Fraction(n, unit)):
+            n += 1
+        return n
+
+    def at_most(self, epsilon: float | Fraction) -> bool:
         room = Fraction(epsilon) - self.exponent
         if room == 0:  # e**0 = 1 is the one rational value of exp at a rational point
             return self.ratio <= 1

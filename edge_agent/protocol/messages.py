@@ -357,26 +357,31 @@ def _grid_codes(codes: list, n_cells: int) -> np.ndarray:
 
 # -- statuses -----------------------------------------------------------------------------------
 
-class BudgetStatus(Struct, forbid_unknown_fields=True):
+# A status carries only what the reports themselves show (docs/PRIVACY.md): counters
+# that depend on readings (non-finite, clipped, refused) stay on the device.  The
+# fields marked "legacy" are what agents before that sent: accepted, so that a fleet
+# can be upgraded device by device, and never sent now.
+
+class BudgetStatus(Struct, forbid_unknown_fields=True, omit_defaults=True):
     epsilon: Positive
-    spent: NonNegative
+    spent: NonNegative  # in the rolling window of ``period`` that ends now
     period: Annotated[str, Meta(max_length=32)]
-    period_start: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+    period_start: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # legacy
 
 
-class ChannelStatus(Struct, forbid_unknown_fields=True):
+class ChannelStatus(Struct, forbid_unknown_fields=True, omit_defaults=True):
     exhausted: bool
-    nan_dropped: Count
-    clipped: Count
     reports: Count
-    budget_refused: Count
     messages: Count
+    nan_dropped: Count | None = None  # legacy
+    clipped: Count | None = None  # legacy
+    budget_refused: Count | None = None  # legacy
 
 
-class SourceStatus(Struct, forbid_unknown_fields=True):
+class SourceStatus(Struct, forbid_unknown_fields=True, omit_defaults=True):
     finished: bool
     error: Text | None
-    rejected_rows: Count
+    rejected_rows: Count | None = None  # legacy
 
 
 class RangeStatus(Struct, forbid_unknown_fields=True):

@@ -12,7 +12,7 @@ from edge_agent.config import parse_config
 from edge_agent.readings import Readings
 from edge_agent.sources.base import Source
 from edge_agent.state import StateStore
-from tests.support import AX_CHANNEL, FakeTransport, agent_config
+from tests.support import AX_CHANNEL, FakeTransport, SimulatedTime, agent_config
 
 DAY = 86400.0
 
@@ -49,32 +49,36 @@ def messages(store):
     return [json.loads(p) for _, _, p, _ in store.pending(0, 10_000)]
 
 
-def test_budget_exhaustion_logged_once_and_rollover(tmp_path, caplog):
+def test_budget_exhaustion_logged_once_and_the_rolling_window_frees_it(tmp_path, caplog):
     config = make_config(tmp_path, budget=5.0)
-    store = StateStore(tmp_path / "state.sqlite")
+    clock = SimulatedTime(10 * DAY + 100.0)
+    store = StateStore(tmp_path / "state.sqlite", monotonic=clock.monotonic)
     core = AgentCore(config, store, sources={"imu": ScriptedSource(per_poll=3)},
                      rng=np.random.default_rng(0))
-    t0 = 10 * DAY + 100.0
-    caplog.set_level(logging.WARNING)
-    core.tick(t0)
-    core.tick(t0 + 1)  # 3 wanted, 2 fit: the budget of 5 is gone
-    core.tick(t0 + 2)
-    core.tick(t0 + 3)
+    caplog.set_level(logging.INFO)
+    core.tick(clock.wall)
+    core.tick(clock.advance(1))  # 3 wanted, 2 fit: the budget of 5 is gone
+    core.tick(clock.advance(1))
+    core.tick(clock.advance(1))
     sent = messages(store)
     assert [len(m["codes"]) for m in sent] == [3, 2]
     assert [m["seq"] for m in sent] == [0, 1]
-    assert store.spent("w1", 10 * DAY) == 5 * 10**9
+    assert store.spent("w1", DAY, clock.wall) == 5 * 10**9
     exhausted = [r for r in caplog.records if "budget exhausted" in r.getMessage()]
     assert len(exhausted) == 1 and "ax" in exhausted[0].getMessage()
     status = core.status()
-    assert status["channels"]["ax"]["exhausted"] is True
-    assert status["channels"]["ax"]["budget_refused"] == 1 + 3 + 3
+    assert status["channels"]["ax"] == {"exhausted": True, "reports": 5, "messages": 2}
+    assert core.local_status()["channels"]["ax"]["budget_refused"] == 1 + 3 + 3
     assert status["budget"]["spent"] == 5.0
-    # The next UTC day: reporting resumes, the sequence continues.
-    core.tick(11 * DAY + 1)
+    # Just under a day after the first reports: still exhausted.
+    core.tick(clock.advance(DAY - 5))
+    assert len(messages(store)) == 2
+    # A day and a bucket after them: reporting resumes, the sequence continues.
+    core.tick(clock.advance(3 + 60))
     sent = messages(store)
     assert [m["seq"] for m in sent] == [0, 1, 2] and len(sent[-1]["codes"]) == 3
     assert core.status()["channels"]["ax"]["exhausted"] is False
+    assert any("ax reports again" in r.getMessage() for r in caplog.records)
 
 
 def test_restart_does_not_reset_budget_or_seq(tmp_path):
@@ -89,13 +93,14 @@ def test_restart_does_not_reset_budget_or_seq(tmp_path):
     assert [(m["seq"], len(m["codes"])) for m in sent] == [(0, 3), (1, 1)]
 
 
-def test_nan_readings_are_dropped_counted_and_not_charged(tmp_path):
+def test_nan_readings_are_dropped_counted_on_the_device_and_not_charged(tmp_path):
     config = make_config(tmp_path, budget=100.0)
     store = StateStore(tmp_path / "state.sqlite")
     core = AgentCore(config, store, sources={"imu": ScriptedSource(per_poll=10, nan_every=2)})
     core.tick(DAY)
-    assert core.status()["channels"]["ax"]["nan_dropped"] == 5
-    assert store.spent("w1", DAY) == 5 * 10**9
+    assert core.local_status()["channels"]["ax"]["non_finite_dropped"] == 5
+    assert "non_finite_dropped" not in core.status()["channels"]["ax"]
+    assert store.spent("w1", DAY, DAY) == 5 * 10**9
     assert len(messages(store)[0]["codes"]) == 5
 
 
@@ -104,7 +109,7 @@ def test_out_of_range_readings_are_clipped_and_counted(tmp_path):
     store = StateStore(tmp_path / "state.sqlite")
     core = AgentCore(config, store, sources={"imu": ScriptedSource(per_poll=4, value=7.0)})
     core.tick(DAY)
-    assert core.status()["channels"]["ax"]["clipped"] == 4
+    assert core.local_status()["channels"]["ax"]["clipped"] == 4
 
 
 def test_failing_source_is_isolated_and_reported(tmp_path):

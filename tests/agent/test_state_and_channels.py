@@ -7,6 +7,7 @@ import math
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -17,9 +18,16 @@ from edge_agent.channels import Selection, build_channel, vector_plan
 from edge_agent.config import DeliveryConfig, VectorChannelConfig, parse_config
 from edge_agent.protocol import Rejected
 from edge_agent.readings import Readings
-from edge_agent.state import NANO, RANGE_REPLIES, StateStore, period_start
+from edge_agent.state import (
+    NANO,
+    RANGE_REPLIES,
+    Budget,
+    StateStore,
+    to_nano_down,
+    to_nano_up,
+)
 from edge_agent.transport import Outbox
-from tests.support import FakeTransport, agent_config
+from tests.support import FakeTransport, SimulatedTime, agent_config
 
 
 def _config(**overrides):
@@ -35,11 +43,11 @@ def _message(seq, allowed):
 
 @dataclass
 class Charge:
-    """One channel's wish to release ``wanted`` reports at ``epsilon`` each."""
+    """One channel's wish to release ``wanted`` reports at ``cost`` nano-epsilon each."""
 
     agent: str
     channel: str
-    epsilon: float
+    cost: int
     wanted: int
     build: Callable = _message
 
@@ -51,14 +59,16 @@ class Released:
     exhausted: bool
 
 
-def record(store: StateStore, charges: list[Charge], *, start: int,
-           budget_epsilon: float) -> list[Released]:
+DAY = 86400.0
+
+
+def record(store: StateStore, charges: list[Charge], *, now: float,
+           budget: Budget) -> list[Released]:
     """Charge, number and spool in one transaction, as the agent core does."""
     results = []
-    with store.transaction() as tx:
+    with store.transaction(now) as tx:
         for c in charges:
-            allowed = tx.charge(c.agent, c.channel, epsilon=c.epsilon, wanted=c.wanted,
-                                start=start, budget_epsilon=budget_epsilon)
+            allowed = tx.charge(c.agent, c.channel, cost=c.cost, wanted=c.wanted, budget=budget)
             seq = None
             if allowed:
                 seq = tx.take_seq(c.agent, c.channel)
@@ -70,30 +80,40 @@ def record(store: StateStore, charges: list[Charge], *, start: int,
 # -- the ledger ----------------------------------------------------------------------------
 
 def test_budget_allows_only_what_fits_and_persists(tmp_path):
-    path = tmp_path / "state.sqlite"
-    store = StateStore(path)
-    start = period_start(1000.0, 86400)
-    [r] = record(store, [Charge("w1", "ax", 1.5, 4, _message)], start=start, budget_epsilon=5.0)
+    path, clock = tmp_path / "state.sqlite", SimulatedTime()
+    budget = Budget.of(5.0, DAY)
+    store = StateStore(path, monotonic=clock.monotonic)
+    [r] = record(store, [Charge("w1", "ax", 1_500_000_000, 4)], now=clock.wall, budget=budget)
     assert (r.allowed, r.seq, r.exhausted) == (3, 0, True)  # 3 * 1.5 <= 5 < 4 * 1.5
-    assert store.spent("w1", start) == 4_500_000_000
+    assert store.spent("w1", DAY, clock.wall) == 4_500_000_000
     store.close()
-    again = StateStore(path)  # a restart does not reset the budget
-    [r] = record(again, [Charge("w1", "ax", 0.5, 10, _message)], start=start, budget_epsilon=5.0)
+    again = StateStore(path, monotonic=clock.monotonic)  # a restart does not reset the budget
+    [r] = record(again, [Charge("w1", "ax", NANO // 2, 10)], now=clock.advance(60),
+                 budget=budget)
     assert (r.allowed, r.seq) == (1, 1)
-    [r] = record(again, [Charge("w1", "ax", 0.5, 1, _message)], start=start, budget_epsilon=5.0)
-    assert r.allowed == 0 and r.exhausted and r.seq is None
-    # A new period starts from zero; the sequence continues.
-    [r] = record(again, [Charge("w1", "ax", 0.5, 2, _message)], start=start + 86400,
-                       budget_epsilon=5.0)
-    assert (r.allowed, r.seq) == (2, 2)
+    [r] = record(again, [Charge("w1", "ax", NANO // 2, 1)], now=clock.advance(DAY - 3600),
+                 budget=budget)
+    assert r.allowed == 0 and r.exhausted and r.seq is None  # still within the rolling day
+    # A day (and a bucket) after the first charges, they leave the window; the sequence
+    # continues.
+    [r] = record(again, [Charge("w1", "ax", NANO // 2, 10)],
+                 now=clock.advance(3600 - 60 + budget.bucket_seconds), budget=budget)
+    assert (r.allowed, r.seq) == (9, 2)  # the first 4.5 are gone, the 0.5 after them is not
 
 
 def test_budget_is_shared_by_channels_and_never_overspent_by_rounding(tmp_path):
     store = StateStore(tmp_path / "s.sqlite")
-    charges = [Charge("w1", "a", 0.1, 40, _message), Charge("w1", "b", 0.1, 40, _message)]
-    results = record(store, charges, start=0, budget_epsilon=3.0)
+    charges = [Charge("w1", "a", NANO // 10, 40), Charge("w1", "b", NANO // 10, 40)]
+    results = record(store, charges, now=1000.0, budget=Budget.of(3.0, DAY))
     assert [r.allowed for r in results] == [30, 0]  # 30 * 0.1 = 3.0 exactly, no more
-    assert store.spent("w1", 0) <= 3 * NANO
+    assert store.spent("w1", DAY, 1000.0) == 3 * NANO
+
+
+def test_charges_round_up_and_budgets_down_exactly():
+    # The float 0.1 is 0.1000000000000000055...: its exact ceiling is one unit more.
+    assert to_nano_up(0.1) == 100_000_001 and to_nano_down(0.1) == 100_000_000
+    assert to_nano_up(3.0) == to_nano_down(3.0) == 3 * NANO
+    assert to_nano_up(Fraction(384, 25)) == 15_360_000_000
 
 
 def test_charge_seq_and_message_are_atomic(tmp_path):
@@ -104,25 +124,41 @@ def test_charge_seq_and_message_are_atomic(tmp_path):
         raise RuntimeError("perturbation failed")
 
     with pytest.raises(RuntimeError):
-        record(store, [Charge("w1", "ax", 1.0, 2, _message), Charge("w1", "ay", 1.0, 2, broken)],
-                     start=0, budget_epsilon=100)
-    assert store.spent("w1", 0) == 0
+        record(store, [Charge("w1", "ax", NANO, 2), Charge("w1", "ay", NANO, 2, broken)],
+               now=1000.0, budget=Budget.of(100, DAY))
+    assert store.spent("w1", DAY, 1000.0) == 0
     assert store.next_seq("w1", "ax") == 0
     assert store.spooled == 0 and store.pending(0, 10) == []
 
 
+def test_a_savepoint_undoes_one_part_of_a_transaction(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    budget = Budget.of(100, DAY)
+    with store.transaction(1000.0) as tx:
+        with tx.savepoint():
+            tx.charge("w1", "ax", cost=NANO, wanted=2, budget=budget)
+            tx.spool(*_message(tx.take_seq("w1", "ax"), 2))
+        with pytest.raises(RuntimeError), tx.savepoint():
+            tx.charge("w1", "ay", cost=NANO, wanted=3, budget=budget)
+            tx.take_seq("w1", "ay")
+            raise RuntimeError("this channel failed")
+        assert tx.spent("w1", DAY) == 2 * NANO
+    assert store.spent("w1", DAY, 1000.0) == 2 * NANO and store.spooled == 1
+    assert store.next_seq("w1", "ax") == 1 and store.next_seq("w1", "ay") == 0
+
+
 def test_agents_sharing_a_file_have_separate_ledgers_and_seqs(tmp_path):
     store = StateStore(tmp_path / "s.sqlite")
-    record(store, [Charge("a", "ax", 1.0, 3, _message), Charge("b", "ax", 1.0, 5, _message)],
-                 start=0, budget_epsilon=4)
-    assert store.spent("a", 0) == 3 * NANO and store.spent("b", 0) == 4 * NANO
+    record(store, [Charge("a", "ax", NANO, 3), Charge("b", "ax", NANO, 5)], now=1000.0,
+           budget=Budget.of(4, DAY))
+    assert store.spent("a", DAY, 1000.0) == 3 * NANO and store.spent("b", DAY, 1000.0) == 4 * NANO
     assert store.next_seq("a", "ax") == 1 and store.next_seq("b", "ax") == 1
 
 
 def test_state_file_is_wal_and_holds_no_raw_readings(tmp_path):
     path = tmp_path / "s.sqlite"
     store = StateStore(path)
-    record(store, [Charge("w1", "ax", 1.0, 1, _message)], start=0, budget_epsilon=10)
+    record(store, [Charge("w1", "ax", NANO, 1)], now=1000.0, budget=Budget.of(10, DAY))
     mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
 
@@ -170,16 +206,16 @@ def test_outbox_sends_in_order_and_deletes_only_acked(tmp_path):
 
 # -- channels ----------------------------------------------------------------------------
 
-def test_select_drops_nan_and_subsamples_by_time():
+def test_select_drops_non_finite_readings_and_subsamples_by_time():
     config = _config(channels=[{"name": "ax", "source": "imu", "field": "accel_x",
                                 "kind": "linear", "epsilon": 1.0, "domain": [-2, 2],
                                 "report_interval": 1.0}])
     channel = build_channel(config.channels[0], agent_id="w1", fleet="demo")
     times = np.arange(0, 3, 0.1)  # 30 readings at 10 Hz
     values = np.sin(times)
-    values[[0, 1, 11]] = np.nan
+    values[[0, 1, 11]] = [np.nan, np.inf, -np.inf]
     selection = channel.select(Readings(times, {"accel_x": values}))
-    assert channel.counters["nan_dropped"] == 3
+    assert channel.local["non_finite_dropped"] == 3
     assert np.allclose(selection.times, [0.2, 1.2, 2.2])  # first valid at or after each due
     # The schedule carries across batches.
     later = channel.select(Readings(np.arange(3, 4, 0.1), {"accel_x": np.zeros(10)}))
@@ -198,7 +234,7 @@ def test_message_contains_codes_and_mechanism_but_no_values():
     assert message["seq"] == 7 and message["kind"] == "linear" and len(message["codes"]) == 3
     assert message["mechanism"] == channel.mechanism.describe()
     assert all(0 <= c < 2**16 for c in message["codes"])
-    assert channel.counters["clipped"] == 1
+    assert channel.local["clipped"] == 1
     for value in raw:
         assert repr(float(value))[:8] not in payload.decode()
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from edge_agent import protocol
 from edge_agent.mechanisms.randomized_response import RandomizedResponse
+from edge_agent.state import NANO
 from tests.support import (
     CollectorProcess,
     FleetProcess,
@@ -85,7 +86,7 @@ class ControlRecorder(Subscriber):
 
 def range_ledger(state_dir) -> dict[str, int]:
     db = sqlite3.connect(f"file:{state_dir}/state.sqlite?mode=ro", uri=True)
-    rows = db.execute("SELECT agent, SUM(spent_nano) FROM ledger WHERE channel = '_range:ax' "
+    rows = db.execute("SELECT agent, SUM(spent_nano) FROM spending WHERE channel = '_range:ax' "
                       "GROUP BY agent").fetchall()
     answers = db.execute("SELECT COUNT(*) FROM range_answers").fetchone()[0]
     db.close()
@@ -132,9 +133,12 @@ def test_fleet_discovers_the_range_and_auto_domains_tighten(tmp_path, mosquitto)
         assert wait_until(lambda: all(collector.api("/api/range")["channels"].get("ax", {})
                                       .get(side) for side in ("min", "max")), 15)
 
-        # Budget: each agent paid eps once per run (split: one answer), no more.
+        # Budget: each agent paid eps once per run (split: one answer), no more: the
+        # answer's exact loss, rounded up to the ledger's unit.
         spent, answers = range_ledger(state_dir)
-        assert len(spent) == N_AGENTS and set(spent.values()) == {2 * math.ceil(EPSILON * 1e9)}
+        answer = RandomizedResponse(epsilon=EPSILON).exact_privacy_loss().ceiling(NANO)
+        assert answer <= math.ceil(EPSILON * NANO)
+        assert len(spent) == N_AGENTS and set(spent.values()) == {2 * answer}
         assert answers == 2 * N_AGENTS
         # A replayed round is ignored by everyone.
         replay = MqttClient(mosquitto, v5=False).connect()

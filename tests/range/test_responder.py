@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 from edge_agent import protocol
+from edge_agent.mechanisms.randomized_response import RandomizedResponse
 from edge_agent.range_responder import RangeResponder, RangeWindow
 from edge_agent.rangefind import answer_epsilon, assigned_round
-from edge_agent.state import RANGE_REPLIES, REPORTS, StateStore, period_start, to_nano_up
+from edge_agent.state import NANO, RANGE_REPLIES, REPORTS, Budget, StateStore, to_nano_up
 
 FLEET = "f"
 NOW = 1_800_000_000.0
+DAY = 86400.0
 
 
 def control(run, **fields):
@@ -29,8 +31,8 @@ def make(tmp_path, agents=3, budget=10.0, range_max=4.0, values=None):
     store = StateStore(tmp_path / "state.sqlite")
     names = [f"w-{i}" for i in range(agents)]
     responder = RangeResponder(fleet=FLEET, agents={n: ["ax"] for n in names}, store=store,
-                               budget_epsilon=budget, range_epsilon_max=range_max,
-                               period_seconds=86400, rng=np.random.default_rng(1))
+                               budget=Budget.of(budget, DAY), range_epsilon_max=range_max,
+                               rng=np.random.default_rng(1))
     for i, name in enumerate(names):
         v = values[i] if values is not None else float(i)
         responder.observe(name, "ax", np.array([NOW - 5, NOW - 1]), np.array([v + 1, v]))
@@ -73,10 +75,11 @@ def test_join_then_answer_each_round_once_and_charge_it(tmp_path):
     assert {(m["agent"], m["round"]) for m in answers} == {
         (f"w-{i}", r) for i in range(3) for r in range(rounds)}
     assert all(m["z"] in (-1, 1) for m in answers)
-    eps = answer_epsilon(2.0, rounds, "sequential")
-    start = period_start(NOW, 86400)
+    # Each answer is charged its exact loss, rounded up to the ledger's unit.
+    answer = RandomizedResponse(epsilon=answer_epsilon(2.0, rounds, "sequential"))
+    charge = answer.exact_privacy_loss().ceiling(NANO)
     for agent in ("w-0", "w-1", "w-2"):
-        assert store.spent(agent, start) == rounds * to_nano_up(eps) <= to_nano_up(2.0) + rounds
+        assert store.spent(agent, DAY, NOW) == rounds * charge <= to_nano_up(2.0) + rounds
         assert responder.status(agent)["answered"] == rounds
     # a round past L, or one announcing another L, is never answered
     responder.handle(*control("r1", type="round", round=4, rounds=5, threshold=0.5), NOW)
@@ -109,8 +112,9 @@ def test_split_agents_answer_only_their_round_at_full_epsilon(tmp_path):
     answers = [m for t, m in spooled(store) if m["type"] == "answer"]
     assert len(answers) == 40
     assert all(m["round"] == assigned_round("s1", m["agent"], 5) for m in answers)
-    start = period_start(NOW, 86400)
-    assert all(store.spent(f"w-{i}", start) == to_nano_up(2.0) for i in range(40))
+    charge = RandomizedResponse(epsilon=2.0).exact_privacy_loss().ceiling(NANO)
+    assert charge <= to_nano_up(2.0)
+    assert all(store.spent(f"w-{i}", DAY, NOW) == charge for i in range(40))
 
 
 @pytest.mark.parametrize("kwargs,announce,reason", [
@@ -132,15 +136,14 @@ def test_budget_exhausted_mid_run_stops_answers(tmp_path):
     # 2.0 per run at L = 2 (1.0 each), but only 1.5 left in the period
     store, responder = make(tmp_path, agents=1, budget=2.5)
     responder.handle(*control("r5", type="announce"), NOW)
-    with store._lock:  # spend 1.0 of the period on reports first
-        store._db.execute("INSERT INTO ledger VALUES ('w-0', ?, 'ax', ?, 1)",
-                          (period_start(NOW, 86400), 10**9))
+    with store.transaction(NOW) as tx:  # spend 1.0 of the period on reports first
+        assert tx.charge("w-0", "ax", cost=NANO, wanted=1, budget=Budget.of(2.5, DAY)) == 1
     for index in range(2):
         responder.handle(*control("r5", type="round", round=index, rounds=2, threshold=5.0),
                          NOW)
     assert len([m for t, m in spooled(store) if m["type"] == "answer"]) == 1
     assert responder.status("w-0")["refused"] == {"exhausted": 1}
-    assert store.spent("w-0", period_start(NOW, 86400)) <= 2.5e9
+    assert store.spent("w-0", DAY, NOW) <= 2.5e9
 
 
 def test_answers_are_randomized_response_of_the_window_value(tmp_path):

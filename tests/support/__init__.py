@@ -6,7 +6,7 @@
 - mqtt: MqttClient, Subscriber, session_present
 - processes: AgentProcess, FleetProcess, CollectorProcess, run_module (a CLI command
   to completion), wait_for_api, and the clean-up of whatever a test leaves running
-- fakes: FakeTransport
+- fakes: FakeTransport, SimulatedTime
 - paths: REPO, child_env
 
 The benchmarks import them too (``python -m benchmarks.<name>`` from the
@@ -26,7 +26,7 @@ from .configs import (
     write_agent_config,
     write_toml,
 )
-from .fakes import FakeTransport
+from .fakes import FakeTransport, SimulatedTime
 from .mqtt import MqttClient, Subscriber, session_present
 from .paths import REPO, child_env
 from .ports import LOOPBACK, free_port, port_open, wait_until
@@ -45,6 +45,7 @@ from .processes import (
 __all__ = [
     "AX_CHANNEL", "FLEET", "LOOPBACK", "REPO", "SYNTHETIC_IMU", "AgentProcess", "ChildProcess",
     "CollectorProcess", "FakeTransport", "FleetProcess", "Mosquitto", "MqttClient",
+    "SimulatedTime",
     "Subscriber", "agent_config", "broker_table", "child_env", "collector_config",
     "find_mosquitto", "free_port", "port_open", "python_module", "require_mosquitto",
     "run_module", "session_present", "stop_leftover_processes", "to_toml", "toml_value", "track",

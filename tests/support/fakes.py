@@ -54,3 +54,33 @@ class FakeTransport:
     def events(self):
         events, self._events = self._events, []
         return events
+
+
+class SimulatedTime:
+    """A wall clock and a monotonic clock the test moves: ``advance`` moves both (time
+    passes), ``step`` moves only the wall clock (someone set it), ``reboot`` starts the
+    monotonic clock again.  ``monotonic`` and ``boot_id`` are what a ``StateStore`` paces
+    its ledger clock with."""
+
+    def __init__(self, wall: float = 10 * 86400.0):
+        self.wall, self.elapsed, self.boots = wall, 1000.0, 1
+
+    def boot_id(self) -> str:
+        return f"simulated-boot-{self.boots}"
+
+    def reboot(self, off_seconds: float) -> None:
+        """The device was off: real time passed, the monotonic clock starts again."""
+        self.wall += off_seconds
+        self.elapsed, self.boots = 10.0, self.boots + 1
+
+    def advance(self, seconds: float) -> float:
+        self.wall += seconds
+        self.elapsed += seconds
+        return self.wall
+
+    def step(self, seconds: float) -> float:
+        self.wall += seconds
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.elapsed
