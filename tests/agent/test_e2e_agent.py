@@ -191,6 +191,16 @@ def test_synthetic_wearable_streams_for_ten_seconds(tmp_path, mosquitto):
     assert statuses[0]["state"] == "online" and statuses[-1]["state"] == "offline"
     assert not any(str(v) in agent.output() for v in ("accel_x=", "value="))
     subscriber.close()
+    # The device-only status, written at exit: counters that depend on readings, which
+    # no published status carries.
+    local = run_cli("status", "--config", str(config))
+    assert local.returncode == 0, local.stderr
+    mine = json.loads(local.stdout)["status"]["w1"]
+    assert mine["channels"]["accel_x"]["reports"] == counts["accel_x"]
+    for name in ("non_finite_dropped", "clipped", "budget_refused", "clock_behind", "errors"):
+        assert name in mine["channels"]["accel_x"]
+        assert all(name not in s.get("channels", {}).get("accel_x", {}) for s in statuses)
+    assert (tmp_path / "state" / "status.json").stat().st_mode & 0o007 == 0
 
 
 # -- failures: broker restarts and agent kills lose nothing --------------------------------------

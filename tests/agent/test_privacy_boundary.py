@@ -361,3 +361,31 @@ def test_range_discovery_answers_compose_to_at_most_the_run_epsilon(rounds, epsi
         total = sum([one] * (answers - 1), one)
         assert total.at_most(Fraction(epsilon))
         assert one.at_most(Fraction(one.ceiling(NANO), NANO))
+
+
+# -- domain = "auto" --------------------------------------------------------------------------
+
+class KnownRange:
+    """A range responder that has heard a discovered range for ``lin``."""
+
+    def __init__(self, low, high):
+        result = type("Result", (), {})
+        self.results = {("lin", "min"): result(), ("lin", "max"): result()}
+        self.results[("lin", "min")].estimate = low
+        self.results[("lin", "max")].estimate = high
+
+    def observe(self, *args):
+        pass
+
+
+def test_a_discovered_range_is_adopted_when_a_period_begins_never_mid_period(tmp_path):
+    auto = {**CHANNELS[0], "domain": "auto", "initial_domain": [-10.0, 10.0],
+            "domain_margin": 0.0}
+    core, _ = core_for(tmp_path, [auto], {"lin": [0.5]})
+    core.range = KnownRange(-1.0, 1.0)
+    mid_period = 20 * DAY + DAY / 2  # an agent (re)started in the middle of a UTC day
+    core.tick(mid_period)
+    core.tick(mid_period + 3600)
+    assert (core.channels[0].mechanism.low, core.channels[0].mechanism.high) == (-10.0, 10.0)
+    core.tick(21 * DAY + 1)  # the next period
+    assert (core.channels[0].mechanism.low, core.channels[0].mechanism.high) == (-1.0, 1.0)
