@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from .mechanisms import EPSILON_MAX, GRID_BITS_MAX, GRID_BITS_MIN
+from .mechanisms import EPSILON_MAX, EPSILON_MIN, GRID_BITS_MAX, GRID_BITS_MIN
 from .mechanisms.registry import KIND_CONFIG_NAMES
 from .mqtt_client import Endpoint, TlsFiles
 from .protocol.messages import MAX_AGENT_CHANNELS
@@ -61,8 +61,8 @@ class Model(BaseModel):
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 def _epsilon_range(value: float) -> float:
-    if not 0 < value <= EPSILON_MAX:
-        raise ValueError(f"must be in (0, {EPSILON_MAX:g}], got {value:g}")
+    if not EPSILON_MIN <= value <= EPSILON_MAX:
+        raise ValueError(f"must be in [{EPSILON_MIN:g}, {EPSILON_MAX:g}], got {value:g}")
     return value
 
 

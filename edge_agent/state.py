@@ -218,6 +218,7 @@ class Transaction:
         self._db, self._store, self.now = db, store, now
         self._spent: dict[tuple[str, float], int] = {}  # (agent, window) -> nano-epsilon
         self._clock: LedgerClock | None = None
+        self._retained: set[float] = set()  # windows whose old spending was forgotten
 
     # -- the ledger --
     @property
@@ -251,7 +252,9 @@ class Transaction:
             for key in self._spent:  # every window this transaction has read grows
                 if key[0] == agent:
                     self._spent[key] += cost * allowed
-            self._store._retain(self._db, clock, budget.window_seconds)
+            if budget.window_seconds not in self._retained:  # once per transaction
+                self._retained.add(budget.window_seconds)
+                self._store._retain(self._db, clock, budget.window_seconds)
             self._db.execute(
                 "INSERT INTO spending VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent, channel, "
                 "until) DO UPDATE SET spent_nano = spent_nano + excluded.spent_nano, "

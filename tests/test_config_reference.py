@@ -112,7 +112,7 @@ def test_constraints_come_from_the_models():
     # Field(ge=..., le=...), an AfterValidator's message with its module constant,
     # a Literal's choices and a field validator's messages.
     assert "| `keepalive` | integer | `30` | [5, 3600] |" in text
-    assert "must be in (0, 20]" in text
+    assert "must be in [1e-05, 20]" in text
     assert "one of `split`, `sample`, `auto`" in text
     assert "must look like 30m, 12h, 1d or 1w" in text
     assert "'status' is reserved" in text

@@ -7,7 +7,7 @@ compact wire form, and ``pdf``, ``cdf``, ``mean_output``, ``variance``,
 ``expected_error``, ``worst_case_error`` and ``privacy_loss`` are closed forms.
 """
 
-from ._validate import EPSILON_MAX, GRID_BITS_MAX, GRID_BITS_MIN
+from ._validate import EPSILON_MAX, EPSILON_MIN, GRID_BITS_MAX, GRID_BITS_MIN
 from .base import ExactLoss, Mechanism
 from .baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
 from .laplace import BoundedLaplace, TruncatedLaplace
@@ -17,6 +17,7 @@ from .registry import MECHANISMS, from_description, kind_accepts, linear_mechani
 
 __all__ = [
     "EPSILON_MAX",
+    "EPSILON_MIN",
     "GRID_BITS_MAX",
     "GRID_BITS_MIN",
     "MECHANISMS",

@@ -62,6 +62,20 @@ def _tpm_linear(x, words, out, value_origin, value_step, low, high, slope, inter
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
+def _circle_offset(v, origin, period):
+    """(v - origin) mod period in [0, period) for a v outside that turn, any finite size.
+
+    v - origin, or v * scale, can overflow or keep none of the angle for a huge v; fmod
+    is exact, so each remainder is the true one and only their difference rounds.
+    ``CircularThreePiece.start_ticks`` (grid_pmf) does the same in numpy.
+    """
+    d = np.fmod(np.fmod(v, period) - np.fmod(origin, period), period)
+    if d < 0.0:
+        d += period
+    return d if d < period else 0.0  # d + period rounded up to a whole turn
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
 def _tpm_circular(x, words, out, value_origin, value_step, origin, period, scale, offset, shift,
                   base_total, extra, inv_extra, cell_shift, mask):
     """Perturb angles on a circle; returns (non-finite count, wrapped count).  ``out`` as
@@ -74,7 +88,10 @@ def _tpm_circular(x, words, out, value_origin, value_step, origin, period, scale
         v = x[i]
         bad += not math.isfinite(v)
         d = v - origin
-        wrapped += (d < 0.0) | (d >= period)
+        outside = (d < 0.0) | (d >= period)
+        wrapped += outside
+        if outside:
+            d = _circle_offset(v, origin, period)
         t = d * scale
         t -= math.floor(t * inv_ticks) * ticks  # wrap into [0, T)
         left = np.int64(math.floor(t + offset)) & mask
@@ -302,6 +319,8 @@ def laplace_cells(cells, source, *, num, den_shift, n_cells, bounded):
                                       int(n_cells), bool(bounded))
         if done == cells.shape[0]:
             return out
-        # Replay the unfinished value on its own words followed by fresh ones.
-        fresh = source.words(4 * (cells.shape[0] - done) + 64)
+        # Replay the unfinished value on its own words followed by fresh ones, at least as
+        # many as it has used: a value that needs many draws (bounded Laplace keeps about
+        # epsilon / 2 of them) then costs a constant factor of its words, not their square.
+        fresh = source.words(max(4 * (cells.shape[0] - done) + 64, words.shape[0] - resume))
         words = np.concatenate([words[resume:], fresh])

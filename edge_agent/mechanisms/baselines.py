@@ -166,6 +166,8 @@ class Duchi(BoundedLineSampling):
         # Define the upper atom as low + step so the kernel's low + 1 * step is it exactly.
         self._atom_step = (mid + self.bound * half) - self.output_low
         self.output_high = self.output_low + self._atom_step
+        _validate.output_domain("low, high", f"[{self.low:g}, {self.high:g}]", self.epsilon,
+                                self.output_low, self.output_high, self._atom_step)
         # Two cells of T/2 ticks; the 'central interval' is exactly one cell long
         # and slides from the lower cell (x = low) to the upper (x = high), so
         # P[upper] = (A T/2 + D * start) / 2**53 is affine in the start tick.

@@ -42,6 +42,8 @@ class _GridLaplace(Mechanism):
         self.grid_bits = _validate.grid_bits(grid_bits)
         self.output_low, self.output_high = self.low, self.high
         self.scale = (self.high - self.low) / self.epsilon
+        _validate.output_domain("low, high", f"[{self.low:g}, {self.high:g}]", self.epsilon,
+                                self.scale)
         # Grid cells hold the inputs too, so the sensitivity is n_cells - 1 cells.
         sensitivity = self.n_cells - 1
         self._num = math.ceil(Fraction(sensitivity << _DEN_SHIFT) / Fraction(self.epsilon))

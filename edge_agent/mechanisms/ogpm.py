@@ -122,8 +122,7 @@ class CircularOGPM(CircularThreePiece):
     def __init__(self, *, epsilon: float, period: float = TWO_PI, origin: float = 0.0,
                  grid_bits: int = 16):
         epsilon = _validate.epsilon(epsilon)
-        period = _validate.positive("period", period)
-        origin = _validate.real("origin", origin)
+        period, origin = _validate.circle(period, origin)
         self._build(epsilon, period, origin, _validate.grid_bits(grid_bits))
 
     def _build(self, epsilon: float, period: float, origin: float, grid_bits: int) -> None:
@@ -143,6 +142,14 @@ def optimal_polar_split(epsilon: float, radius_max: float, *, weight: float = 1.
     grid, hence its 1.32 where the optimum is 1.299).  A boundary optimum
     (one share 0) is returned as such: that component then reports uniform
     noise at no privacy cost.
+
+    The minimum is over the splits the mechanisms can run: each share is 0 or
+    at least EPSILON_MIN (the integer sampler has no layout for, e.g., the
+    2e-12 that weight 7.76 at epsilon 1 asks of the radius).  When the free
+    optimum leaves a side less than that, the objective, being convex, is
+    smallest over the allowed shares at one of the ends of their gaps (0,
+    EPSILON_MIN, epsilon - EPSILON_MIN, epsilon), so the split returned is
+    still the exact optimum of what can be run.
     """
     epsilon = _validate.epsilon(epsilon)
     radius_max = _validate.positive("radius_max", radius_max)
@@ -169,9 +176,22 @@ def optimal_polar_split(epsilon: float, radius_max: float, *, weight: float = 1.
             hi = mid
     e1 = 0.5 * (lo + hi)
     e2 = epsilon - e1
-    # Sequential composition needs e1 + e2 <= epsilon exactly, not just in floats.
+    least = _validate.EPSILON_MIN
+    if min(e1, e2) < least:
+        def objective(split: tuple[float, float]) -> float:
+            return alpha * worst_case_mse_unit(split[0]) + beta * worst_case_mse_unit(split[1])
+
+        splits = [(0.0, epsilon), (epsilon, 0.0)]
+        if epsilon - least >= least:
+            splits += [(least, epsilon - least), (epsilon - least, least)]
+        e1, e2 = min(splits, key=objective)
+    # Sequential composition needs e1 + e2 <= epsilon exactly, not just in floats.  The
+    # angle's share gives way, unless it is pinned at EPSILON_MIN (then e1 is the larger).
     while Fraction(e1) + Fraction(e2) > Fraction(epsilon):
-        e2 = math.nextafter(e2, 0.0)
+        if e2 == least < e1:
+            e1 = math.nextafter(e1, 0.0)
+        else:
+            e2 = math.nextafter(e2, 0.0)
     return e1, e2
 
 
@@ -193,9 +213,9 @@ class PolarOGPM:
                  period: float = TWO_PI, origin: float = 0.0, grid_bits: int = 16):
         self.epsilon = _validate.epsilon(epsilon)
         self.radius_max = _validate.positive("radius_max", radius_max)
+        _validate.interval(0.0, self.radius_max, names="radius_max")
         self.weight = _validate.positive("weight", weight)
-        period = _validate.positive("period", period)
-        origin = _validate.real("origin", origin)
+        period, origin = _validate.circle(period, origin)
         self.grid_bits = _validate.grid_bits(grid_bits)
         self.epsilon_radius, self.epsilon_angle = optimal_polar_split(
             self.epsilon, self.radius_max, weight=self.weight, period=period

@@ -46,7 +46,9 @@ class RandomizedResponse:
     name = "randomized-response"
 
     def __init__(self, *, epsilon: float):
-        self.epsilon = _validate.epsilon(epsilon)
+        # Down to RESPONSE_EPSILON_MIN, below the other mechanisms' EPSILON_MIN: range
+        # discovery answers each round at a share of a run's epsilon.
+        self.epsilon = _validate.epsilon(epsilon, minimum=_validate.RESPONSE_EPSILON_MIN)
         self.flip_weight = _flip_weight(self.epsilon)
         self.keep_weight = _TOTAL - self.flip_weight
 

@@ -61,7 +61,11 @@ class ThreePieceMechanism(BoundedLineSampling):
         self._centre_slope = centre_slope
         width = output_high - output_low
         ratio = math.exp(epsilon)
-        self.p_low = 1.0 / ((width - length) + ratio * length)
+        normaliser = (width - length) + ratio * length
+        _validate.output_domain("origin, period" if self.circular else "low, high",
+                                f"[{low:g}, {high:g}]", epsilon, output_low, output_high, width,
+                                normaliser)
+        self.p_low = 1.0 / normaliser
         self.p_high = ratio * self.p_low
         self.layout = TickLayout.for_fraction(
             epsilon=epsilon, fraction=length / width, grid_bits=grid_bits
@@ -191,8 +195,28 @@ class CircularThreePiece(ThreePieceMechanism):
             origin=origin, period=period, scale=self._tick_scale, offset=self._tick_offset,
             constants=self._constants)
 
+    def offset(self, x: Any) -> np.ndarray:
+        """(x - origin) mod period in [0, period), exactly as the kernel wraps (any finite x).
+
+        Inside the turn it is x - origin; outside, the kernel's ``_circle_offset``: the
+        exact fmod remainders of x and origin, so a huge x (1e300) wraps to where it
+        lies instead of overflowing ((x - origin) * ticks / period).
+        """
+        x = np.asarray(x, dtype=np.float64)
+        with np.errstate(over="ignore"):  # an overflow to +-inf is outside, as it should be
+            d = x - self.origin
+        outside = (d < 0.0) | (d >= self.period)
+        if not np.any(outside):
+            return d
+        with np.errstate(invalid="ignore"):  # inf and NaN inputs stay NaN
+            w = np.fmod(np.fmod(x, self.period) - math.fmod(self.origin, self.period),
+                        self.period)
+        w = np.where(w < 0.0, w + self.period, w)
+        w = np.where((w < self.period) | np.isnan(w), w, 0.0)
+        return np.where(outside, w, d)
+
     def wrap(self, x: Any) -> np.ndarray:
-        return self.origin + np.mod(np.asarray(x, dtype=np.float64) - self.origin, self.period)
+        return self.origin + self.offset(x)
 
     def distance(self, x: Any, y: Any) -> np.ndarray:
         """Circular distance in [0, period / 2]."""
@@ -249,7 +273,7 @@ class CircularThreePiece(ThreePieceMechanism):
         return (self.p_high - self.p_low) * self.period / math.pi * math.sin(angle)
 
     def start_ticks(self, x: Any) -> np.ndarray:
-        t = (np.asarray(x, dtype=np.float64) - self.origin) * self._tick_scale
+        t = self.offset(x) * self._tick_scale
         ticks = float(self.layout.ticks)
         t = t - np.floor(t / ticks) * ticks
         return np.floor(t + self._tick_offset).astype(np.int64) & (self.layout.ticks - 1)

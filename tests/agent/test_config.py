@@ -41,9 +41,12 @@ def error_for(mutate) -> str:
 
 @pytest.mark.parametrize("mutate,message", [
     (lambda d: d["channels"][2].update(epsilon=-1),
-     "channels[2].epsilon: must be in (0, 20], got -1"),
+     "channels[2].epsilon: must be in [1e-05, 20], got -1"),
     (lambda d: d["channels"][0].update(epsilon=0),
-     "channels[0].epsilon: must be in (0, 20], got 0"),
+     "channels[0].epsilon: must be in [1e-05, 20], got 0"),
+    # Below EPSILON_MIN the mechanisms have no integer sampler: refused here, not at start-up.
+    (lambda d: d["channels"][1].update(epsilon=1e-12),
+     "channels[1].epsilon: must be in [1e-05, 20], got 1e-12"),
     (lambda d: d["privacy"].update(budget_epsilon=0), "privacy.budget_epsilon: must be > 0, got 0"),
     (lambda d: d["broker"] if "broker" in d else d.update(broker={"port": 70000}),
      "broker.port: must be <= 65535, got 70000"),

@@ -34,7 +34,15 @@ def tpm_linear_left(mech, x: float) -> int:
 
 
 def tpm_circular_left(mech, x: float) -> int:
-    t = (x - mech.origin) * mech._tick_scale
+    d = x - mech.origin
+    if not 0.0 <= d < mech.period:  # wrap the exact remainders (x may be huge)
+        d = math.fmod(math.fmod(x, mech.period) - math.fmod(mech.origin, mech.period),
+                      mech.period)
+        if d < 0.0:
+            d += mech.period
+        if d >= mech.period:
+            d = 0.0
+    t = d * mech._tick_scale
     t -= math.floor(t / mech.layout.ticks) * mech.layout.ticks
     return math.floor(t + mech._tick_offset) % mech.layout.ticks
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import pickle
+from itertools import product
 
 import numpy as np
 import pytest
 
 from edge_agent.mechanisms import (
+    EPSILON_MIN,
     PTT,
     BoundedLaplace,
     CircularOGPM,
@@ -23,6 +25,7 @@ from edge_agent.mechanisms import (
     UnbiasedOGPM,
     from_description,
 )
+from edge_agent.mechanisms.randomized_response import RandomizedResponse
 from edge_agent.mechanisms.randomness import as_random_source
 
 from .helpers import KINDS, make
@@ -35,15 +38,62 @@ LINEAR = [ClassicalOGPM, UnbiasedOGPM, PiecewiseMechanism, SquareWave, PTT, Duch
 
 @pytest.mark.parametrize("cls", LINEAR)
 @pytest.mark.parametrize("epsilon,message", [
-    (0.0, r"epsilon: must be in \(0, 20\], got 0"),
-    (-1.0, r"epsilon: must be in \(0, 20\], got -1"),
-    (25.0, r"epsilon: must be in \(0, 20\], got 25"),
+    (0.0, r"epsilon: must be in \[1e-05, 20\], got 0"),
+    (-1.0, r"epsilon: must be in \[1e-05, 20\], got -1"),
+    (1e-12, r"epsilon: must be in \[1e-05, 20\], got 1e-12"),
+    (np.nextafter(EPSILON_MIN, 0.0), r"epsilon: must be in \[1e-05, 20\], got 1e-05"),
+    (25.0, r"epsilon: must be in \[1e-05, 20\], got 25"),
     (math.inf, "epsilon must be finite"),
     (math.nan, "epsilon must be finite"),
 ])
 def test_bad_epsilon_names_the_range(cls, epsilon, message):
     with pytest.raises(ValueError, match=message):
         cls(epsilon=epsilon, low=0.0, high=1.0)
+
+
+def test_circle_polar_and_response_refuse_epsilon_below_the_minimum():
+    with pytest.raises(ValueError, match=r"epsilon: must be in \[1e-05, 20\], got 1e-12"):
+        CircularOGPM(epsilon=1e-12)
+    with pytest.raises(ValueError, match=r"epsilon: must be in \[1e-05, 20\], got 1e-12"):
+        PolarOGPM(epsilon=1e-12, radius_max=1.0)
+    # Randomized response takes range discovery's per-round shares (down to 1e-9).
+    assert RandomizedResponse(epsilon=EPSILON_MIN / 64).epsilon == EPSILON_MIN / 64
+    with pytest.raises(ValueError, match=r"epsilon: must be in \[1e-09, 20\], got 1e-12"):
+        RandomizedResponse(epsilon=1e-12)
+
+
+# Every domain the tests below use at EPSILON_MIN: unit, wide, narrow far from zero, tiny.
+MIN_EPSILON_DOMAINS = [(0.0, 1.0), (-1e6, 3e6), (1000.0, 1000.5), (-1e-90, 1e-90),
+                       (-1e290, 1e290)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_mechanism_runs_at_epsilon_min(kind):
+    """The integer layouts, Duchi's atoms and the Laplace scale all exist at EPSILON_MIN."""
+    rng = np.random.default_rng(12)
+    for (low, high), bits in product(MIN_EPSILON_DOMAINS, (1, 2, 8, 16)):
+        if kind == "duchi" and bits != 16:
+            continue
+        m = make(kind, EPSILON_MIN, low, high, grid_bits=bits)
+        assert m.exact_privacy_loss().at_most(EPSILON_MIN), (kind, low, high, bits)
+        x = np.array([low, high, 0.5 * low + 0.5 * high])
+        codes = m.perturb_codes(x, rng)
+        assert codes.shape == (3,) and int(codes.max()) < m.n_cells
+        # ... and the kernel's codes are ones grid_pmf gives a positive probability.
+        assert np.all(m.grid_pmf(x)[np.arange(3), codes] > 0.0)
+
+
+def test_polar_and_response_run_at_epsilon_min():
+    rng = np.random.default_rng(13)
+    for bits, weight in product((1, 8, 16), (1e-6, 1.0, 1e6)):
+        m = PolarOGPM(epsilon=EPSILON_MIN, radius_max=2.0, weight=weight, grid_bits=bits)
+        assert m.exact_privacy_loss().at_most(EPSILON_MIN)
+        r, a = m.perturb([0.0, 1.0, 2.0], [0.0, 1.0, 6.0], rng)
+        assert r.shape == a.shape == (3,)
+    rr = RandomizedResponse(epsilon=EPSILON_MIN)
+    assert rr.exact_privacy_loss().at_most(EPSILON_MIN)
+    assert rr.keep_weight > rr.flip_weight and math.isfinite(rr.debias_factor)
+    assert set(rr.respond(np.array([1, -1, 1]), rng).tolist()) <= {-1, 1}
 
 
 @pytest.mark.parametrize("cls", LINEAR)
@@ -62,6 +112,52 @@ def test_bad_domain_and_types(cls):
         cls(1.0, 0.0, 1.0)
 
 
+LINEAR_KINDS = [kind for kind in KINDS if kind != "ogpm-circular"]
+NARROW = r"low, high: the width must be at least 1e-100 and 2\*\*-32 times the largest magnitude"
+
+
+@pytest.mark.parametrize("kind", LINEAR_KINDS)
+@pytest.mark.parametrize("low,high", [
+    (0.0, 5e-324),  # a subnormal width: 2**20 / width overflows, Duchi's pmf was not one
+    (0.0, 1e-310),
+    (2.2250738585072014e-308, 2.225073858507202e-308),  # normal ends, subnormal width
+    (0.0, 1e-101),  # below WIDTH_MIN
+    (1.0, 1.0 + 2.0**-40),  # 2**12 doubles for 2**20 ticks
+    (-1e6, -1e6 + 1e-5),
+])
+def test_too_narrow_domains_are_refused(kind, low, high):
+    with pytest.raises(ValueError, match=NARROW):
+        make(kind, 1.0, low, high)
+
+
+@pytest.mark.parametrize("kind", LINEAR_KINDS)
+@pytest.mark.parametrize("epsilon", [EPSILON_MIN, 1.0, 20.0])
+def test_domains_near_the_float_limit_are_refused_or_finite(kind, epsilon):
+    """Near +-1.8e308 the output domain (or density, or Laplace scale) of most mechanisms
+    overflows: refused, naming the domain; the ones accepted are finite throughout."""
+    rng = np.random.default_rng(14)
+    with pytest.raises(ValueError, match=r"low, high: the width overflows, got \[-1e\+308, "):
+        make(kind, epsilon, -1e308, 1e308)
+    for low, high in [(-8e307, 8e307), (0.0, 1.7e308), (-1e300, 1e300), (-1e290, 1e290)]:
+        try:
+            m = make(kind, epsilon, low, high)
+        except ValueError as exc:
+            assert str(exc).startswith(
+                f"low, high: [{low:g}, {high:g}] is too wide at epsilon={epsilon:g}: "), exc
+            continue
+        derived = [m.output_low, m.output_high, m.output_high - m.output_low, m.cell_width,
+                   *m.grid_values, getattr(m, "p_high", 1.0), getattr(m, "scale", 1.0)]
+        assert all(math.isfinite(v) for v in derived), (kind, low, high)
+        x = np.array([low, high, 0.5 * low + 0.5 * high])
+        codes = m.perturb_codes(x, rng)
+        pmf = m.grid_pmf(x)
+        assert np.allclose(pmf.sum(axis=-1), 1.0, rtol=0, atol=1e-12)
+        assert np.all(pmf[np.arange(3), codes] > 0.0)
+        assert np.all(np.isfinite(m.from_codes(codes)))
+    # The widest domains at EPSILON_MIN that every one of them takes.
+    make(kind, epsilon, -1e290, 1e290)
+
+
 def test_circle_polar_and_grid_errors():
     with pytest.raises(ValueError, match="period: must be > 0, got 0"):
         CircularOGPM(epsilon=1.0, period=0.0)
@@ -69,6 +165,17 @@ def test_circle_polar_and_grid_errors():
         CircularOGPM(epsilon=1.0, period=-360.0)
     with pytest.raises(ValueError, match="radius_max: must be > 0, got 0"):
         PolarOGPM(epsilon=1.0, radius_max=0.0)
+    # The width rule of linear domains, for a turn and a radius too.
+    with pytest.raises(ValueError, match="period: the width must be at least 1e-100"):
+        CircularOGPM(epsilon=1.0, period=5e-324)
+    with pytest.raises(ValueError, match=r"period: the width must .* got 1 \(origin=1e\+12\)"):
+        CircularOGPM(epsilon=1.0, period=1.0, origin=1e12)
+    with pytest.raises(ValueError, match="origin, period: origin \\+ period overflows"):
+        CircularOGPM(epsilon=1.0, period=1e308, origin=1e308)
+    with pytest.raises(ValueError, match="radius_max: the width must be at least 1e-100"):
+        PolarOGPM(epsilon=1.0, radius_max=1e-200)
+    with pytest.raises(ValueError, match="period: the width must be at least 1e-100"):
+        PolarOGPM(epsilon=1.0, radius_max=1.0, period=1e-310)
     with pytest.raises(ValueError, match="weight: must be > 0, got -1"):
         PolarOGPM(epsilon=1.0, radius_max=1.0, weight=-1.0)
     with pytest.raises(ValueError, match=r"grid_bits: must be in \[1, 16\], got 20"):

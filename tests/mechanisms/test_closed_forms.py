@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 from scipy import integrate
 
 from edge_agent.mechanisms import (
+    EPSILON_MIN,
     PTT,
     BoundedLaplace,
     CircularOGPM,
@@ -22,6 +24,8 @@ from edge_agent.mechanisms import (
     optimal_polar_split,
 )
 from edge_agent.mechanisms.ogpm import worst_case_mse_unit
+from edge_agent.mechanisms.randomized_response import RandomizedResponse
+from tests.support import REPO
 
 from .helpers import KINDS, make
 
@@ -193,6 +197,31 @@ def test_polar_split_minimises_objective_exactly(epsilon, radius_max, weight):
     m = PolarOGPM(epsilon=epsilon, radius_max=radius_max, weight=weight)
     assert m.worst_case_error(2) == pytest.approx(
         radius_max**2 * worst_case_mse_unit(e1) + PI**2 * worst_case_mse_unit(e2), rel=1e-9)
+
+
+@pytest.mark.parametrize("weight,pinned", [
+    (7.7627405667777065, 0.0),  # free optimum: 2.1e-12 for the radius
+    (7.762771617732209, EPSILON_MIN),  # free optimum: 8.4e-6 for the radius
+    (12.548236097779293, 1.0),  # free optimum: 8.4e-6 for the angle
+])
+def test_polar_split_is_optimal_among_shares_the_sampler_runs(weight, pinned):
+    """Each share is 0 or >= EPSILON_MIN, and the split minimises the objective over those."""
+    e1, e2 = optimal_polar_split(1.0, 1.0, weight=weight)
+    small, large = sorted((e1, e2))
+    assert small == (pinned if pinned < 0.5 else EPSILON_MIN)
+    assert (e1 < e2) == (pinned < 0.5)
+    # The other share is the largest float that composes to at most 1, exactly.
+    assert Fraction(small) + Fraction(large) <= 1 < Fraction(small) + Fraction(
+        math.nextafter(large, 2.0))
+    objective = lambda a: weight * worst_case_mse_unit(a) + PI**2 * (  # noqa: E731
+        worst_case_mse_unit(1.0 - a))
+    allowed = [0.0, 1.0, *np.linspace(EPSILON_MIN, 1.0 - EPSILON_MIN, 20001),
+               *np.linspace(EPSILON_MIN, 1e-4, 2001), *np.linspace(1.0 - 1e-4, 1.0 - EPSILON_MIN,
+                                                                  2001)]
+    assert objective(e1) <= min(objective(a) for a in allowed)
+    m = PolarOGPM(epsilon=1.0, radius_max=1.0, weight=weight)
+    assert (m.epsilon_radius, m.epsilon_angle) == (e1, e2)
+    assert m.exact_privacy_loss().at_most(1.0)
 
 
 def test_polar_split_boundary_gives_radius_no_budget():
@@ -419,3 +448,18 @@ def test_laplace_and_circular_means_are_not_affine():
     assert make("laplace", 1.0).affine_mean() is None
     assert make("bounded-laplace", 1.0).affine_mean() is None
     assert make("ogpm-circular", 1.0).affine_mean() is None
+
+
+# -- Randomized response as docs/PROTOCOL.md describes it ---------------------------------
+
+def test_protocol_doc_gives_the_keep_and_flip_probabilities_of_the_code():
+    text = " ".join((REPO / "docs" / "PROTOCOL.md").read_text().split())
+    assert "kept with probability p = K/2^53, about e^ε/(1+e^ε)" in text
+    assert "flipped with probability F/2^53 = 1 − p, about 1/(1+e^ε)" in text
+    for epsilon in (0.1, 1.0, 6.0):
+        rr = RandomizedResponse(epsilon=epsilon)
+        total = rr.keep_weight + rr.flip_weight
+        assert total == 2**53 and rr.keep_probability == Fraction(rr.keep_weight, total)
+        e = math.exp(epsilon)
+        assert float(rr.keep_probability) == pytest.approx(e / (1 + e), rel=1e-15)
+        assert float(rr.pmf(-1, 1)) == pytest.approx(1 / (1 + e), rel=1e-14)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_agent.mechanisms import Duchi, PolarOGPM
+from edge_agent.mechanisms import CircularOGPM, Duchi, PolarOGPM
 
 from .helpers import KINDS, continuous_cdf_at_cells, dkw_threshold, ks_statistic, make
 
@@ -62,6 +62,33 @@ def test_grid_mechanism_is_the_paper_mechanism(kind, epsilon):
         else:
             slack = 2.0 * m.p_high * (m.output_high - m.output_low) / m.layout.ticks
         assert np.max(np.abs(grid_cdf - paper_cdf)) <= slack + 1e-12, f"{kind} x={x}"
+
+
+@pytest.mark.parametrize("period,origin", [(2 * np.pi, 0.0), (360.0, -180.0)])
+def test_huge_angles_follow_exact_cdf(period, origin):
+    """A finite angle of any size: the kernel's codes follow grid_pmf of that angle (both
+    wrap its exact remainder; (x - origin) * 2**20 / period used to overflow or lose the
+    angle, and the kernel and grid_pmf then drew from different arcs)."""
+    m = CircularOGPM(epsilon=1.0, period=period, origin=origin)
+    rng = np.random.default_rng([SEED, 5])
+    for x in [1e300, -1e300, 1e308, -1.7e308, 1e20, -3e15]:
+        codes = m.perturb_codes(np.full(N, x), rng)
+        assert ks_statistic(codes, np.cumsum(m.grid_pmf(x))) < dkw_threshold(N), x
+
+
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "ogpm-circular"])
+@pytest.mark.parametrize("low,high", [(0.0, 1e-100), (1.0, 1.0 + 2.0**-31),
+                                      (-1e290, 1e290)])
+def test_extreme_accepted_domains_follow_exact_cdf(kind, low, high):
+    """The narrowest domains the width rule accepts, and a wide one.  (Not at EPSILON_MIN:
+    bounded Laplace redraws about 2 / epsilon times per value; test_api runs it there.)"""
+    rng = np.random.default_rng([SEED, 6, KINDS.index(kind)])
+    for epsilon in (0.1, 4.0):
+        m = make(kind, epsilon, low, high)
+        for x in (low, high, 0.5 * low + 0.5 * high):
+            codes = m.perturb_codes(np.full(N // 4, x), rng)
+            cdf = np.cumsum(m.grid_pmf(x))
+            assert ks_statistic(codes, cdf) < dkw_threshold(N // 4), (kind, epsilon, x)
 
 
 def test_polar_components_follow_exact_cdf():

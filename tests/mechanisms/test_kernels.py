@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
-from edge_agent.mechanisms import Duchi, TruncatedLaplace, _kernels
+from edge_agent.mechanisms import (
+    BoundedLaplace,
+    Duchi,
+    SeededRandom,
+    TruncatedLaplace,
+    _kernels,
+)
 
 from . import reference
 from .helpers import make
@@ -64,6 +73,10 @@ def test_linear_tpm_kernel_matches_reference(kind, epsilon):
     assert m.start_ticks(x).tolist() == [reference.tpm_linear_left(m, float(v)) for v in x]
 
 
+# Angles whose (x - origin) * 2**20 / period overflows or keeps no fraction of a turn.
+HUGE_ANGLES = [1e300, -1e300, 1e308, -1.7e308, np.finfo(np.float64).max, 1e20, -3e15]
+
+
 @pytest.mark.parametrize("epsilon", [0.05, 1.0, 9.0])
 @pytest.mark.parametrize("period,origin", [(2 * np.pi, 0.0), (360.0, -180.0)])
 def test_circular_kernel_matches_reference(epsilon, period, origin):
@@ -72,7 +85,7 @@ def test_circular_kernel_matches_reference(epsilon, period, origin):
     rng = np.random.default_rng(8)
     m = CircularOGPM(epsilon=epsilon, period=period, origin=origin)
     x = np.concatenate([[origin, origin + period, np.nextafter(origin, -1e9), -1e7, 1e7],
-                        rng.uniform(origin - 3 * period, origin + 3 * period, 3000)])
+                        HUGE_ANGLES, rng.uniform(origin - 3 * period, origin + 3 * period, 3000)])
     words = _adversarial_words(rng, x.size, m.layout)
     codes, wrapped = m.perturb_codes(x, ListSource(words), return_clipped=True)
     expected = [reference.tpm_code(m.layout, reference.tpm_circular_left(m, float(v)), int(w), True)
@@ -80,6 +93,26 @@ def test_circular_kernel_matches_reference(epsilon, period, origin):
     assert codes.tolist() == expected
     assert wrapped == int(np.sum((x < origin) | (x >= origin + period)))
     assert m.start_ticks(x).tolist() == [reference.tpm_circular_left(m, float(v)) for v in x]
+
+
+@pytest.mark.parametrize("period,origin", [(2 * np.pi, 0.0), (360.0, -180.0), (1.0, 0.25)])
+def test_huge_angles_wrap_to_their_exact_remainder(period, origin):
+    """The kernel and grid_pmf wrap a huge angle to where it lies on the circle: the start
+    tick of its exact remainder (Fraction arithmetic), to within the one rounding of the
+    remainder's difference with the origin's."""
+    from edge_agent.mechanisms import CircularOGPM
+
+    m = CircularOGPM(epsilon=1.0, period=period, origin=origin)
+    ticks = m.layout.ticks
+    for x in HUGE_ANGLES:
+        exact = (Fraction(x) - Fraction(origin)) % Fraction(period)
+        start = int(m.start_ticks(x))
+        ideal = math.floor(exact * Fraction(ticks) / Fraction(period) + Fraction(m._tick_offset))
+        assert min((start - ideal) % ticks, (ideal - start) % ticks) <= 1, x
+        if origin == 0.0:  # one remainder only: exact
+            assert np.array_equal(m.grid_pmf(x), m.grid_pmf(float(exact)))
+        assert m.start_ticks(x) == reference.tpm_circular_left(m, x)
+        assert m.wrap(x) == pytest.approx(origin + float(exact), abs=1e-12 * period)
 
 
 def test_duchi_kernel_matches_reference():
@@ -124,6 +157,24 @@ def test_laplace_refill_replays_the_unfinished_value():
     pieces = _kernels.laplace_cells(cells, Dribble(stream), num=m._num, den_shift=16,
                                     n_cells=256, bounded=False)
     assert pieces.tolist() == whole.tolist()
+
+
+def test_laplace_refills_grow_with_a_long_value():
+    """Bounded Laplace keeps about epsilon / 2 of its draws, so one value at a small
+    epsilon takes thousands of words; each refill replays the value, so refills must
+    grow geometrically (at 1e-4 a value took 17 s with fixed 68-word refills)."""
+    m = BoundedLaplace(epsilon=1e-3, low=0.0, high=1.0, grid_bits=16)
+    inner = SeededRandom(np.random.default_rng(15))
+    sizes = []
+
+    class Counting:
+        def words(self, count):
+            sizes.append(count)
+            return inner.words(count)
+
+    m.perturb_codes(np.array([0.5]), Counting())
+    assert sum(sizes) > 2_000  # a long value: it needed many refills' worth of words
+    assert len(sizes) <= 2 + math.log2(sum(sizes))
 
 
 def test_kernel_wrappers_validate_arrays():

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from edge_agent.mechanisms import ExactLoss, PolarOGPM
+from edge_agent.mechanisms import EPSILON_MIN, ExactLoss, PolarOGPM
 from edge_agent.mechanisms._layout import TOTAL_BITS, TickLayout, max_extra_weight
 
 from .helpers import KINDS, make
@@ -42,6 +42,25 @@ def test_polar_privacy_composes_within_epsilon(epsilon, radius_max, weight):
     assert m.epsilon_radius + m.epsilon_angle <= epsilon
     assert m.exact_privacy_loss().at_most(epsilon)
     assert m.privacy_loss() <= epsilon
+
+
+# Log-spaced weights and ones whose free optimum gives the radius (7.76...) or the angle
+# (12.5...) a share of about 1e-12 or just under EPSILON_MIN at epsilon = 1, period 2 pi.
+POLAR_WEIGHTS = [*np.geomspace(1e-6, 1e6, 25).tolist(), 7.7627405667777065,
+                 7.762771617732209, 12.548236097779293]
+
+
+@pytest.mark.parametrize("epsilon", [EPSILON_MIN, 1.0, 6.0])
+@pytest.mark.parametrize("period", [2 * math.pi, 360.0])
+def test_polar_builds_for_every_weight_within_epsilon(epsilon, period):
+    """Every share is 0 (a uniform report) or at least EPSILON_MIN, so both components
+    have an integer layout, and the pair's exact loss stays within epsilon."""
+    for weight in POLAR_WEIGHTS:
+        m = PolarOGPM(epsilon=epsilon, radius_max=1.0, weight=weight, period=period)
+        for share in (m.epsilon_radius, m.epsilon_angle):
+            assert share == 0.0 or share >= EPSILON_MIN, (weight, share)
+        assert Fraction(m.epsilon_radius) + Fraction(m.epsilon_angle) <= Fraction(epsilon)
+        assert m.exact_privacy_loss().at_most(epsilon), weight
 
 
 @settings(max_examples=200, deadline=None)

@@ -40,8 +40,10 @@ def test_rr_privacy_is_exact_and_tight(epsilon):
 def test_rr_rejects_bad_parameters():
     with pytest.raises(TypeError):
         RandomizedResponse(epsilon="1")
-    with pytest.raises(ValueError, match=r"epsilon: must be in \(0, 20\]"):
+    with pytest.raises(ValueError, match=r"epsilon: must be in \[1e-09, 20\], got 0"):
         RandomizedResponse(epsilon=0)
+    with pytest.raises(ValueError, match=r"epsilon: must be in \[1e-09, 20\], got 1e-12"):
+        RandomizedResponse(epsilon=1e-12)
     with pytest.raises(ValueError, match="only -1 and"):
         RandomizedResponse(epsilon=1).respond(np.array([0, 1]))
 
