@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -39,8 +38,9 @@ from .config import (
     LinearChannelConfig,
     PolarChannelConfig,
     VectorChannelConfig,
+    period_of,
 )
-from .mechanisms import CircularOGPM, ExactLoss, PolarOGPM, linear_mechanism
+from .mechanisms import CircularOGPM, ExactLoss, PolarOGPM, linear_mechanism, split_epsilon
 from .mechanisms.randomness import RandomSource, as_random_source
 from .readings import Readings
 from .state import NANO
@@ -49,10 +49,6 @@ from .state import NANO
 # counters that depend on readings, kept on the device (docs/PRIVACY.md).
 PUBLISHED_COUNTERS = ("reports", "messages")
 LOCAL_COUNTERS = ("non_finite_dropped", "clipped", "budget_refused", "clock_behind", "errors")
-
-
-def period_of(unit: str) -> float:
-    return 2.0 * math.pi if unit == "rad" else 360.0
 
 
 @dataclass
@@ -224,15 +220,6 @@ class PolarChannel(Channel):
         return [radius.tolist(), angle.tolist()], clipped
 
 
-def share_of(epsilon: float, parts: int) -> float:
-    """epsilon / parts, rounded down so that ``parts`` shares compose to at most epsilon
-    exactly (parts * Fraction(share) <= Fraction(epsilon))."""
-    share = epsilon / parts
-    while Fraction(share) * parts > Fraction(epsilon):
-        share = math.nextafter(share, 0.0)
-    return share
-
-
 def vector_plan(config: VectorChannelConfig) -> tuple[int, float]:
     """(k, epsilon per axis report) for a vector channel.
 
@@ -252,18 +239,18 @@ def vector_plan(config: VectorChannelConfig) -> tuple[int, float]:
     """
     d = len(config.fields)
     if config.strategy == "split":
-        return d, share_of(config.epsilon, d)
+        return d, split_epsilon(config.epsilon, d)
     if config.strategy == "sample":
-        return config.k, share_of(config.epsilon, config.k)
+        return config.k, split_epsilon(config.epsilon, config.k)
 
     def score(k: int) -> float:
-        mech = linear_mechanism(config.mechanism, epsilon=share_of(config.epsilon, k),
+        mech = linear_mechanism(config.mechanism, epsilon=split_epsilon(config.epsilon, k),
                                 low=config.domain[0], high=config.domain[1],
                                 grid_bits=min(config.grid_bits, 10))
         return mech.worst_case_error(2) * d / k
 
     best = min(range(1, d + 1), key=score)
-    return best, share_of(config.epsilon, best)
+    return best, split_epsilon(config.epsilon, best)
 
 
 class VectorChannel(Channel):

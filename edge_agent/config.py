@@ -24,7 +24,16 @@ from pydantic import (
     model_validator,
 )
 
-from .mechanisms import EPSILON_MAX, EPSILON_MIN, GRID_BITS_MAX, GRID_BITS_MIN
+from .mechanisms import (
+    EPSILON_MAX,
+    EPSILON_MIN,
+    GRID_BITS_MAX,
+    GRID_BITS_MIN,
+    CircularOGPM,
+    PolarOGPM,
+    linear_mechanism,
+    split_epsilon,
+)
 from .mechanisms.registry import KIND_CONFIG_NAMES
 from .mqtt_client import Endpoint, TlsFiles
 from .protocol.messages import MAX_AGENT_CHANNELS
@@ -383,6 +392,9 @@ class AgentConfig(Model):
             if source is None:
                 raise ValueError(f"channels[{i}].source: no source named {channel.source!r} "
                                  f"(have: {', '.join(sources)})")
+            problem = _mechanism_problem(channel)
+            if problem:
+                raise ValueError(f"channels[{i}]: {problem}")
             available = source_fields(source)
             wanted = [channel.field] if hasattr(channel, "field") else list(channel.fields)
             if available is not None:
@@ -395,6 +407,42 @@ class AgentConfig(Model):
 
     def source(self, name: str):
         return next(s for s in self.sources if s.name == name)
+
+
+def _mechanism_problem(channel) -> str | None:
+    """Why the channel's mechanism cannot be built (the mechanisms' own checks: epsilon
+    per axis, domain width and overflow), or None; so that check-config says it, not the
+    agent's start."""
+    try:
+        if channel.kind == "linear":
+            low, high = channel.start_domain
+            linear_mechanism(channel.mechanism, epsilon=channel.epsilon, low=low, high=high,
+                             grid_bits=channel.grid_bits)
+        elif channel.kind == "vector":
+            # "auto" may choose any k of 1..d axes: the smallest share is epsilon / d.
+            axes = channel.k if channel.strategy == "sample" else len(channel.fields)
+            share = split_epsilon(channel.epsilon, axes)
+            if share < EPSILON_MIN:
+                return (f"epsilon {channel.epsilon:g} over {axes} axes is {share:.3g} per axis, "
+                        f"below the least a mechanism takes ({EPSILON_MIN:g}): raise "
+                        f"epsilon or report fewer axes per reading (strategy 'sample')")
+            linear_mechanism(channel.mechanism, epsilon=share, low=channel.domain[0],
+                             high=channel.domain[1], grid_bits=channel.grid_bits)
+        elif channel.kind == "circular":
+            CircularOGPM(epsilon=channel.epsilon, period=period_of(channel.unit),
+                         origin=channel.origin, grid_bits=channel.grid_bits)
+        elif channel.kind == "polar":
+            PolarOGPM(epsilon=channel.epsilon, radius_max=channel.radius_max,
+                      weight=channel.weight, period=period_of(channel.unit),
+                      origin=channel.origin, grid_bits=channel.grid_bits)
+    except (ValueError, OverflowError) as exc:
+        return str(exc)
+    return None
+
+
+def period_of(unit: str) -> float:
+    """The circle's length in ``unit`` (rad or deg)."""
+    return 2.0 * math.pi if unit == "rad" else 360.0
 
 
 def _unique(what: str, names: list[str]) -> None:

@@ -37,8 +37,8 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from fractions import Fraction
 
+from .mechanisms import split_epsilon
 from .mechanisms.randomized_response import RandomizedResponse
 
 STRATEGIES = ("sequential", "split")
@@ -64,12 +64,7 @@ def _count(name: str, value: object, low: int, high: int) -> int:
 
 def answer_epsilon(epsilon: float, rounds: int, strategy: str) -> float:
     """eps/L rounded down so that L answers compose to at most eps exactly (split: eps)."""
-    if strategy == "split":
-        return epsilon
-    share = epsilon / rounds
-    while Fraction(share) * rounds > Fraction(epsilon):
-        share = math.nextafter(share, 0.0)
-    return share
+    return epsilon if strategy == "split" else split_epsilon(epsilon, rounds)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ compact wire form, and ``pdf``, ``cdf``, ``mean_output``, ``variance``,
 """
 
 from ._validate import EPSILON_MAX, EPSILON_MIN, GRID_BITS_MAX, GRID_BITS_MIN
-from .base import ExactLoss, Mechanism
+from .base import ExactLoss, Mechanism, split_epsilon
 from .baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
 from .laplace import BoundedLaplace, TruncatedLaplace
 from .ogpm import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM, optimal_polar_split
@@ -40,4 +40,5 @@ __all__ = [
     "kind_accepts",
     "linear_mechanism",
     "optimal_polar_split",
+    "split_epsilon",
 ]

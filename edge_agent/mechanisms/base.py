@@ -61,6 +61,16 @@ def raise_non_finite(bad: int, total: int, name: str = "values") -> None:
         )
 
 
+def split_epsilon(epsilon: float, parts: int) -> float:
+    """epsilon / parts, rounded down so that ``parts`` shares compose to at most epsilon
+    exactly (parts * Fraction(share) <= Fraction(epsilon)): the float quotient can be a
+    little more than the exact one."""
+    share = epsilon / parts
+    while Fraction(share) * parts > Fraction(epsilon):
+        share = math.nextafter(share, 0.0)
+    return share
+
+
 @dataclass(frozen=True)
 class ExactLoss:
     """A privacy loss ln(ratio) + exponent held exactly (ratio, exponent rational).

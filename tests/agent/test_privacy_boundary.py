@@ -21,10 +21,10 @@ import pytest
 
 from edge_agent import protocol
 from edge_agent.agent import AgentCore, AgentService
-from edge_agent.channels import build_channel, share_of, vector_plan
+from edge_agent.channels import build_channel, vector_plan
 from edge_agent.config import VectorChannelConfig, parse_config
 from edge_agent.fleet import fleet_service
-from edge_agent.mechanisms import from_description
+from edge_agent.mechanisms import from_description, split_epsilon
 from edge_agent.mechanisms.randomized_response import RandomizedResponse
 from edge_agent.mechanisms.registry import KIND_CONFIG_NAMES
 from edge_agent.rangefind import answer_epsilon
@@ -341,7 +341,7 @@ def test_every_channel_is_charged_at_least_its_exact_composed_loss(channel):
 @pytest.mark.parametrize("d", [2, 3, 5, 7, 64])
 @pytest.mark.parametrize("epsilon", [15.36, 0.1, 1.0, 3.3, 19.99])
 def test_a_vector_split_composes_to_at_most_epsilon_exactly(d, epsilon):
-    share = share_of(epsilon, d)
+    share = split_epsilon(epsilon, d)
     assert Fraction(share) * d <= Fraction(epsilon)
     assert Fraction(math.nextafter(share, math.inf)) * d > Fraction(epsilon) or \
         share == epsilon / d
