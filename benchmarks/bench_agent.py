@@ -108,7 +108,7 @@ def first_batch_committed(path: Path) -> bool:
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            return db.execute("SELECT COUNT(*) FROM ledger").fetchone()[0] > 0
+            return db.execute("SELECT COUNT(*) FROM spending").fetchone()[0] > 0
         finally:
             db.close()
     except sqlite3.Error:

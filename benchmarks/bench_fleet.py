@@ -36,7 +36,7 @@ def state(path: Path) -> tuple[int, int] | None:
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
         try:
-            reports = db.execute("SELECT COALESCE(SUM(reports), 0) FROM ledger").fetchone()[0]
+            reports = db.execute("SELECT COALESCE(SUM(reports), 0) FROM spending").fetchone()[0]
             spooled = db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
             return int(reports), int(spooled)
         finally:

@@ -25,7 +25,7 @@ def spool_state(state_dir) -> tuple[int, int, int]:
     db = sqlite3.connect(f"file:{state_dir / STATE_FILE}?mode=ro", uri=True)
     try:
         taken = db.execute("SELECT COALESCE(SUM(next), 0) FROM seq").fetchone()[0]
-        charged = db.execute("SELECT COALESCE(SUM(reports), 0) FROM ledger").fetchone()[0]
+        charged = db.execute("SELECT COALESCE(SUM(reports), 0) FROM spending").fetchone()[0]
         spooled = db.execute("SELECT COUNT(*) FROM spool WHERE seq IS NOT NULL").fetchone()[0]
     finally:
         db.close()

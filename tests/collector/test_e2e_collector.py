@@ -25,7 +25,7 @@ from tests.support import wait_for_api as wait_until  # every wait here asks the
 
 def ledger_reports(state_dir) -> dict[str, int]:
     db = sqlite3.connect(f"file:{state_dir}/state.sqlite?mode=ro", uri=True)
-    rows = db.execute("SELECT channel, SUM(reports) FROM ledger GROUP BY channel").fetchall()
+    rows = db.execute("SELECT channel, SUM(reports) FROM spending GROUP BY channel").fetchall()
     db.close()
     return dict(rows)
 
