@@ -394,7 +394,7 @@ class AgentConfig(Model):
                                  f"(have: {', '.join(sources)})")
             problem = _mechanism_problem(channel)
             if problem:
-                raise ValueError(f"channels[{i}]: {problem}")
+                raise ValueError(f"channels[{i}]: its mechanism refuses it: {problem}")
             available = source_fields(source)
             wanted = [channel.field] if hasattr(channel, "field") else list(channel.fields)
             if available is not None:

@@ -50,14 +50,14 @@ def error_for(mutate) -> str:
     (lambda d: d["privacy"].update(budget_epsilon=0), "privacy.budget_epsilon: must be > 0, got 0"),
     # What only the mechanism can tell is said here too, not at the agent's start.
     (lambda d: d["channels"][0].update(domain=[1.0, 1.0 + 1e-12]),
-     "channels[0]: low, high: the width must be at least 1e-100 and 2**-32 times"),
+     "channels[0]: its mechanism refuses it: low, high: the width must be at least 1e-100"),
     (lambda d: d["channels"][0].update(domain=[-8e307, 8e307]),
-     "channels[0]: low, high: [-8e+307, 8e+307] is too wide at epsilon=1"),
+     "channels[0]: its mechanism refuses it: low, high: [-8e+307, 8e+307] is too wide"),
     (lambda d: d["channels"].append({"name": "v", "source": "imu", "kind": "vector",
                                      "fields": ["accel_x", "accel_y", "accel_z"],
                                      "epsilon": 2e-5, "domain": [-1.0, 1.0]}),
-     "channels[3]: epsilon 2e-05 over 3 axes is 6.67e-06 per axis, below the least a "
-     "mechanism takes (1e-05)"),
+     "channels[3]: its mechanism refuses it: epsilon 2e-05 over 3 axes is 6.67e-06 per axis, "
+     "below the least a mechanism takes (1e-05)"),
     (lambda d: d["broker"] if "broker" in d else d.update(broker={"port": 70000}),
      "broker.port: must be <= 65535, got 70000"),
     (lambda d: d.update(batch_seconds=0.001), "batch_seconds: must be >= 0.05, got 0.001"),
