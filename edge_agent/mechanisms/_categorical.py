@@ -74,3 +74,46 @@ def support_counts(seeds, codes, g, counts):
         for v in range(k):
             if hash_to(seed, v, g) == code:
                 counts[v] += 1
+
+
+@njit(cache=True)
+def _popcount(word):
+    count = 0
+    while word:
+        word &= word - np.uint64(1)
+        count += 1
+    return count
+
+
+@njit(cache=True)
+def sign_vectors(x, words, alpha, out, start):
+    """Duchi et al.'s multi-dimensional mechanism (papers/003 Algorithm 1/4) from
+    report ``start`` on: bit j of ``out[i]`` is 1 for +B on axis j.  V_j = +1 for
+    r < floor((1 + x_j) 2**52); u = 1 for r < alpha; then a uniform sign pattern of
+    T+(V) (more agreements than disagreements) or T-(V) by rejection from the low d
+    bits of a word.  Returns (the report it stopped at, the words used): it stops
+    early when ``words`` run out."""
+    n, d = x.shape
+    mask = (np.uint64(1) << np.uint64(d)) - np.uint64(1)
+    used = 0
+    for i in range(start, n):
+        if used + d + 1 > words.shape[0]:
+            return i, used
+        v = np.uint64(0)
+        for j in range(d):
+            threshold = np.uint64(np.floor((1.0 + x[i, j]) * 4503599627370496.0))
+            if (words[used] >> _SHIFT) < threshold:
+                v |= np.uint64(1) << np.uint64(j)
+            used += 1
+        plus = (words[used] >> _SHIFT) < alpha
+        used += 1
+        while True:
+            if used >= words.shape[0]:
+                return i, used  # this report is drawn again from fresh words
+            s = words[used] & mask
+            used += 1
+            agreements = _popcount(~(s ^ v) & mask)
+            if (2 * agreements > d) == plus:
+                out[i] = s
+                break
+    return n, used
