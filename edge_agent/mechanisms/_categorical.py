@@ -1,4 +1,6 @@
-"""numba kernels of the categorical frequency oracles (``categorical.py``).
+"""numba kernels of the mechanisms with discrete outputs: the categorical frequency
+oracles (``categorical.py``) and Duchi et al.'s multi-dimensional mechanism
+(``multidimensional.py``).
 
 Each kernel consumes CSPRNG words handed in from outside (``randomness.py``) and
 decides with the top 53 bits of a word against integer weights out of 2**53, so

@@ -117,7 +117,8 @@ class DuchiVector:
 
     # -- guarantees -------------------------------------------------------------------------
     def exact_privacy_loss(self) -> ExactLoss:
-        """The worst ratio P[x*|x] / P[x*|x'] = α |T-| / ((1 - α) |T+|) (Lemma 2)."""
+        """The worst ratio P[x*|x] / P[x*|x'] = α |T-| / ((1 - α) |T+|) (Lemma 2): at most
+        e^ε when δ = 0; with δ > 0 the guarantee is ``exact_delta`` at ε instead."""
         plus, minus = half_spaces(self.dimensions)
         return ExactLoss(self.alpha * minus / ((1 - self.alpha) * plus))
 
@@ -200,3 +201,81 @@ def paper_delta_alpha(epsilon: float, delta: float, dimensions: int) -> Fraction
         else:
             alpha = (e * plus + dl * plus * minus) / ((e - 1) * plus + (1 << dimensions))
         return Fraction(alpha)
+
+
+LEMMA5_A = 2.17  # papers/003 Lemma 5: the per-axis epsilon that minimises the variance
+
+
+class SampledDuchi:
+    """k of d axes per tuple, each at (ε/k, δ/k) with the one-dimensional mechanism
+    (``DuchiVector`` with d = 1, Algorithm 2), scaled by d/k; the other axes report 0
+    (papers/003 Algorithm 3, "Mechanism-2").  Basic composition: k shares, each rounded
+    down, compose to at most (ε, δ) exactly.
+
+    ``k`` None: the k in 1..d of least worst-case variance d/k B(ε/k, δ/k)^2, from the
+    exact B (Lemma 5 gives max(1, min(d, floor(ε / 2.17))), which it agrees with up to
+    the floor)."""
+
+    name = "duchi-sampled"
+
+    def __init__(self, *, epsilon: float, dimensions: int, delta: float = 0.0,
+                 k: int | None = None):
+        probe = DuchiVector(epsilon=epsilon, dimensions=dimensions, delta=delta)
+        self.epsilon, self.dimensions, self.delta = probe.epsilon, probe.dimensions, probe.delta
+        if k is None:
+            k = min(range(1, self.dimensions + 1), key=self._worst_variance)
+        elif isinstance(k, bool) or not isinstance(k, numbers.Integral):
+            raise TypeError(f"k must be an integer, got {type(k).__name__}")
+        elif not 1 <= k <= self.dimensions:
+            raise ValueError(f"k: must be in [1, {self.dimensions}], got {k}")
+        self.k = int(k)
+        self.axis = self._axis(self.k)
+
+    def _axis(self, k: int) -> DuchiVector:
+        from .base import split_epsilon
+
+        share = float(Fraction(self.delta) / k)
+        while Fraction(share) * k > Fraction(self.delta):
+            share = math.nextafter(share, 0.0)
+        return DuchiVector(epsilon=split_epsilon(self.epsilon, k), dimensions=1, delta=share)
+
+    def _worst_variance(self, k: int) -> float:
+        try:
+            return self.dimensions / k * float(self._axis(k).scale) ** 2
+        except ValueError:  # ε/k below the least a mechanism takes
+            return math.inf
+
+    @staticmethod
+    def lemma5_k(epsilon: float, dimensions: int) -> int:
+        return max(1, min(dimensions, math.floor(epsilon / LEMMA5_A)))
+
+    def exact_privacy_loss(self) -> ExactLoss:
+        """k axis reports: k times the one-dimensional loss (pure ε only when δ = 0)."""
+        one = self.axis.exact_privacy_loss()
+        return sum([one] * (self.k - 1), one)
+
+    def exact_delta(self) -> Decimal:
+        """Basic composition: k times the one-dimensional δ."""
+        return self.k * self.axis.exact_delta()
+
+    def perturb(self, values: Any, rng: Any = None) -> np.ndarray:
+        x = np.asarray(values, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.dimensions:
+            raise ValueError(f"values must be an (n, {self.dimensions}) array")
+        source = as_random_source(rng)
+        n, d = x.shape
+        # k distinct axes per tuple, uniformly: the k smallest of d random keys.
+        keys = source.words(n * d).reshape(n, d)
+        chosen = np.argsort(np.argsort(keys, axis=1), axis=1) < self.k
+        out = np.zeros((n, d))
+        out[chosen] = self.axis.perturb(x[chosen].reshape(-1, 1), source).ravel() * (d / self.k)
+        return out
+
+    def variance(self, x: Any) -> np.ndarray:
+        """Var[x*_j] = d/k B^2 - x_j^2 (Eq. 37 with the exact B)."""
+        return self.dimensions / self.k * float(self.axis.scale) ** 2 \
+            - np.asarray(x, dtype=np.float64) ** 2
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "epsilon": self.epsilon, "dimensions": self.dimensions,
+                "delta": self.delta, "k": self.k}

@@ -8,12 +8,14 @@ from __future__ import annotations
 import itertools
 import math
 from decimal import Decimal, localcontext
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from edge_agent.mechanisms.multidimensional import (
     DuchiVector,
+    SampledDuchi,
     half_spaces,
     hockey_stick,
     original_duchi_loss,
@@ -72,7 +74,6 @@ def test_delta_is_the_hockey_stick_divergence_and_at_most_the_configured(delta, 
     assert abs(exact - mechanism.exact_delta()) < Decimal(10) ** -50
     assert exact <= Decimal(delta)
     # ... and tight: one unit more of α's weight would exceed it.
-    from fractions import Fraction
     more = Fraction(mechanism.alpha_weight + 1, 1 << 53)
     assert hockey_stick(more, d, 1.0) > Decimal(delta)
 
@@ -142,3 +143,44 @@ def test_one_dimension_is_algorithm_2():
     e = math.exp(epsilon)
     assert float(mechanism.alpha) == pytest.approx((e + delta) / (e + 1), rel=1e-12)
     assert float(mechanism.scale) == pytest.approx((e + 1) / (e + 2 * delta - 1), rel=1e-12)
+
+
+# -- Mechanism-2: k of d axes ---------------------------------------------------------------
+
+@pytest.mark.parametrize("epsilon,delta", [(1.0, 0.0), (4.0, 1e-6), (9.0, 1e-4), (15.36, 0.0)])
+@pytest.mark.parametrize("d", [1, 3, 8])
+def test_k_of_d_composes_to_at_most_epsilon_and_delta_exactly(epsilon, delta, d):
+    mechanism = SampledDuchi(epsilon=epsilon, dimensions=d, delta=delta)
+    assert mechanism.k * Fraction(mechanism.axis.epsilon) <= Fraction(epsilon)
+    assert mechanism.exact_delta() <= Decimal(delta)  # each axis: its hockey-stick δ at ε/k
+    # With δ = 0 the guarantee is pure: the worst ratio of k axis reports is within e^ε.
+    assert mechanism.exact_privacy_loss().at_most(epsilon) or delta > 0
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 2.0, 5.0, 9.0, 13.0])
+@pytest.mark.parametrize("d", [2, 5, 10])
+def test_k_minimises_the_closed_form_variance_like_lemma_5(epsilon, d):
+    mechanism = SampledDuchi(epsilon=epsilon, dimensions=d, delta=1e-6)
+    variances = [mechanism._worst_variance(k) for k in range(1, d + 1)]
+    assert mechanism.k == 1 + int(np.argmin(variances))
+    lemma = SampledDuchi.lemma5_k(epsilon, d)
+    assert abs(mechanism.k - lemma) <= 1  # Lemma 5 floors ε / 2.17
+
+
+def test_k_of_d_is_unbiased_with_its_closed_form_variance():
+    mechanism = SampledDuchi(epsilon=6.0, dimensions=6, delta=1e-4)
+    rng = np.random.default_rng(21)
+    x = rng.uniform(-1, 1, 6)
+    n = 200_000
+    reports = mechanism.perturb(np.tile(x, (n, 1)), rng)
+    assert np.all(np.count_nonzero(reports, axis=1) == mechanism.k)
+    stderr = np.sqrt(mechanism.variance(x) / n)
+    assert np.all(np.abs(reports.mean(axis=0) - x) < 5.3 * stderr)
+    assert np.allclose(reports.var(axis=0), mechanism.variance(x), rtol=0.05)
+
+
+def test_k_is_validated():
+    with pytest.raises(ValueError, match=r"k: must be in \[1, 3\]"):
+        SampledDuchi(epsilon=1.0, dimensions=3, k=4)
+    with pytest.raises(TypeError, match="k must be an integer"):
+        SampledDuchi(epsilon=1.0, dimensions=3, k=1.5)
