@@ -5,8 +5,10 @@ oracles (``categorical.py``) and Duchi et al.'s multi-dimensional mechanism
 Each kernel consumes CSPRNG words handed in from outside (``randomness.py``) and
 decides with the top 53 bits of a word against integer weights out of 2**53, so
 every output probability is an exact ratio of integers.  The validating
-wrappers live in ``categorical.py``; ``tests/mechanisms/reference.py`` has a slow
-obvious version of each.
+wrappers live in ``categorical.py`` and ``multidimensional.py``;
+``tests/mechanisms/test_categorical.py`` compares the oracles' kernels with slow
+obvious versions, and ``test_multidimensional.py`` the sign patterns with their
+exact distribution.
 """
 
 from __future__ import annotations
