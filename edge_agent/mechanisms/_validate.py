@@ -54,6 +54,17 @@ def epsilon(value: object, name: str = "epsilon", minimum: float = EPSILON_MIN) 
     return value
 
 
+DELTA_MAX = 0.1  # (ε,δ) mechanisms: a δ beyond this protects nothing worth the name
+
+
+def delta(value: object) -> float:
+    """δ of an (ε,δ) mechanism: 0 (pure ε-LDP) up to DELTA_MAX."""
+    value = real("delta", value)
+    if not 0 <= value <= DELTA_MAX:
+        raise ValueError(f"delta: must be in [0, {DELTA_MAX:g}], got {value:g}")
+    return value
+
+
 def positive(name: str, value: object) -> float:
     value = real(name, value)
     if value <= 0.0:

@@ -20,6 +20,14 @@ estimation", USENIX Security 2017, Eq. 1; the (ε,δ) versions are Section 5 of
   buckets with a keyed hash whose seed is drawn per value and reported, then
   GRR over the g buckets; a report supports every category that hashes to its
   bucket, so q = 1/g (to within g / 2**32, the hash's uniformity).
+* **SUE** (symmetric unary encoding, RAPPOR's): p + q = 1.
+
+**(ε,δ)** (``delta`` > 0; papers/003 Section 5): GRR-ALDP (Eq. 45), PRR-ALDP as
+OUE with δ (Eqs. 47-50), SPRR-ALDP as SUE with δ (Eq. 51), OLH-ALDP (Eqs. 54-57).
+For every one of them the paper's per-output condition is also the standard one
+(the largest hockey-stick divergence has one exceeding output, or one exceeding
+pair of bits), and ``exact_delta`` computes it from the integer weights.  δ = 0
+gives the pure ε-LDP oracles.
 
 Exactness, as for the numeric mechanisms: the irrational probabilities above
 become integer weights out of 2**53 (``TOTAL``), chosen so that the worst ratio
@@ -49,15 +57,49 @@ MAX_CATEGORIES = 1 << 16
 MAX_UNARY_CATEGORIES = 1 << 10  # OUE sends k bits per value
 
 
-def _other_weight(epsilon: float, outputs: int) -> int:
-    """The least F with K / F <= e^ε, K = 2**53 - (outputs - 1) F: one output kept with
-    K, each of the others drawn with F (F >= 2**53 / (e^ε + outputs - 1))."""
+def _within_delta(excess_numerator: int, epsilon_weight: int, denominator: int,
+                  epsilon: float, delta: Fraction) -> bool:
+    """Exactly decide (excess_numerator - e^ε epsilon_weight) / denominator <= δ (80
+    digits; the 1e-60 guard only ever errs towards refusing)."""
     with localcontext() as ctx:
         ctx.prec = 80
-        bound = Decimal(TOTAL) / (Decimal(epsilon).exp() + outputs - 1)
-        weight = int((bound * (1 + Decimal(10) ** -70)).to_integral_value(ROUND_CEILING))
-    while not ratio_within(TOTAL - (outputs - 1) * weight, weight, epsilon):
-        weight += 1  # never runs: the guard above is the proof
+        excess = (Decimal(excess_numerator) - Decimal(epsilon).exp() * epsilon_weight) / \
+            Decimal(denominator)
+        return excess * (1 + Decimal(10) ** -60) + Decimal(10) ** -70 <= \
+            Decimal(delta.numerator) / Decimal(delta.denominator)
+
+
+def _excess(excess_numerator: int, epsilon_weight: int, denominator: int,
+            epsilon: float) -> Decimal:
+    """max(0, (excess_numerator - e^ε epsilon_weight) / denominator), to 80 digits."""
+    with localcontext() as ctx:
+        ctx.prec = 80
+        value = (Decimal(excess_numerator) - Decimal(epsilon).exp() * epsilon_weight) / \
+            Decimal(denominator)
+        return max(Decimal(0), value)
+
+
+def _other_weight(epsilon: float, outputs: int, delta: Fraction = Fraction(0)) -> int:
+    """The least F for GRR over ``outputs`` values (the kept one with K = 2**53 -
+    (outputs - 1) F, each other with F) whose guarantee holds exactly: K / F <= e^ε
+    when δ = 0, else the hockey-stick divergence (K - e^ε F) / 2**53 <= δ.  Ideally
+    F = 2**53 (1 - δ) / (e^ε + outputs - 1) (papers/003 Eq. 45)."""
+
+    def holds(weight: int) -> bool:
+        keep = TOTAL - (outputs - 1) * weight
+        if delta == 0:
+            return ratio_within(keep, weight, epsilon)
+        return _within_delta(keep, weight, TOTAL, epsilon, delta)
+
+    with localcontext() as ctx:
+        ctx.prec = 80
+        bound = Decimal(TOTAL) * (1 - Decimal(delta.numerator) / Decimal(delta.denominator)) \
+            / (Decimal(epsilon).exp() + outputs - 1)
+        weight = max(1, int(bound.to_integral_value(ROUND_CEILING)))
+    while not holds(weight):
+        weight += 1
+    while weight > 1 and holds(weight - 1):
+        weight -= 1
     return weight
 
 
@@ -86,11 +128,18 @@ class FrequencyOracle(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, *, epsilon: float, categories: int):
+    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0):
         self.epsilon = _validate.epsilon(epsilon)
         self.categories = _categories(categories, self.max_categories)
+        self.delta = _validate.delta(delta)
 
     max_categories: ClassVar[int] = MAX_CATEGORIES
+
+    @abstractmethod
+    def exact_delta(self) -> Decimal:
+        """The standard δ at ε: the largest hockey-stick divergence over pairs of inputs,
+        sum over outputs y of max(0, P[y|u] - e^ε P[y|v]), from the integer weights
+        (80 digits).  0 when δ = 0."""
 
     @property
     @abstractmethod
@@ -99,7 +148,8 @@ class FrequencyOracle(ABC):
 
     @abstractmethod
     def exact_privacy_loss(self) -> ExactLoss:
-        """max over values u, v and outputs y of ln(P[y | u] / P[y | v]), exactly."""
+        """max over values u, v and outputs y of ln(P[y | u] / P[y | v]), exactly: at
+        most ε when δ = 0 (with δ > 0 the guarantee is ``exact_delta`` at ε)."""
 
     def privacy_loss(self) -> float:
         return float(self.exact_privacy_loss())
@@ -128,10 +178,12 @@ class FrequencyOracle(ABC):
         return (f * p * (1 - p) + (1 - f) * q * (1 - q)) / (n * (p - q) ** 2)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "epsilon": self.epsilon, "categories": self.categories}
+        return {"name": self.name, "epsilon": self.epsilon, "categories": self.categories,
+                "delta": self.delta}
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(epsilon={self.epsilon!r}, categories={self.categories})"
+        return (f"{type(self).__name__}(epsilon={self.epsilon!r}, "
+                f"categories={self.categories}, delta={self.delta!r})")
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.describe() == self.describe()
@@ -144,11 +196,16 @@ class _RandomizedResponseOver(FrequencyOracle):
     """GRR over ``outputs`` values: kept with weight K, each other value with F."""
 
     def _weights(self, outputs: int) -> None:
-        self.other_weight = _other_weight(self.epsilon, outputs)
+        self.other_weight = _other_weight(self.epsilon, outputs, Fraction(self.delta))
         self.keep_weight = TOTAL - (outputs - 1) * self.other_weight
 
     def exact_privacy_loss(self) -> ExactLoss:
         return ExactLoss(Fraction(self.keep_weight, self.other_weight))
+
+    def exact_delta(self) -> Decimal:
+        """Only the output that is one input's own exceeds e^ε times its probability
+        under another: (K - e^ε F) / 2**53."""
+        return _excess(self.keep_weight, self.other_weight, TOTAL, self.epsilon)
 
     def _respond(self, values: np.ndarray, rng: Any) -> np.ndarray:
         out = np.empty(values.size, dtype=np.uint32)
@@ -159,12 +216,13 @@ class _RandomizedResponseOver(FrequencyOracle):
 
 
 class GeneralizedRR(_RandomizedResponseOver):
-    """k-ary randomized response: the report is a category."""
+    """k-ary randomized response: the report is a category (δ > 0: GRR-ALDP,
+    papers/003 Eq. 45)."""
 
     name = "grr"
 
-    def __init__(self, *, epsilon: float, categories: int):
-        super().__init__(epsilon=epsilon, categories=categories)
+    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0):
+        super().__init__(epsilon=epsilon, categories=categories, delta=delta)
         self._weights(self.categories)
 
     @property
@@ -184,17 +242,12 @@ class GeneralizedRR(_RandomizedResponseOver):
         return np.bincount(codes, minlength=self.categories)
 
 
-class OptimizedUnaryEncoding(FrequencyOracle):
-    """k bits per value: its own bit 1 with probability 1/2, every other 1 with q."""
+class _UnaryEncoding(FrequencyOracle):
+    """k bits per value: its own bit 1 with weight P (of 2**53), every other with Q."""
 
-    name = "oue"
     max_categories = MAX_UNARY_CATEGORIES
-
-    def __init__(self, *, epsilon: float, categories: int):
-        super().__init__(epsilon=epsilon, categories=categories)
-        self.one_own = TOTAL // 2
-        # (1 - q) / q <= e^ε: binary randomized response's weight (F of 2**53).
-        self.one_other = _other_weight(self.epsilon, 2)
+    one_own: int
+    one_other: int
 
     @property
     def support_probabilities(self) -> tuple[Fraction, Fraction]:
@@ -204,6 +257,18 @@ class OptimizedUnaryEncoding(FrequencyOracle):
         """Two values differ in two bits: the worst ratio is p (1 - q) / ((1 - p) q)."""
         p, q = self.support_probabilities
         return ExactLoss(p * (1 - q) / ((1 - p) * q))
+
+    def exact_delta(self) -> Decimal:
+        """The bits of the two values are the only ones whose distributions differ; of
+        their four outcomes only (1, 0) exceeds: p (1 - q) - e^ε q (1 - p)."""
+        p, q = self.one_own, self.one_other
+        return _excess(p * (TOTAL - q), q * (TOTAL - p), TOTAL * TOTAL, self.epsilon)
+
+    def _holds(self, own: int, other: int) -> bool:
+        if self.delta == 0:
+            return ratio_within(own * (TOTAL - other), other * (TOTAL - own), self.epsilon)
+        return _within_delta(own * (TOTAL - other), other * (TOTAL - own), TOTAL * TOTAL,
+                             self.epsilon, Fraction(self.delta))
 
     def perturb(self, values: Any, rng: Any = None) -> np.ndarray:
         """An (n, k) array of bits (uint8)."""
@@ -221,19 +286,99 @@ class OptimizedUnaryEncoding(FrequencyOracle):
         return bits.sum(axis=0, dtype=np.int64)
 
 
-def optimal_buckets(epsilon: float) -> int:
-    """OLH's g: e^ε + 1 minimises the variance (Wang et al. 2017, Sec. 4.4), rounded."""
-    return max(2, round(math.exp(epsilon)) + 1)
+def _unary_variance(q: float, epsilon: float, delta: float) -> float:
+    """papers/003 Eq. 50 (per report, f -> 0) with p from Eq. 49."""
+    e = math.exp(epsilon)
+    return q * (1 - q) * (1 - q + q * e) ** 2 / (q * (1 - q) * (e - 1) + delta) ** 2
+
+
+class OptimizedUnaryEncoding(_UnaryEncoding):
+    """OUE: the own bit 1 with p, the others with q; δ = 0: p = 1/2, q = 1/(e^ε + 1)
+    (Wang et al. 2017); δ > 0: PRR-ALDP (papers/003 Eqs. 47-50) with the q of least
+    variance (Eq. 50) and the largest p that keeps the hockey-stick δ."""
+
+    name = "oue"
+
+    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0):
+        super().__init__(epsilon=epsilon, categories=categories, delta=delta)
+        if self.delta == 0:
+            self.one_own = TOTAL // 2
+            # (1 - q) / q <= e^ε: binary randomized response's weight (F of 2**53).
+            self.one_other = _other_weight(self.epsilon, 2)
+            return
+        low, high = 1e-12, 0.5  # the variance is unimodal in q: golden-section search
+        for _ in range(200):
+            a, b = low + (high - low) * 0.382, low + (high - low) * 0.618
+            if _unary_variance(a, self.epsilon, self.delta) < \
+                    _unary_variance(b, self.epsilon, self.delta):
+                high = b
+            else:
+                low = a
+        self.one_other = max(1, round((low + high) / 2 * TOTAL))
+        self.one_own = _largest(lambda own: self._holds(own, self.one_other),
+                                self.one_other, TOTAL - 1)
+
+
+class SymmetricUnaryEncoding(_UnaryEncoding):
+    """RAPPOR's symmetric choice p + q = 1 (SPRR-ALDP, papers/003 Eq. 51): the largest
+    p that keeps the guarantee (δ = 0: p = e^(ε/2) / (1 + e^(ε/2)))."""
+
+    name = "sue"
+
+    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0):
+        super().__init__(epsilon=epsilon, categories=categories, delta=delta)
+        self.one_own = _largest(lambda own: self._holds(own, TOTAL - own), TOTAL // 2,
+                                TOTAL - 1)
+        self.one_other = TOTAL - self.one_own
+
+
+def _largest(holds, low: int, high: int) -> int:
+    """The largest integer in [low, high] for which ``holds`` (monotone: true up to it)."""
+    while low < high:
+        middle = (low + high + 1) // 2
+        if holds(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+MAX_BUCKETS = 1 << 31  # the hash's range (Lemire's reduction of 32 bits)
+
+
+def _hashing_variance(g: float, epsilon: float, delta: float) -> float:
+    """papers/003 Eq. 56 per report: (e^ε + g - 1)^2 / ((g - 1)(e^ε + g δ - 1)^2)."""
+    e = math.exp(epsilon)
+    return (e + g - 1) ** 2 / ((g - 1) * (e + g * delta - 1) ** 2)
+
+
+def optimal_buckets(epsilon: float, delta: float = 0.0) -> int:
+    """OLH's g: the integer of least variance (Eq. 56); δ = 0: e^ε + 1 (Wang et al.
+    2017, Sec. 4.4), rounded; δ > 0: next to the root of the cubic Eq. 57."""
+    if delta == 0:
+        return min(MAX_BUCKETS, max(2, round(math.exp(epsilon)) + 1))
+    low, high = math.log(1.0 + 1e-9), math.log(4 * math.exp(epsilon) + 8)
+    for _ in range(200):  # unimodal in log(g - 1): golden-section search
+        a, b = low + (high - low) * 0.382, low + (high - low) * 0.618
+        if _hashing_variance(1 + math.exp(a), epsilon, delta) < \
+                _hashing_variance(1 + math.exp(b), epsilon, delta):
+            high = b
+        else:
+            low = a
+    best = 1 + math.exp((low + high) / 2)
+    candidates = {max(2, math.floor(best)), max(2, math.ceil(best))}
+    return min(MAX_BUCKETS, min(candidates, key=lambda g: _hashing_variance(g, epsilon, delta)))
 
 
 class OptimizedLocalHashing(_RandomizedResponseOver):
-    """A keyed hash into g buckets (seed drawn per value and reported), then GRR over g."""
+    """A keyed hash into g buckets (seed drawn per value and reported), then GRR over g
+    (δ > 0: OLH-ALDP, papers/003 Eqs. 54-57)."""
 
     name = "olh"
 
-    def __init__(self, *, epsilon: float, categories: int):
-        super().__init__(epsilon=epsilon, categories=categories)
-        self.buckets = optimal_buckets(self.epsilon)
+    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0):
+        super().__init__(epsilon=epsilon, categories=categories, delta=delta)
+        self.buckets = optimal_buckets(self.epsilon, self.delta)
         self._weights(self.buckets)
 
     @property
@@ -264,13 +409,14 @@ class OptimizedLocalHashing(_RandomizedResponseOver):
 
 
 ORACLES = {cls.name: cls for cls in (GeneralizedRR, OptimizedUnaryEncoding,
-                                      OptimizedLocalHashing)}
+                                      SymmetricUnaryEncoding, OptimizedLocalHashing)}
 
 
-def best_oracle(*, epsilon: float, categories: int) -> str:
+def best_oracle(*, epsilon: float, categories: int, delta: float = 0.0) -> str:
     """The oracle of least variance for rare categories (f -> 0), GRR or OLH (OUE has
     OLH's variance in k bits per value): GRR for small domains, OLH for large ones
     (Wang et al. 2017: GRR while k < 3 e^ε + 2)."""
-    variance = {name: ORACLES[name](epsilon=epsilon, categories=categories).variance(0.0, 1)
+    variance = {name: ORACLES[name](epsilon=epsilon, categories=categories,
+                                    delta=delta).variance(0.0, 1)
                 for name in ("grr", "olh")}
     return min(variance, key=variance.get)

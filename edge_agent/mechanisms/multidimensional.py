@@ -48,7 +48,6 @@ from .randomness import as_random_source
 
 TOTAL = 1 << TOTAL_BITS
 MAX_DIMENSIONS = 62
-DELTA_MAX = 0.1
 
 
 def half_spaces(d: int) -> tuple[int, int]:
@@ -105,10 +104,7 @@ class DuchiVector:
         if not 1 <= dimensions <= MAX_DIMENSIONS:
             raise ValueError(f"dimensions: must be in [1, {MAX_DIMENSIONS}], got {dimensions}")
         self.dimensions = int(dimensions)
-        delta = _validate.real("delta", delta)
-        if not 0 <= delta <= DELTA_MAX:
-            raise ValueError(f"delta: must be in [0, {DELTA_MAX:g}], got {delta:g}")
-        self.delta = delta
+        self.delta = delta = _validate.delta(delta)
         self.alpha_weight = _alpha_weight(self.epsilon, Fraction(delta), self.dimensions)
         self.alpha = Fraction(self.alpha_weight, TOTAL)
         plus, minus = half_spaces(self.dimensions)

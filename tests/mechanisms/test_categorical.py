@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import numpy as np
@@ -22,6 +23,7 @@ from edge_agent.mechanisms.categorical import (
     GeneralizedRR,
     OptimizedLocalHashing,
     OptimizedUnaryEncoding,
+    SymmetricUnaryEncoding,
     best_oracle,
     optimal_buckets,
 )
@@ -270,3 +272,105 @@ def test_auto_picks_grr_for_small_domains_and_olh_for_large(epsilon, k):
 
 def test_olh_buckets_are_the_optimal_g():
     assert [optimal_buckets(e) for e in (1e-5, 1.0, 2.0, 5.0)] == [2, 4, 8, 149]
+
+
+# -- (ε,δ): papers/003 Section 5 -------------------------------------------------------------
+
+DELTAS = [1e-6, 1e-3, 0.05]
+
+
+def hockey_stick(pmfs, epsilon) -> Decimal:
+    """max over inputs u, v of sum_y max(0, P[y|u] - e^ε P[y|v]), from exact pmfs."""
+    with localcontext() as ctx:
+        ctx.prec = 80
+        e = Decimal(epsilon).exp()
+        worst = Decimal(0)
+        for a, b in itertools.permutations(pmfs, 2):
+            total = sum((max(Decimal(0), Decimal(a[y].numerator) / a[y].denominator
+                             - e * Decimal(b[y].numerator) / b[y].denominator)
+                         for y in range(len(a))), Decimal(0))
+            worst = max(worst, total)
+        return worst
+
+
+@pytest.mark.parametrize("delta", DELTAS)
+@pytest.mark.parametrize("epsilon", [0.5, 2.0, 5.0])
+def test_grr_aldp_delta_is_the_hockey_stick_divergence_and_tight(epsilon, delta):
+    k = 4
+    oracle = GeneralizedRR(epsilon=epsilon, categories=k, delta=delta)
+    exact = hockey_stick([oracle.pmf(v) for v in range(k)], epsilon)
+    assert abs(exact - oracle.exact_delta()) < Decimal(10) ** -60
+    assert exact <= Decimal(delta)
+    worse = GeneralizedRR(epsilon=epsilon, categories=k)  # one unit less for the others
+    worse.other_weight = oracle.other_weight - 1
+    worse.keep_weight = TOTAL - (k - 1) * worse.other_weight
+    assert worse.exact_delta() > Decimal(delta)
+
+
+@pytest.mark.parametrize("cls", [OptimizedUnaryEncoding, SymmetricUnaryEncoding])
+@pytest.mark.parametrize("delta", [0.0, *DELTAS])
+@pytest.mark.parametrize("epsilon", [0.5, 2.0, 5.0])
+def test_unary_aldp_delta_is_the_hockey_stick_over_every_bit_vector(cls, epsilon, delta):
+    oracle = cls(epsilon=epsilon, categories=3, delta=delta)
+    exact = hockey_stick([unary_pmf(oracle, v, 3) for v in range(3)], epsilon)
+    assert abs(exact - oracle.exact_delta()) < Decimal(10) ** -60
+    assert exact <= Decimal(delta)
+    if delta == 0:
+        assert oracle.exact_privacy_loss().at_most(epsilon)
+
+
+@pytest.mark.parametrize("delta", DELTAS)
+def test_olh_aldp_delta_holds_for_every_seed(delta):
+    oracle = OptimizedLocalHashing(epsilon=2.0, categories=50, delta=delta)
+    g = oracle.buckets
+    keep, other = Fraction(oracle.keep_weight, TOTAL), Fraction(oracle.other_weight, TOTAL)
+    pmfs = [[keep if y == x else other for y in range(g)] for x in range(min(g, 3))]
+    assert hockey_stick(pmfs, 2.0) <= Decimal(delta)
+    assert abs(hockey_stick(pmfs, 2.0) - oracle.exact_delta()) < Decimal(10) ** -60
+
+
+def paper_variances(epsilon, delta, k, g, q):
+    """papers/003 Eqs. 46, 50, 52 and 56, per report (N = 1)."""
+    e = math.exp(epsilon)
+    root = math.sqrt(e * (1 - delta) + delta)
+    return {
+        "grr": (e + k - 2 + delta) * (1 - delta) / (e + k * delta - 1) ** 2,
+        "oue": q * (1 - q) * (1 - q + q * e) ** 2 / (q * (1 - q) * (e - 1) + delta) ** 2,
+        "sue": (root - 1) * (e - root) / (e - 2 * root + 1) ** 2,
+        "olh": (e + g - 1) ** 2 / ((g - 1) * (e + g * delta - 1) ** 2),
+    }
+
+
+@pytest.mark.parametrize("delta", [0.0, 1e-6, 1e-3])
+@pytest.mark.parametrize("epsilon", [0.1, 0.5, 1.0, 2.0, 5.0, 10.0])
+@pytest.mark.parametrize("k", [2, 10, 100])
+def test_closed_form_variances_are_the_papers_figure_2(epsilon, delta, k):
+    """The oracles' variances (exact p, q from the integer weights, f -> 0) are the
+    paper's Eqs. 46-56, the curves of its Fig. 2."""
+    oracles = {name: ORACLES[name](epsilon=epsilon, categories=k, delta=delta)
+               for name in ORACLES}
+    q = float(oracles["oue"].support_probabilities[1])
+    paper = paper_variances(epsilon, delta, k, oracles["olh"].buckets, q)
+    for name, oracle in oracles.items():
+        assert oracle.variance(0.0, 1) == pytest.approx(paper[name], rel=1e-6), name
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 2.0])
+def test_a_delta_buys_variance(epsilon):
+    for name in ORACLES:
+        pure = ORACLES[name](epsilon=epsilon, categories=10).variance(0.0, 1)
+        approximate = ORACLES[name](epsilon=epsilon, categories=10, delta=0.01).variance(0.0, 1)
+        assert approximate < pure, name
+
+
+@pytest.mark.parametrize("name", list(ORACLES))
+def test_aldp_estimates_are_unbiased(name):
+    k, n, trials = 6, 2_000, 200
+    oracle = ORACLES[name](epsilon=1.0, categories=k, delta=1e-3)
+    truth = np.array([0.5, 0.2, 0.1, 0.1, 0.1, 0.0])
+    values = np.repeat(np.arange(k), np.round(truth * n).astype(int))
+    rng = np.random.default_rng(30)
+    estimates = np.array([oracle.estimate(oracle.support(oracle.perturb(values, rng)), n)
+                          for _ in range(trials)])
+    assert np.all(np.abs(estimates.mean(axis=0) - truth)
+                  < 5.3 * np.sqrt(oracle.variance(truth, n) / trials))
