@@ -273,6 +273,34 @@ def test_vector_sample_reports_k_axes_per_reading():
     assert message["fields"] == ["accel_x", "accel_y", "accel_z"]
 
 
+def test_a_ptt_vector_sampling_one_axis_is_optts_algorithm_3():
+    """OPTT (papers/000) Algorithm 3: one axis j of d uniformly, PTT at the full ε, the
+    curator's tuple d x_j on axis j and 0 elsewhere.  A vector channel with mechanism
+    "ptt" and k = 1 reports exactly that (the axis and its code); the d-scaled estimate
+    is unbiased, and the collector's per-axis mean of the reports received is too."""
+    d, n, epsilon = 3, 60_000, 2.0
+    config = _config(channels=[{"name": "acc", "source": "imu",
+                                "fields": ["accel_x", "accel_y", "accel_z"], "kind": "vector",
+                                "epsilon": epsilon, "domain": [-1, 1], "mechanism": "ptt",
+                                "strategy": "sample", "k": 1}])
+    channel = build_channel(config.channels[0], agent_id="w1", fleet="demo")
+    assert channel.mechanism.epsilon == epsilon and channel.mechanism.name == "ptt"
+    x = np.array([0.6, -0.3, 0.1])
+    values = tuple(np.full(n, v) for v in x)
+    _, payload = channel.build_message(Selection(np.zeros(n), values), seq=0, allowed=n, t=0,
+                                       dt=1, rng=np.random.default_rng(7))
+    per_axis = [channel.mechanism.from_codes(np.array(codes, dtype=np.int64))
+                for codes in json.loads(payload)["codes"]]
+    assert sum(len(a) for a in per_axis) == n  # one axis per reading
+    for axis, reports in enumerate(per_axis):
+        variance = float(channel.mechanism.variance(x[axis]))
+        # Algorithm 3's estimate: d times the reports of the axis, over all n tuples.
+        scaled = d * reports.sum() / n
+        scaled_sd = math.sqrt((d * (variance + x[axis] ** 2) - x[axis] ** 2) / n)
+        assert abs(scaled - x[axis]) < 5.3 * scaled_sd
+        assert abs(reports.mean() - x[axis]) < 5.3 * math.sqrt(variance / reports.size)
+
+
 def test_range_replies_overtake_a_backlog_of_reports(tmp_path):
     """A round's answer has a deadline: it must not wait behind thousands of reports."""
     store = StateStore(tmp_path / "s.sqlite")
