@@ -24,7 +24,15 @@ from typing import Any, ClassVar
 import msgspec
 import numpy as np
 
-from edge_agent.protocol.states import BinsState, CountState, CrossState, MomentsState, TrigState
+from edge_agent.mechanisms.categorical import ORACLES
+from edge_agent.protocol.states import (
+    BinsState,
+    CountState,
+    CrossState,
+    MomentsState,
+    SupportState,
+    TrigState,
+)
 
 
 def _sum(array: np.ndarray) -> int:
@@ -359,3 +367,60 @@ class PolarCross(_PlaneSums):
         if self.n == 0:
             return {"n": 0, "x": None, "y": None}
         return {"n": self.n, "x": self.x / self.n, "y": self.y / self.n}
+
+
+class SupportCounts(Statistic):
+    """How many reports of a categorical frequency oracle support each category, and how
+    many reports there were (exact): what ``collector.frequencies`` turns into shares.
+
+    A batch is what the oracle's ``perturb`` returns: GRR codes, OLH (seeds, buckets),
+    unary (n, k) bits."""
+
+    state_type = SupportState
+
+    def __init__(self, oracle: str, epsilon: float, categories: int, delta: float = 0.0):
+        if oracle not in ORACLES:
+            raise ValueError(f"oracle must be one of {', '.join(ORACLES)}, got {oracle!r}")
+        self.oracle = ORACLES[oracle](epsilon=epsilon, categories=categories, delta=delta)
+        self.counts = np.zeros(categories, dtype=np.int64)
+        self.n = 0
+
+    def params(self):
+        o = self.oracle
+        return (o.name, o.epsilon, o.categories, o.delta)
+
+    def summarize(self, batch) -> tuple[np.ndarray, int]:
+        n = len(batch[0]) if isinstance(batch, tuple) else len(batch)
+        return self.oracle.support(batch), n
+
+    def add(self, summary) -> None:
+        counts, n = summary
+        self.counts += counts
+        self.n += n
+
+    def merge(self, other):
+        self._check(other)
+        self.counts += other.counts
+        self.n += other.n
+        return self
+
+    def get(self) -> dict:
+        return {"n": self.n, "counts": self.counts.copy() if self.n else None}
+
+    def to_state(self) -> list:
+        return [self.counts.tolist(), self.n]
+
+    def load_state(self, state, where="state") -> None:
+        counts, n = state
+        if len(counts) != self.oracle.categories:
+            raise StateError(f"{where}[0]: expected {self.oracle.categories} counts, "
+                             f"got {len(counts)}")
+        if any(c > n for c in counts):
+            raise StateError(f"{where}[0]: a category supported by more reports than {n}")
+        # GRR supports one category per report, unary and OLH any number of them.
+        if self.oracle.name == "grr" and sum(counts) != n:
+            raise StateError(f"{where}: GRR counts add up to the reports ({n}), "
+                             f"got {sum(counts)}")
+        self.counts = np.array(counts, dtype=np.int64)
+        self.n = n
+

@@ -57,6 +57,7 @@ MomentsState = tuple[Count, BigCount, BigCount]  # n, sum of codes, sum of squar
 TrigState = tuple[Count, Finite, Finite]  # n, sum of cos, sum of sin
 BinsState = tuple[list[BinCount], Count]  # counts per bin, values outside (drop)
 CrossState = tuple[Count, Finite, Finite]  # n, sum of r cos, sum of r sin
+SupportState = tuple[list[BinCount], Count]  # reports supporting each category, reports
 
 
 class LinearBlockState(Struct, forbid_unknown_fields=True):

@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 
 from collector.series import Series
-from collector.stats import BinCounts, CodeMoments, Count, PolarCross, Statistic, TrigMoments
+from collector.stats import (
+    BinCounts,
+    CodeMoments,
+    Count,
+    PolarCross,
+    StateError,
+    Statistic,
+    SupportCounts,
+    TrigMoments,
+)
 from edge_agent import protocol
 from edge_agent.mechanisms import (
     CircularOGPM,
@@ -54,6 +63,11 @@ EXAMPLES = {
     PolarCross: [("polar-cross",
                   lambda: PolarCross(0.0, 2.0 / N_CODES, 0.0, 6.28 / N_CODES, 6.28),
                   lambda rng, n: (_codes(rng, n), _codes(rng, n)))],
+    SupportCounts: [
+        (f"support-{name}", lambda name=name: SupportCounts(name, 1.0, 6, 0.0),
+         lambda rng, n, name=name: SupportCounts(name, 1.0, 6, 0.0).oracle.perturb(
+             rng.integers(0, 6, n), rng))
+        for name in ("grr", "oue", "sue", "olh")],
 }
 
 
@@ -106,7 +120,7 @@ def test_incremental_equals_batch_and_merge_equals_both_streams(name):
     b.update(b_data)
     assert _same(a.merge(b).get(), whole.get())
     # Exact statistics are equal as objects too (integers, not floats).
-    if name in ("count", "moments") or name.startswith("bins"):
+    if name in ("count", "moments") or name.startswith(("bins", "support")):
         assert incremental == whole == a
 
 
@@ -242,3 +256,18 @@ def test_bin_lookup_table_equals_the_arithmetic(outside):
     assert stat.summarize(np.array([N_CODES - 1]))[0].sum() + \
         stat.summarize(np.array([N_CODES - 1]))[1] == 1
     assert "_table" not in pickle.loads(pickle.dumps(stat)).__dict__
+
+
+@pytest.mark.parametrize("name", ["grr", "olh", "oue"])
+def test_support_counts_round_trip_their_state_and_refuse_impossible_sums(name):
+    stat = SupportCounts(name, 2.0, 4, 0.0)
+    stat.update(stat.oracle.perturb(np.arange(4).repeat(50), np.random.default_rng(3)))
+    again = SupportCounts.from_state(stat.params(), stat.to_state())
+    assert again == stat and again.get()["n"] == 200
+    with pytest.raises(StateError, match="expected 4 counts"):
+        SupportCounts.from_state(stat.params(), [[1, 2], 3])
+    with pytest.raises(StateError, match="more reports than 3"):
+        SupportCounts.from_state(stat.params(), [[4, 0, 0, 0], 3])
+    if name == "grr":
+        with pytest.raises(StateError, match="GRR counts add up to the reports"):
+            SupportCounts.from_state(stat.params(), [[1, 1, 0, 0], 3])
