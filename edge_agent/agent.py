@@ -101,10 +101,11 @@ class AgentCore:
     def __init__(self, config: AgentConfig, store: StateStore, *,
                  sources: dict[str, Source] | None = None, rng: Any = None,
                  agent_id: str | None = None, channels: list[Channel] | None = None,
-                 log_prefix: str = "", log_domains: bool = True):
+                 log_prefix: str = "", log_shared: bool = True):
         """``sources``/``channels``: built from the config unless given (a fleet passes
         its own); ``log_prefix`` starts this core's log lines (a fleet names its virtual
-        agent there); ``log_domains``: log when a discovered range is adopted."""
+        agent there); ``log_shared``: log what every virtual agent of a fleet shares (a
+        discovered range adopted, the clock behind): a fleet logs it for one agent only."""
         self.config = config
         self.agent_id = agent_id or config.agent_id
         self.store = store
@@ -117,7 +118,7 @@ class AgentCore:
         self.budget = budget_of(config)
         self.range: RangeResponder | None = None  # set by the service: range discovery
         self.log_prefix = log_prefix
-        self.log_domains = log_domains
+        self.log_shared = log_shared
         self._period: int | None = None
         self.exhausted: set[str] = set()
         self.clock_behind = False
@@ -155,7 +156,7 @@ class AgentCore:
             low = self.range.results.get((channel.name, "min"))
             high = self.range.results.get((channel.name, "max"))
             if getattr(channel, "auto_domain", False) and low and high \
-                    and channel.adopt_range(low.estimate, high.estimate) and self.log_domains:
+                    and channel.adopt_range(low.estimate, high.estimate) and self.log_shared:
                 log.info("%schannel %s now reports over [%g, %g] (discovered range)",
                          self.log_prefix, channel.name, channel.mechanism.low,
                          channel.mechanism.high)
@@ -219,15 +220,18 @@ class AgentCore:
             channel.local["clock_behind"] += len(selection)
         if not self.clock_behind:
             self.clock_behind = True
-            log.warning("%sthe clock is behind the latest time it showed (%s UTC): nothing is "
-                        "reported until it catches up (docs/PRIVACY.md)", self.log_prefix,
-                        time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(wall_high)))
+            if self.log_shared:
+                log.warning("%sthe clock is behind the latest time it showed (%s UTC): nothing "
+                            "is reported until it catches up (docs/PRIVACY.md)",
+                            self.log_prefix,
+                            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(wall_high)))
 
     def settle(self, batch: Batch) -> None:
         """Book what the budget refused of a recorded batch (logged once per exhaustion)."""
         if batch.outcomes and self.clock_behind:
             self.clock_behind = False
-            log.info("%sthe clock has caught up: reporting again", self.log_prefix)
+            if self.log_shared:
+                log.info("%sthe clock has caught up: reporting again", self.log_prefix)
         for channel, wanted, allowed in batch.outcomes:
             if allowed == wanted:
                 if channel.name in self.exhausted:

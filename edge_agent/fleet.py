@@ -198,7 +198,7 @@ def fleet_service(config: AgentConfig, *, count: int, truth_path: Path | None = 
             channels = [TruthTap(channel, truth) for channel in channels]
         cores.append(AgentCore(config, store, rng=rng, agent_id=agent_id, channels=channels,
                                sources=fleet_sources(config, agent_id, i, count),
-                               log_prefix=f"agent {agent_id}: ", log_domains=i == 0))
+                               log_prefix=f"agent {agent_id}: ", log_shared=i == 0))
     if "transport" not in options:
         will = protocol.status(agent=config.agent_id, state="offline", simulator={
             "agents": count, "first": agent_ids[0], "last": agent_ids[-1]})

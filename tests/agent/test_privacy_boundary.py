@@ -389,3 +389,21 @@ def test_a_discovered_range_is_adopted_when_a_period_begins_never_mid_period(tmp
     assert (core.channels[0].mechanism.low, core.channels[0].mechanism.high) == (-10.0, 10.0)
     core.tick(21 * DAY + 1)  # the next period
     assert (core.channels[0].mechanism.low, core.channels[0].mechanism.high) == (-1.0, 1.0)
+
+
+def test_a_clock_behind_is_logged_once_and_its_readings_counted(tmp_path, caplog):
+    clock = SimulatedTime(T0)
+    core, store = core_for(tmp_path, CHANNELS[:1], {"lin": [0.1] * 4},
+                           monotonic=clock.monotonic, boot_id=clock.boot_id)
+    caplog.set_level("INFO")
+    core.tick(clock.wall)
+    clock.step(-DAY)
+    for _ in range(3):
+        core.tick(clock.advance(1.0))
+    behind = [r for r in caplog.records if "the clock is behind" in r.getMessage()]
+    assert len(behind) == 1 and core.local_status()["clock_behind"] is True
+    assert core.local_status()["channels"]["lin"]["clock_behind"] == 12
+    assert len(spooled(store)) == 1
+    clock.step(DAY)
+    core.tick(clock.advance(1.0))
+    assert "the clock has caught up" in caplog.text and len(spooled(store)) == 2
