@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from decimal import Decimal, localcontext
 
 import numpy as np
 
@@ -47,3 +49,21 @@ def continuous_cdf_at_cells(mech, x: float) -> np.ndarray:
         return np.array([float(mech.cdf(x, mech.output_low)), 1.0])
     edges = mech.cell_edges()[1:]
     return np.asarray(mech.cdf(x, edges), dtype=np.float64)
+
+
+def hockey_stick(pmfs, epsilon: float) -> Decimal:
+    """The standard δ of a mechanism at ε from its exact output distributions, one per
+    input (lists or dicts of Fractions by output): the largest over ordered pairs of
+    inputs of sum_y max(0, P[y|u] - e^ε P[y|v]), to 80 digits."""
+    with localcontext() as ctx:
+        ctx.prec = 80
+        e = Decimal(epsilon).exp()
+        worst = Decimal(0)
+        for a, b in itertools.permutations(pmfs, 2):
+            outputs = a.keys() if isinstance(a, dict) else range(len(a))
+            total = sum((max(Decimal(0), Decimal(a[y].numerator) / a[y].denominator
+                             - e * Decimal(b[y].numerator) / b[y].denominator)
+                         for y in outputs), Decimal(0))
+            worst = max(worst, total)
+        return worst
+

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from decimal import Decimal, localcontext
+from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
@@ -28,7 +28,7 @@ from edge_agent.mechanisms.categorical import (
     optimal_buckets,
 )
 from edge_agent.mechanisms.randomness import SeededRandom
-from tests.mechanisms.helpers import FALSE_ALARM, dkw_threshold
+from tests.mechanisms.helpers import FALSE_ALARM, dkw_threshold, hockey_stick
 
 EPSILONS = [1e-5, 0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 20.0]
 SIZES = [2, 3, 10, 100]
@@ -277,20 +277,6 @@ def test_olh_buckets_are_the_optimal_g():
 # -- (ε,δ): papers/003 Section 5 -------------------------------------------------------------
 
 DELTAS = [1e-6, 1e-3, 0.05]
-
-
-def hockey_stick(pmfs, epsilon) -> Decimal:
-    """max over inputs u, v of sum_y max(0, P[y|u] - e^ε P[y|v]), from exact pmfs."""
-    with localcontext() as ctx:
-        ctx.prec = 80
-        e = Decimal(epsilon).exp()
-        worst = Decimal(0)
-        for a, b in itertools.permutations(pmfs, 2):
-            total = sum((max(Decimal(0), Decimal(a[y].numerator) / a[y].denominator
-                             - e * Decimal(b[y].numerator) / b[y].denominator)
-                         for y in range(len(a))), Decimal(0))
-            worst = max(worst, total)
-        return worst
 
 
 @pytest.mark.parametrize("delta", DELTAS)

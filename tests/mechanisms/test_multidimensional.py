@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from decimal import Decimal, localcontext
+from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
@@ -22,6 +22,7 @@ from edge_agent.mechanisms.multidimensional import (
     paper_delta_alpha,
 )
 from tests.mechanisms.helpers import dkw_threshold
+from tests.mechanisms.helpers import hockey_stick as exact_delta_of
 
 EPSILONS = [0.1, 0.5, 1.0, 2.0, 4.0]
 
@@ -31,20 +32,10 @@ def vertices(d):
 
 
 def brute_force_delta(mechanism, epsilon) -> Decimal:
-    """max over extreme inputs x, x' of sum_y max(0, P[y|x] - e^ε P[y|x']) (the max over
-    all inputs is at extreme ones: the divergence is jointly convex)."""
-    d = mechanism.dimensions
-    pmfs = [mechanism.pmf(v) for v in vertices(d)]
-    with localcontext() as ctx:
-        ctx.prec = 80
-        e = Decimal(epsilon).exp()
-        worst = Decimal(0)
-        for a, b in itertools.permutations(pmfs, 2):
-            total = sum((max(Decimal(0), Decimal(a[y].numerator) / a[y].denominator
-                             - e * Decimal(b[y].numerator) / b[y].denominator) for y in a),
-                        Decimal(0))
-            worst = max(worst, total)
-        return worst
+    """The hockey-stick δ over extreme inputs (the max over all inputs is at extreme ones:
+    the divergence is jointly convex, and every output distribution is a mixture of
+    theirs)."""
+    return exact_delta_of([mechanism.pmf(v) for v in vertices(mechanism.dimensions)], epsilon)
 
 
 @pytest.mark.parametrize("epsilon", EPSILONS)
