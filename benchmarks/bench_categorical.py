@@ -3,7 +3,8 @@ against the true shares, and kernel throughput next to its RNG cost.
 
 1. ``categorical_variance.png``: per-report variance of each oracle's estimate of a
    rare category (f -> 0) against ε at δ = 1e-6, from the closed forms (GRR for
-   k = 2, 10, 100; OUE, SUE and OLH do not depend on k): the paper's Fig. 2.
+   k = 2, 10, 100; OUE, SUE and OLH do not depend on k) and the optimal Gaussian
+   mechanism's σ²: the paper's Fig. 2.
 2. ``categorical_error.png`` and a table: L1 and max error of the estimated shares
    against the true ones, for each oracle over ε in [0.5, 8] and k = 3, 10, 100
    (n = 20,000 reports of a Zipf-like share vector, the mean over 5 runs), next to the
@@ -35,6 +36,31 @@ DELTA = 1e-6
 LABELS = {"grr": "GRR", "oue": "OUE (PRR-ALDP)", "sue": "SUE (SPRR-ALDP)", "olh": "OLH"}
 
 
+def _gaussian_delta(sigma: float, epsilon: float, sensitivity: float) -> float:
+    """δ of the Gaussian mechanism with noise σ at ε (Balle and Wang 2018, Thm 8):
+    Φ(Δ/2σ - εσ/Δ) - e^ε Φ(-Δ/2σ - εσ/Δ)."""
+    def phi(t):
+        return 0.5 * math.erfc(-t / math.sqrt(2))
+    a, b = sensitivity / (2 * sigma), epsilon * sigma / sensitivity
+    return phi(a - b) - math.exp(epsilon) * phi(-a - b)
+
+
+def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = math.sqrt(2)) -> float:
+    """Opt-GM's σ (papers/003 Theorem 1, the analytic Gaussian mechanism): the least σ
+    whose δ at ε is at most δ, by bisection on the exact condition.  Sensitivity √2: a
+    one-hot vector of k bits changes in two (papers/003 Sec. 5)."""
+    low, high = 1e-6, 1e6
+    for _ in range(200):
+        middle = math.sqrt(low * high)
+        if _gaussian_delta(middle, epsilon, sensitivity) > delta:
+            low = middle
+        else:
+            high = middle
+    assert _gaussian_delta(high, epsilon, sensitivity) <= delta < \
+        _gaussian_delta(0.99 * high, epsilon, sensitivity)
+    return high
+
+
 def variance_figure(out: Path) -> None:
     epsilons = np.linspace(0.1, 10.0, 60)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -45,6 +71,11 @@ def variance_figure(out: Path) -> None:
         ax.plot(epsilons, [ORACLES[name](epsilon=e, categories=100, delta=DELTA)
                            .variance(0.0, 1) for e in epsilons], label=LABELS[name],
                 linestyle="--")
+    # Opt-GM: each bit of the one-hot vector plus N(0, σ²); the count's variance is σ² per
+    # report (papers/003 Sec. 5).  A baseline of the figure only: its Gaussian noise has no
+    # exact sampler here.
+    ax.plot(epsilons, [gaussian_sigma(e, DELTA) ** 2 for e in epsilons], label="Opt-GM",
+            linestyle=":")
     ax.set_yscale("log")
     ax.set_xlabel("ε")
     ax.set_ylabel("variance per report (f → 0)")
