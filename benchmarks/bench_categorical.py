@@ -9,7 +9,8 @@ against the true shares, and kernel throughput next to its RNG cost.
    against the true ones, for each oracle over ε in [0.5, 8] and k = 3, 10, 100
    (n = 20,000 reports of a Zipf-like share vector, the mean over 5 runs), next to the
    closed form's expected L1 error (sum over v of sqrt(2 Var_v / π)).
-3. Throughput of each oracle's ``perturb`` (values/s) and of the CSPRNG words it uses.
+3. Throughput of each oracle's ``perturb`` (values/s), and of the multi-dimensional
+   mechanisms (tuples/s), with the share of it spent drawing CSPRNG words.
 
 Run: ``python -m benchmarks.bench_categorical [--out docs] [--markdown FILE]``.
 """
@@ -28,6 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from edge_agent.mechanisms.categorical import ORACLES  # noqa: E402
+from edge_agent.mechanisms.multidimensional import DuchiVector, SampledDuchi  # noqa: E402
 from edge_agent.mechanisms.randomness import SystemRandom  # noqa: E402
 
 from .machine import describe_machine  # noqa: E402
@@ -149,7 +151,18 @@ def throughput(n: int = 200_000) -> list[tuple]:
         started = time.perf_counter()
         source.words(words)
         rng_took = time.perf_counter() - started
-        rows.append((name, n / took, rng_took / took))
+        rows.append((LABELS[name], n / took, rng_took / took))
+    tuples = np.random.default_rng(2).uniform(-1, 1, (n, 5))
+    for label, mechanism, words in (
+            ("Duchi vector, d = 5", DuchiVector(epsilon=2.0, dimensions=5), n * 8),
+            ("k of d (Mechanism-2), d = 5", SampledDuchi(epsilon=2.0, dimensions=5), n * 7)):
+        mechanism.perturb(tuples[:10])  # compile
+        started = time.perf_counter()
+        mechanism.perturb(tuples, source)
+        took = time.perf_counter() - started
+        started = time.perf_counter()
+        source.words(words)  # about what it draws (rejection varies)
+        rows.append((label, n / took, (time.perf_counter() - started) / took))
     return rows
 
 
@@ -171,9 +184,9 @@ def main() -> None:
     lines += [f"| {k} | {e:g} | {LABELS[n]} | {l1:.4f} | {mx:.4f} | {ex:.4f} |"
               for k, e, n, l1, mx, ex in rows]
     lines += ["", "Throughput at ε = 2, k = 10 (one process; OS CSPRNG):", "",
-              "| oracle | values/s | share of the time spent drawing CSPRNG words |",
+              "| mechanism | values (tuples) /s | share of the time spent drawing CSPRNG words |",
               "|---|---:|---:|"]
-    lines += [f"| {LABELS[n]} | {rate:,.0f} | {share:.0%} |" for n, rate, share in throughput()]
+    lines += [f"| {label} | {rate:,.0f} | {share:.0%} |" for label, rate, share in throughput()]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.markdown:
