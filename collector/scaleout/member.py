@@ -288,24 +288,33 @@ class Member:
         dead node for over a minute after it died, and their creation is never
         answered).  A replica that is behind answers with what it has, a prefix of the
         stream; each message names the one before it, so a message the client lost is a
-        gap that is refused, never skipped."""
+        gap that is refused, never skipped.
+
+        The whole batch is received first and then ingested without a pause: a checkpoint
+        (which runs whenever this task awaits) must never see the position advanced past
+        messages whose aggregates the batch has not applied yet."""
         batch = DirectBatch()
         request = (b'{"batch":%d,"seq":%d,"next_by_subj":"%s"}'
                    % (FETCH_BATCH, partition.sequence + 1,
                       subject(self.scale.stream, partition.number).encode()))
-        ingestor, previous, read = partition.ingestor, 0, 0
-        with ingestor.batch():
-            async for message in natsext.request_many(
-                    self.engine.nc, f"$JS.API.DIRECT.GET.{self.scale.stream}", request,
-                    sentinel=batch.ends, timeout=FETCH_TIMEOUT):
-                headers = message.headers or {}
-                sequence = int(headers["Nats-Sequence"])
-                if int(headers["Nats-Last-Sequence"]) != previous:
-                    raise RuntimeError(f"gap before stream sequence {sequence}")
-                ingestor.ingest(headers.get(TOPIC_HEADER, ""), message.data,
+        received, previous = [], 0
+        async for message in natsext.request_many(
+                self.engine.nc, f"$JS.API.DIRECT.GET.{self.scale.stream}", request,
+                sentinel=batch.ends, timeout=FETCH_TIMEOUT):
+            headers = message.headers or {}
+            sequence = int(headers["Nats-Sequence"])
+            if int(headers["Nats-Last-Sequence"]) != previous:
+                raise RuntimeError(f"gap before stream sequence {sequence}")
+            received.append((headers, message.data))
+            previous = sequence
+        ingestor = partition.ingestor
+        with ingestor.batch():  # no await in here
+            for headers, data in received:
+                ingestor.ingest(headers.get(TOPIC_HEADER, ""), data,
                                 _received(headers.get(RECEIVED_HEADER)))
-                partition.sequence, previous, read = sequence, sequence, read + 1
-        return read, batch.check()
+        if received:
+            partition.sequence = previous
+        return len(received), batch.check()
 
     # -- checkpoints ------------------------------------------------------------------------
     async def _write(self, partition: Partition) -> None:

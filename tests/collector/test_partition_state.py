@@ -466,3 +466,46 @@ def test_batched_ingest_equals_message_by_message(batch_size):
     for key in ("x", "y"):
         assert math.isclose(p_a["mean_vector"][key], p_b["mean_vector"][key], rel_tol=1e-9)
     assert pickle.loads(pickle.dumps(batched))._batch is None
+
+
+def test_a_checkpoint_during_a_read_sees_position_and_aggregates_agree(monkeypatch):
+    """A member awaits while a batch of the stream arrives, and a checkpoint can run at
+    any of those awaits: what it writes must count exactly the messages up to its
+    position (a state mid-batch once had agents counting messages the series had not
+    applied, and a position past them)."""
+    import asyncio
+    import types
+
+    import collector.scaleout.member as member_module
+    from collector.scaleout.member import Member, Partition
+
+    rng = np.random.default_rng(9)
+    linear = ClassicalOGPM(epsilon=1.0, low=-2, high=2)
+    reports = [protocol.report(agent=f"w{i % 3}", channel="x", kind="linear", seq=i // 3,
+                               t=100.0 + i, dt=1.0, mechanism=linear.describe(),
+                               codes=rng.integers(0, linear.n_cells, 5).tolist())
+               for i in range(12)]
+    partition = Partition(0, new(), 0, lease_revision=1)
+    seen = []
+
+    async def direct_get(nc, subject, request, *, sentinel, timeout):
+        for sequence, payload in enumerate(reports, start=1):
+            # what a checkpoint running now would write and the next owner would load
+            state = as_json(partition.ingestor.to_state())
+            seen.append((partition.sequence, Ingestor.from_state(state)))
+            await asyncio.sleep(0)
+            yield types.SimpleNamespace(data=payload, headers={
+                "Nats-Sequence": str(sequence), "Nats-Last-Sequence": str(sequence - 1),
+                "Ldp-Topic": protocol.data_topic(FLEET, f"w{(sequence - 1) % 3}", "x")})
+
+    monkeypatch.setattr(member_module.natsext, "request_many", direct_get)
+    fake = types.SimpleNamespace(scale=types.SimpleNamespace(stream="s"),
+                                 engine=types.SimpleNamespace(nc=None))
+    read, _ = asyncio.run(Member._read_batch(fake, partition))
+    assert read == 12 and partition.sequence == 12
+    assert partition.ingestor.counters["messages"] == 12
+    # Mid-read every state loaded (its agents and series agree: from_state checks it),
+    # and it counts nothing past its position: nothing applied, the position unmoved.
+    assert len(seen) == 12
+    for position, ingestor in seen:
+        assert position == 0 and ingestor.counters["messages"] == 0
