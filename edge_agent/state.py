@@ -216,7 +216,10 @@ class Transaction:
 
     def __init__(self, db: sqlite3.Connection, store: StateStore, now: float):
         self._db, self._store, self.now = db, store, now
-        self._spent: dict[tuple[str, float], int] = {}  # (agent, window) -> nano-epsilon
+        # agent -> window -> nano-epsilon spent (as read, plus this transaction's charges)
+        self._spent: dict[str, dict[float, int]] = {}
+        # While a savepoint is open: (agent, its windows before the part's first charge).
+        self._undo: list[tuple[str, dict[float, int]]] | None = None
         self._clock: LedgerClock | None = None
         self._retained: set[float] = set()  # windows whose old spending was forgotten
 
@@ -230,11 +233,11 @@ class Transaction:
 
     def spent(self, agent: str, window_seconds: float) -> int:
         """Epsilon ``agent`` spent in the rolling window ending now (nano)."""
-        key = (agent, window_seconds)
-        if key not in self._spent:
-            self._spent[key] = self._store._spent(self._db, agent, window_seconds,
-                                                  self.clock.ledger_time)
-        return self._spent[key]
+        windows = self._spent.setdefault(agent, {})
+        if window_seconds not in windows:
+            windows[window_seconds] = self._store._spent(self._db, agent, window_seconds,
+                                                         self.clock.ledger_time)
+        return windows[window_seconds]
 
     def charge(self, agent: str, channel: str, *, cost: int, wanted: int,
                budget: Budget) -> int:
@@ -249,9 +252,11 @@ class Transaction:
         room = max(0, budget.nano - self.spent(agent, budget.window_seconds))
         allowed = int(min(wanted, room // cost))
         if allowed:
-            for key in self._spent:  # every window this transaction has read grows
-                if key[0] == agent:
-                    self._spent[key] += cost * allowed
+            windows = self._spent[agent]
+            if self._undo is not None:
+                self._undo.append((agent, dict(windows)))
+            for window in windows:  # every window this transaction has read grows
+                windows[window] += cost * allowed
             if budget.window_seconds not in self._retained:  # once per transaction
                 self._retained.add(budget.window_seconds)
                 self._store._retain(self._db, clock, budget.window_seconds)
@@ -266,14 +271,18 @@ class Transaction:
     def savepoint(self) -> Iterator[None]:
         """A part of the transaction that an error undoes alone (one channel's batch)."""
         self._db.execute("SAVEPOINT part")
-        spent, spooled = dict(self._spent), self._store._spooled
+        spooled, self._undo = self._store._spooled, []
         try:
             yield
         except BaseException:
             self._db.execute("ROLLBACK TO part")
             self._db.execute("RELEASE part")
-            self._spent, self._store._spooled = spent, spooled
+            for agent, windows in reversed(self._undo):  # only what the part charged
+                self._spent[agent] = windows
+            self._store._spooled = spooled
             raise
+        finally:
+            self._undo = None
         self._db.execute("RELEASE part")
 
     # -- sequence numbers --
