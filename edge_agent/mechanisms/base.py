@@ -61,6 +61,18 @@ def raise_non_finite(bad: int, total: int, name: str = "values") -> None:
         )
 
 
+def golden_minimum(f, low: float, high: float, steps: int = 200) -> float:
+    """The minimiser of a function unimodal on [low, high], by golden-section search
+    (the closed-form variances the mechanisms tune their parameters with)."""
+    for _ in range(steps):
+        a, b = low + (high - low) * 0.382, low + (high - low) * 0.618
+        if f(a) < f(b):
+            high = b
+        else:
+            low = a
+    return (low + high) / 2
+
+
 def split_epsilon(epsilon: float, parts: int) -> float:
     """epsilon / parts, rounded down so that ``parts`` shares compose to at most epsilon
     exactly (parts * Fraction(share) <= Fraction(epsilon)): the float quotient can be a

@@ -49,7 +49,7 @@ import numpy as np
 
 from . import _categorical, _validate
 from ._layout import TOTAL_BITS, ratio_within
-from .base import ExactLoss
+from .base import ExactLoss, golden_minimum
 from .randomness import as_random_source
 
 TOTAL = 1 << TOTAL_BITS
@@ -61,10 +61,9 @@ def _within_delta(excess_numerator: int, epsilon_weight: int, denominator: int,
                   epsilon: float, delta: Fraction) -> bool:
     """Exactly decide (excess_numerator - e^ε epsilon_weight) / denominator <= δ (80
     digits; the 1e-60 guard only ever errs towards refusing)."""
+    excess = _excess(excess_numerator, epsilon_weight, denominator, epsilon)
     with localcontext() as ctx:
         ctx.prec = 80
-        excess = (Decimal(excess_numerator) - Decimal(epsilon).exp() * epsilon_weight) / \
-            Decimal(denominator)
         return excess * (1 + Decimal(10) ** -60) + Decimal(10) ** -70 <= \
             Decimal(delta.numerator) / Decimal(delta.denominator)
 
@@ -306,15 +305,9 @@ class OptimizedUnaryEncoding(_UnaryEncoding):
             # (1 - q) / q <= e^ε: binary randomized response's weight (F of 2**53).
             self.one_other = _other_weight(self.epsilon, 2)
             return
-        low, high = 1e-12, 0.5  # the variance is unimodal in q: golden-section search
-        for _ in range(200):
-            a, b = low + (high - low) * 0.382, low + (high - low) * 0.618
-            if _unary_variance(a, self.epsilon, self.delta) < \
-                    _unary_variance(b, self.epsilon, self.delta):
-                high = b
-            else:
-                low = a
-        self.one_other = max(1, round((low + high) / 2 * TOTAL))
+        q = golden_minimum(lambda q: _unary_variance(q, self.epsilon, self.delta),
+                           1e-12, 0.5)  # the variance is unimodal in q
+        self.one_other = max(1, round(q * TOTAL))
         self.one_own = _largest(lambda own: self._holds(own, self.one_other),
                                 self.one_other, TOTAL - 1)
 
@@ -357,15 +350,9 @@ def optimal_buckets(epsilon: float, delta: float = 0.0) -> int:
     2017, Sec. 4.4), rounded; δ > 0: next to the root of the cubic Eq. 57."""
     if delta == 0:
         return min(MAX_BUCKETS, max(2, round(math.exp(epsilon)) + 1))
-    low, high = math.log(1.0 + 1e-9), math.log(4 * math.exp(epsilon) + 8)
-    for _ in range(200):  # unimodal in log(g - 1): golden-section search
-        a, b = low + (high - low) * 0.382, low + (high - low) * 0.618
-        if _hashing_variance(1 + math.exp(a), epsilon, delta) < \
-                _hashing_variance(1 + math.exp(b), epsilon, delta):
-            high = b
-        else:
-            low = a
-    best = 1 + math.exp((low + high) / 2)
+    best = 1 + math.exp(golden_minimum(  # unimodal in log(g - 1)
+        lambda t: _hashing_variance(1 + math.exp(t), epsilon, delta),
+        math.log(1.0 + 1e-9), math.log(4 * math.exp(epsilon) + 8)))
     candidates = {max(2, math.floor(best)), max(2, math.ceil(best))}
     return min(MAX_BUCKETS, min(candidates, key=lambda g: _hashing_variance(g, epsilon, delta)))
 

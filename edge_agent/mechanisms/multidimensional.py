@@ -43,7 +43,8 @@ import numpy as np
 
 from . import _categorical, _validate
 from ._layout import TOTAL_BITS, ratio_within
-from .base import ExactLoss
+from .base import ExactLoss, split_epsilon
+from .randomized_response import RandomizedResponse
 from .randomness import as_random_source
 
 TOTAL = 1 << TOTAL_BITS
@@ -179,8 +180,6 @@ def _patterns(d: int):
 def original_duchi_loss(epsilon: float, dimensions: int) -> ExactLoss:
     """The loss of Algorithm 4 as published (α = e^ε / (e^ε + 1), as binary randomized
     response draws it): above ε for every even d (Appendix A.1)."""
-    from .randomized_response import RandomizedResponse
-
     keep = RandomizedResponse(epsilon=epsilon).keep_probability
     plus, minus = half_spaces(dimensions)
     return ExactLoss(keep * minus / ((1 - keep) * plus))
@@ -228,12 +227,8 @@ class SampledDuchi:
         self.axis = self._axis(self.k)
 
     def _axis(self, k: int) -> DuchiVector:
-        from .base import split_epsilon
-
-        share = float(Fraction(self.delta) / k)
-        while Fraction(share) * k > Fraction(self.delta):
-            share = math.nextafter(share, 0.0)
-        return DuchiVector(epsilon=split_epsilon(self.epsilon, k), dimensions=1, delta=share)
+        return DuchiVector(epsilon=split_epsilon(self.epsilon, k), dimensions=1,
+                           delta=split_epsilon(self.delta, k))
 
     def _worst_variance(self, k: int) -> float:
         try:

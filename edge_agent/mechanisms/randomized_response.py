@@ -15,29 +15,18 @@ unbiased: E[z'] = (2p - 1) z.
 
 from __future__ import annotations
 
-from decimal import ROUND_CEILING, Decimal, localcontext
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from . import _validate
-from ._layout import TOTAL_BITS, ratio_within
+from ._layout import TOTAL_BITS
 from .base import ExactLoss
+from .categorical import _other_weight
 from .randomness import as_random_source
 
 _TOTAL = 1 << TOTAL_BITS
-
-
-def _flip_weight(epsilon: float) -> int:
-    """Smallest F with (2^53 - F) / F <= e^epsilon, i.e. F >= 2^53 / (1 + e^epsilon)."""
-    with localcontext() as ctx:
-        ctx.prec = 80
-        bound = Decimal(_TOTAL) / (1 + Decimal(epsilon).exp())
-        flip = int((bound * (1 + Decimal(10) ** -70)).to_integral_value(rounding=ROUND_CEILING))
-    while not ratio_within(_TOTAL - flip, flip, epsilon):  # never runs; the guard is the proof
-        flip += 1
-    return flip
 
 
 class RandomizedResponse:
@@ -49,7 +38,8 @@ class RandomizedResponse:
         # Down to RESPONSE_EPSILON_MIN, below the other mechanisms' EPSILON_MIN: range
         # discovery answers each round at a share of a run's epsilon.
         self.epsilon = _validate.epsilon(epsilon, minimum=_validate.RESPONSE_EPSILON_MIN)
-        self.flip_weight = _flip_weight(self.epsilon)
+        # The least F with (2^53 - F) / F <= e^eps: GRR over two answers.
+        self.flip_weight = _other_weight(self.epsilon, 2)
         self.keep_weight = _TOTAL - self.flip_weight
 
     # -- closed forms -----------------------------------------------------------------------

@@ -35,7 +35,7 @@ from numba import njit
 
 from . import _validate
 from ._layout import TOTAL_BITS, ratio_within
-from .base import ExactLoss
+from .base import ExactLoss, golden_minimum
 from .randomness import as_random_source
 
 TOTAL = 1 << TOTAL_BITS
@@ -64,14 +64,8 @@ def i_ptt_variance(epsilon: float, k: float, a: float, x: float = 1.0) -> float:
 def optimal_eta(epsilon: float) -> float:
     """The η of least worst-case variance (x = ±1), by golden-section search (the
     variance is unimodal in η on (1, ∞): it grows without bound at both ends)."""
-    low, high = 1.0 + 1e-9, 1e4
-    for _ in range(300):
-        a, b = low + 0.382 * (high - low), low + 0.618 * (high - low)
-        if ii_ptt_variance(epsilon, a) < ii_ptt_variance(epsilon, b):
-            high = b
-        else:
-            low = a
-    return (low + high) / 2
+    return golden_minimum(lambda eta: ii_ptt_variance(epsilon, eta), 1.0 + 1e-9, 1e4,
+                          steps=300)
 
 
 @njit(cache=True)
