@@ -138,15 +138,8 @@ def wait(predicate, timeout: float, interval: float = 0.05):
 
 
 def stream_messages(cluster: NatsCluster) -> int:
-    async def count() -> int:
-        client = await nats.connect(cluster.urls)
-        try:
-            return (await client.jetstream().stream_info(STREAM)).state.messages
-        finally:
-            await client.close()
-
     try:
-        return asyncio.run(count())
+        return cluster.stream_info(STREAM).state.messages
     except nats.errors.Error:
         return 0
 

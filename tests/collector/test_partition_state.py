@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import math
 import pickle
+import types
 
 import msgspec
 import numpy as np
 import pytest
 
+import collector.scaleout.member as member_module
 from collector.checkpoint import tracker_states
 from collector.ingest import Ingestor
 from collector.merge import MergeView
+from collector.scaleout.member import Member, Partition
 from collector.scaleout.partition_state import decode_partition
 from collector.series import Series
 from collector.stats import StateError
@@ -473,12 +477,6 @@ def test_a_checkpoint_during_a_read_sees_position_and_aggregates_agree(monkeypat
     any of those awaits: what it writes must count exactly the messages up to its
     position (a state mid-batch once had agents counting messages the series had not
     applied, and a position past them)."""
-    import asyncio
-    import types
-
-    import collector.scaleout.member as member_module
-    from collector.scaleout.member import Member, Partition
-
     rng = np.random.default_rng(9)
     linear = ClassicalOGPM(epsilon=1.0, low=-2, high=2)
     reports = [protocol.report(agent=f"w{i % 3}", channel="x", kind="linear", seq=i // 3,

@@ -7,7 +7,10 @@ test however it ends; ``kill(i)`` and ``start_node(i)`` crash and bring back one
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+
+import nats
 
 from collector.scaleout.local_cluster import NOT_INSTALLED, Node, find_nats_server, node_config
 
@@ -57,20 +60,21 @@ class NatsCluster:
             self.start_node(i)
         return self
 
-    def stream_leader(self, stream: str) -> int:
-        """The index of the node leading ``stream`` now."""
-        import asyncio
-
-        import nats
-
-        async def ask() -> str:
+    def stream_info(self, stream: str):
+        """JetStream's information on ``stream`` now (from a client of its own; not from
+        inside a running event loop)."""
+        async def ask():
             client = await nats.connect(self.urls)
             try:
-                return (await client.jetstream().stream_info(stream)).cluster.leader
+                return await client.jetstream().stream_info(stream)
             finally:
                 await client.close()
 
-        leader = asyncio.run(ask())
+        return asyncio.run(ask())
+
+    def stream_leader(self, stream: str) -> int:
+        """The index of the node leading ``stream`` now."""
+        leader = self.stream_info(stream).cluster.leader
         return next(i for i, node in enumerate(self.nodes) if node.name == leader)
 
     def kill(self, i: int) -> None:
