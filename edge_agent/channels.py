@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,18 @@ from .state import NANO
 # counters that depend on readings, kept on the device (docs/PRIVACY.md).
 PUBLISHED_COUNTERS = ("reports", "messages")
 LOCAL_COUNTERS = ("non_finite_dropped", "clipped", "budget_refused", "clock_behind", "errors")
+
+
+def _composed_loss(mechanism, reports: int) -> ExactLoss:
+    one = mechanism.exact_privacy_loss()
+    return sum([one] * (reports - 1), one)
+
+
+# The exact loss takes milliseconds (the layout's worst cell ratio): computed once per
+# mechanism, which every virtual agent of a fleet shares with its template.
+@lru_cache(maxsize=1024)
+def _charge_nano(mechanism, reports: int) -> int:
+    return _composed_loss(mechanism, reports).ceiling(NANO)
 
 
 @dataclass
@@ -100,16 +113,21 @@ class Channel:
         return self.mechanism.describe()
 
     # -- the privacy map -------------------------------------------------------------------
+    # Mechanism reports per reading (a vector channel: its k axes).
+    reports_per_reading = 1
+
     def privacy_loss(self) -> ExactLoss:
-        """The exact privacy loss of one report (all its values), from the mechanism."""
-        return self.mechanism.exact_privacy_loss()
+        """The exact privacy loss of one report (all its values): the mechanism's, times
+        the reports per reading (sequential composition)."""
+        return _composed_loss(self.mechanism, self.reports_per_reading)
 
     @property
     def charge_nano(self) -> int:
         """What the ledger charges for one report: ``privacy_loss`` rounded up exactly to
-        units of 1e-9 (cached per mechanism: ``domain = "auto"`` replaces it)."""
+        units of 1e-9 (per mechanism: ``domain = "auto"`` replaces it)."""
         if self._charge is None or self._charge[0] is not self.mechanism:
-            self._charge = (self.mechanism, self.privacy_loss().ceiling(NANO))
+            self._charge = (self.mechanism,
+                            _charge_nano(self.mechanism, self.reports_per_reading))
         return self._charge[1]
 
     # -- step 1 --------------------------------------------------------------------------
@@ -281,11 +299,9 @@ class VectorChannel(Channel):
             clipped += axis_clipped
         return codes, clipped
 
-    def privacy_loss(self) -> ExactLoss:
-        """k axis reports per reading: k times the axis mechanism's loss (sequential
-        composition)."""
-        axis = self.mechanism.exact_privacy_loss()
-        return sum([axis] * (self.k - 1), axis)
+    @property
+    def reports_per_reading(self) -> int:
+        return self.k
 
     def _extra(self):
         return {"fields": list(self.field_names),
