@@ -177,9 +177,11 @@ class Channel:
         return {}
 
     def warm_up(self) -> None:
-        """Run each kernel once so numba compiles before the service says READY."""
+        """Run each kernel once so numba compiles, and compute the exact charge, before
+        the service says READY (not in the first batch)."""
         probe = tuple(np.zeros(4) for _ in self.field_names)
         self._perturb(probe, as_random_source(None))
+        self.charge_nano  # noqa: B018 (computed and cached now)
 
 
 class LinearChannel(Channel):
