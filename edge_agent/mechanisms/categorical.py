@@ -78,7 +78,7 @@ def _excess(excess_numerator: int, epsilon_weight: int, denominator: int,
         return max(Decimal(0), value)
 
 
-def _other_weight(epsilon: float, outputs: int, delta: Fraction = Fraction(0)) -> int:
+def grr_other_weight(epsilon: float, outputs: int, delta: Fraction = Fraction(0)) -> int:
     """The least F for GRR over ``outputs`` values (the kept one with K = 2**53 -
     (outputs - 1) F, each other with F) whose guarantee holds exactly: K / F <= e^ε
     when δ = 0, else the hockey-stick divergence (K - e^ε F) / 2**53 <= δ.  Ideally
@@ -195,7 +195,7 @@ class _RandomizedResponseOver(FrequencyOracle):
     """GRR over ``outputs`` values: kept with weight K, each other value with F."""
 
     def _weights(self, outputs: int) -> None:
-        self.other_weight = _other_weight(self.epsilon, outputs, Fraction(self.delta))
+        self.other_weight = grr_other_weight(self.epsilon, outputs, Fraction(self.delta))
         self.keep_weight = TOTAL - (outputs - 1) * self.other_weight
 
     def exact_privacy_loss(self) -> ExactLoss:
@@ -303,7 +303,7 @@ class OptimizedUnaryEncoding(_UnaryEncoding):
         if self.delta == 0:
             self.one_own = TOTAL // 2
             # (1 - q) / q <= e^ε: binary randomized response's weight (F of 2**53).
-            self.one_other = _other_weight(self.epsilon, 2)
+            self.one_other = grr_other_weight(self.epsilon, 2)
             return
         q = golden_minimum(lambda q: _unary_variance(q, self.epsilon, self.delta),
                            1e-12, 0.5)  # the variance is unimodal in q

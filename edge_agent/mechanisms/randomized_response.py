@@ -23,7 +23,7 @@ import numpy as np
 from . import _validate
 from ._layout import TOTAL_BITS
 from .base import ExactLoss
-from .categorical import _other_weight
+from .categorical import grr_other_weight
 from .randomness import as_random_source
 
 _TOTAL = 1 << TOTAL_BITS
@@ -39,7 +39,7 @@ class RandomizedResponse:
         # discovery answers each round at a share of a run's epsilon.
         self.epsilon = _validate.epsilon(epsilon, minimum=_validate.RESPONSE_EPSILON_MIN)
         # The least F with (2^53 - F) / F <= e^eps: GRR over two answers.
-        self.flip_weight = _other_weight(self.epsilon, 2)
+        self.flip_weight = grr_other_weight(self.epsilon, 2)
         self.keep_weight = _TOTAL - self.flip_weight
 
     # -- closed forms -----------------------------------------------------------------------
