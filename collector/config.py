@@ -83,6 +83,8 @@ class LimitsConfig(Model):
     channels: Annotated[int, Field(ge=1, le=100_000)] = 256
     # Series (mechanism settings) of one channel: each epsilon or domain change starts one.
     series_per_channel: Annotated[int, Field(ge=1, le=10_000)] = 16
+    # Categories of a categorical channel (each is a count in every kept window).
+    categories: Annotated[int, Field(ge=2, le=65_536)] = 1024
     # Agents known only from their status (online, no report yet).
     statuses: Annotated[int, Field(ge=0, le=10_000_000)] = 1_000
     # Channels with a range-discovery result shown (GET /api/range).

@@ -409,6 +409,9 @@ every_seconds = 60
         truth = self._truth()
         if document and truth:
             parts.append(truth_table(document, truth))
+            shares = shares_table(document, truth)
+            if shares.row_count:
+                parts.append(shares)
         return Group(*parts)
 
     def _truth(self) -> dict | None:
@@ -459,6 +462,27 @@ def truth_table(document: dict, truth: dict) -> Table:
         interval = f"[{_number(low)}, {_number(high)}]" if low is not None else "–"
         table.add_row(name, _number(mean.get("estimate")), interval, _number(true),
                       _number(mean.get("raw")))
+    return table
+
+
+def shares_table(document: dict, truth: dict) -> Table:
+    """Categorical channels: each category's unbiased share, its 95% interval and the
+    consistent share (non-negative, summing to 1), next to the simulation's true share."""
+    table = Table(title="category shares vs simulated truth", show_edge=False)
+    for column in ("channel", "category", "estimate", "95% interval", "consistent", "truth"):
+        table.add_column(column, justify="left" if column in ("channel", "category")
+                         else "right")
+    for name, channel in document.get("channels", {}).items():
+        frequencies = channel.get("frequencies")
+        true = truth.get(name, {}).get("shares")
+        if not isinstance(frequencies, dict) or not isinstance(true, dict):
+            continue
+        for label, estimate, ci, share in zip(*(frequencies.get(key, []) for key in (
+                "labels", "estimate", "ci95", "shares"))):
+            low, high = ci if isinstance(ci, (list, tuple)) and len(ci) == 2 else (None, None)
+            interval = f"[{_number(low)}, {_number(high)}]" if low is not None else "–"
+            table.add_row(name, label, _number(estimate), interval, _number(share),
+                          _number(true.get(label)))
     return table
 
 

@@ -64,6 +64,7 @@ class IngestLimits:
     statuses: int | None = None  # agents known only from a status, not yet from a report
     future_seconds: float | None = None  # t + dt at most this far past the receiving clock
     max_age_seconds: float | None = None  # t at most this far before it
+    categories: int | None = None  # categories of a categorical series
     registry: frozenset[str] | None = None
 
     def allows(self, agent: str) -> bool:
@@ -72,7 +73,8 @@ class IngestLimits:
 
 # Why a limit refused a message, and the [limits] key to raise.
 LIMIT_KEYS = {"limit_agents": "agents", "limit_channels": "channels",
-              "limit_series": "series_per_channel", "limit_statuses": "statuses"}
+              "limit_series": "series_per_channel", "limit_statuses": "statuses",
+              "limit_categories": "categories"}
 
 
 @dataclass
@@ -277,6 +279,9 @@ class Ingestor:
             return by_identity[identity]
         else:
             self._within("limit_series", len(by_identity), self.limits.series_per_channel)
+        if message.kind == "categorical":  # each category is a count in every window
+            categories = message.mechanism.categories
+            self._within("limit_categories", categories - 1, self.limits.categories)
         if not create:
             return None
         series = self.series.setdefault(message.channel, {})[identity] = Series(

@@ -23,5 +23,6 @@ def ingest_limits(config: CollectorConfig) -> IngestLimits:
     return IngestLimits(
         agents=limits.agents, channels=limits.channels,
         series_per_channel=limits.series_per_channel, statuses=limits.statuses,
+        categories=limits.categories,
         future_seconds=limits.future_seconds, max_age_seconds=max_age,
         registry=load_registry(registry.file) if registry.agents == "registered" else None)

@@ -13,7 +13,10 @@ turns them into estimates with the mechanism's closed forms:
   the reconstructed distribution; the raw and reconstructed histograms;
 * circular: mean direction, resultant length raw and corrected by rho(eps),
   circular standard deviation, histograms (wrapping);
-* polar: both components and the mean vector; vector: one linear block per axis.
+* polar: both components and the mean vector; vector: one linear block per axis;
+* categorical: how many reports support each category, turned into unbiased
+  shares with standard errors and 95% intervals, and consistent shares
+  (``collector.frequencies``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from edge_agent.protocol import KINDS, as_dict, kind_problem, mechanism_of
 from edge_agent.protocol.states import (
     SERIES_BLOCKS,
     SERIES_STATES,
+    CategoricalBlockState,
     CircularBlockState,
     CrossBlockState,
     LinearBlockState,
@@ -37,12 +41,14 @@ from edge_agent.protocol.states import (
 )
 
 from . import ems
+from .frequencies import frequency_summary
 from .stats import (
     BinCounts,
     CodeMoments,
     Count,
     PolarCross,
     StateError,
+    SupportCounts,
     TrigMoments,
 )
 
@@ -337,6 +343,34 @@ class CircularBlock(_Block):
                 "circular_std": _finite(std), "histogram": histogram}
 
 
+class CategoricalBlock(_Block):
+    """A frequency oracle's reports: how many support each category (exact counts)."""
+
+    STATE_TYPE = CategoricalBlockState
+    STATE_NAMES = ("count", "support")
+
+    def _setup(self) -> None:
+        oracle = self.mechanism
+        self.support = SupportCounts(oracle.name, oracle.epsilon, oracle.categories,
+                                     oracle.delta)
+
+    def _statistics(self):
+        return (self.count, self.support)
+
+    def summarize(self, reports) -> tuple:
+        support = self.support.summarize(reports)
+        return support[1], support  # the count is the support's number of reports
+
+    def _compute(self) -> dict:
+        oracle, n = self.mechanism, self.count.get()
+        counts = self.support.counts
+        shares = frequency_summary(oracle, counts, n)
+        del shares["n"]
+        return {"count": n, "frequencies": {
+            "labels": [oracle.label(v) for v in range(oracle.categories)],
+            "raw": (counts / n).tolist() if n else [None] * oracle.categories, **shares}}
+
+
 def _load_block(block, state, where: str) -> None:
     """Load every statistic of a block (a typed block state), then check they counted the
     same values."""
@@ -355,6 +389,10 @@ def _load_block(block, state, where: str) -> None:
             top = block.mechanism.n_cells - 1
             if statistic.sum > n * top or statistic.sum_sq > n * top * top:
                 raise StateError(f"{where}.{name}: sums beyond {n} codes of at most {top}")
+
+
+# Kinds whose series has one block, "value".
+_ONE_BLOCK = ("linear", "circular", "categorical")
 
 
 class Series:
@@ -390,6 +428,8 @@ class Series:
             return {"value": LinearBlock(self.description, self.bins)}
         if self.kind == "circular":
             return {"value": CircularBlock(self.description, self.bins)}
+        if self.kind == "categorical":
+            return {"value": CategoricalBlock(self.description, self.bins)}
         if self.kind == "polar":
             return {"radius": LinearBlock(self.description, self.bins, component=0),
                     "angle": CircularBlock(self.description, self.bins, component=1),
@@ -416,7 +456,7 @@ class Series:
         self.messages += len(messages)
         for start, group in by_window.items():
             codes = group[0] if len(group) == 1 else self._join(group)
-            if self.kind in ("linear", "circular"):
+            if self.kind in _ONE_BLOCK:
                 arrays = {"value": codes}
             elif self.kind == "polar":
                 arrays = {"radius": codes[0], "angle": codes[1], "cross": codes}
@@ -430,12 +470,16 @@ class Series:
 
     def _join(self, group: list):
         """Codes of several messages as one message's."""
-        if self.kind in ("linear", "circular"):
+        if self.kind in _ONE_BLOCK and not isinstance(group[0], tuple):
             return np.concatenate(group)
-        return [np.concatenate(parts) for parts in zip(*group)]  # per component or field
+        # Per component, field, or part of an oracle's reports (olh and unary: pairs).
+        parts = [np.concatenate(part) for part in zip(*group)]
+        return tuple(parts) if self.kind == "categorical" else parts
 
     def values_in(self, codes) -> int:
-        if self.kind in ("linear", "circular"):
+        if self.kind == "categorical":
+            return len(codes[0]) if isinstance(codes, tuple) else len(codes)
+        if self.kind in _ONE_BLOCK:
             return int(np.size(codes))
         if self.kind == "polar":
             return int(np.size(codes[0]))
@@ -569,7 +613,7 @@ class Series:
         return out
 
     def _view(self, blocks: dict) -> dict:
-        if self.kind in ("linear", "circular"):
+        if self.kind in _ONE_BLOCK:
             view = dict(blocks["value"].get())
             view.pop("count", None)
             return view

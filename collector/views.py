@@ -242,6 +242,34 @@ def document_metrics(document: dict) -> list[Metric]:
         families.append(_labelled(GaugeMetricFamily, metric, help_text, "channel",
                                   {name: extract(channel)
                                    for name, channel in document["channels"].items()}))
+    families += category_metrics(document["channels"])
+    return families
+
+
+# Per category of a categorical channel: (help, the key in its "frequencies").
+CATEGORY_GAUGES = {
+    "ldp_channel_category_share": ("Consistent share of each category (non-negative, "
+                                   "summing to 1).", "shares"),
+    "ldp_channel_category_estimate": ("Unbiased estimate of each category's share.",
+                                      "estimate"),
+    "ldp_channel_category_stderr": ("Standard error of the unbiased share.", "stderr"),
+}
+# A channel with more categories is left out of /metrics (one series per category).
+METRIC_CATEGORIES_MAX = 64
+
+
+def category_metrics(channels: dict) -> list[Metric]:
+    families = []
+    for metric, (help_text, key) in CATEGORY_GAUGES.items():
+        family = GaugeMetricFamily(metric, help_text, labels=["channel", "category"])
+        for name, channel in sorted(channels.items()):
+            frequencies = channel.get("frequencies")
+            if not frequencies or len(frequencies["labels"]) > METRIC_CATEGORIES_MAX:
+                continue
+            for label, value in zip(frequencies["labels"], frequencies[key]):
+                if value is not None:
+                    family.add_metric([name, label], value)
+        families.append(family)
     return families
 
 

@@ -118,7 +118,25 @@ def _rows(name: str, channel: dict) -> list[tuple[str, ...]]:
             rows.append((f"  {axis}", "", fmt_count(block.get("count")), "",
                          *_linear_cells(block), epsilon))
         return rows
+    if kind == "categorical":
+        return [(*head, "", f"{mechanism.get('name')} over "
+                 f"{fmt_count(mechanism.get('categories'))} categories", epsilon),
+                *_category_rows(_dict(channel.get("frequencies")))]
     return [(*head, "", f"kind {kind!r} not shown", epsilon)]
+
+
+def _category_rows(frequencies: dict) -> list[tuple[str, ...]]:
+    """One row per category: its consistent share, then the unbiased estimate's 95%
+    interval."""
+    rows = []
+    columns = [frequencies.get(key) for key in ("labels", "shares", "ci95")]
+    if not all(isinstance(column, list) for column in columns):
+        return rows
+    for label, share, ci in zip(*columns):
+        low, high = ci if isinstance(ci, list) and len(ci) == 2 else (None, None)
+        rows.append((f"  {str(label)[:40]}", "", "", "", fmt(share),
+                     f"[{fmt(low)}, {fmt(high)}]", ""))
+    return rows
 
 
 def header_line(document: dict) -> str:

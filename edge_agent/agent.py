@@ -35,7 +35,7 @@ from .range_responder import RangeResponder
 from .readings import Readings
 from .sources import build_source
 from .sources.base import Source
-from .state import NANO, Budget, StateStore, Transaction, period_start
+from .state import DELTA_UNIT, NANO, Budget, StateStore, Transaction, period_start
 from .transport import Outbox, PahoTransport, Transport
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,9 @@ def write_local_status(state_dir: Path, status: dict[str, Any]) -> None:
 
 
 def budget_of(config: AgentConfig) -> Budget:
-    """``[privacy]``: budget_epsilon in every rolling budget_period."""
-    return Budget.of(config.privacy.budget_epsilon, config.privacy.period_seconds)
+    """``[privacy]``: budget_epsilon and budget_delta in every rolling budget_period."""
+    return Budget.of(config.privacy.budget_epsilon, config.privacy.period_seconds,
+                     config.privacy.budget_delta)
 
 
 @dataclass
@@ -202,7 +203,8 @@ class AgentCore:
             try:
                 with tx.savepoint():
                     allowed = tx.charge(self.agent_id, channel.name, cost=channel.charge_nano,
-                                        wanted=len(selection), budget=self.budget)
+                                        wanted=len(selection), budget=self.budget,
+                                        delta_cost=channel.charge_delta)
                     if allowed:
                         seq = tx.take_seq(self.agent_id, channel.name)
                         tx.spool(*channel.build_message(selection, seq=seq, allowed=allowed,
@@ -256,14 +258,19 @@ class AgentCore:
     # -- status ----------------------------------------------------------------------------------
     def status(self, state: str = "online") -> dict[str, Any]:
         """What the retained status publishes: only what the reports themselves show
-        (docs/PRIVACY.md): the ε spent is what the reports charged, ``reports`` and
-        ``messages`` count them."""
+        (docs/PRIVACY.md): the ε (and δ, with a δ budget) spent is what the reports
+        charged, ``reports`` and ``messages`` count them."""
         spent = self.store.spent(self.agent_id, self.budget.window_seconds)
+        budget = {"epsilon": self.config.privacy.budget_epsilon,
+                  "spent": round(spent / NANO, 9),
+                  "period": self.config.privacy.budget_period}
+        if self.config.privacy.budget_delta > 0:
+            budget["delta"] = self.config.privacy.budget_delta
+            budget["delta_spent"] = \
+                self.store.spent_delta(self.agent_id, self.budget.window_seconds) / DELTA_UNIT
         return {
             "state": state,
-            "budget": {"epsilon": self.config.privacy.budget_epsilon,
-                       "spent": round(spent / NANO, 9),
-                       "period": self.config.privacy.budget_period},
+            "budget": budget,
             "channels": {c.name: {"exhausted": c.name in self.exhausted, **c.counters}
                          for c in self.channels},
             "sources": {s.name: {"finished": s.finished, "error": s.error}

@@ -35,6 +35,7 @@ import numpy as np
 
 from . import protocol
 from .config import (
+    CategoricalChannelConfig,
     CircularChannelConfig,
     LinearChannelConfig,
     PolarChannelConfig,
@@ -44,12 +45,13 @@ from .config import (
 from .mechanisms import CircularOGPM, ExactLoss, PolarOGPM, linear_mechanism, split_epsilon
 from .mechanisms.randomness import RandomSource, as_random_source
 from .readings import Readings
-from .state import NANO
+from .state import NANO, delta_units_up, to_nano_up
 
 # Counters the status publishes (the collector counts the same from the reports) and
 # counters that depend on readings, kept on the device (docs/PRIVACY.md).
 PUBLISHED_COUNTERS = ("reports", "messages")
-LOCAL_COUNTERS = ("non_finite_dropped", "clipped", "budget_refused", "clock_behind", "errors")
+LOCAL_COUNTERS = ("non_finite_dropped", "not_a_category", "clipped", "budget_refused",
+                  "clock_behind", "errors")
 
 
 def _composed_loss(mechanism, reports: int) -> ExactLoss:
@@ -130,19 +132,30 @@ class Channel:
                             _charge_nano(self.mechanism, self.reports_per_reading))
         return self._charge[1]
 
+    @property
+    def charge_delta(self) -> int:
+        """The δ the ledger charges for one report, in units of ``DELTA_UNIT`` (rounded up
+        exactly); 0 for pure ε-LDP channels (every kind but an (ε,δ) categorical one)."""
+        return 0
+
     # -- step 1 --------------------------------------------------------------------------
     def select(self, readings: Readings) -> Selection:
-        columns = [readings.column(name) for name in self.field_names]
-        ok = np.ones(len(readings), dtype=bool)
-        for column in columns:
-            ok &= np.isfinite(column)
-        self.local["non_finite_dropped"] += int(len(readings) - np.count_nonzero(ok))
+        columns, ok = self._read(readings)
         index = np.flatnonzero(ok)
         times = readings.times[index]
         if self.report_interval > 0 and index.size:
             index = index[self._subsample(times)]
             times = readings.times[index]
         return Selection(times, tuple(column[index] for column in columns))
+
+    def _read(self, readings: Readings) -> tuple[list[np.ndarray], np.ndarray]:
+        """The channel's columns, and which rows can be reported (finite in every one)."""
+        columns = [readings.column(name) for name in self.field_names]
+        ok = np.ones(len(readings), dtype=bool)
+        for column in columns:
+            ok &= np.isfinite(column)
+        self.local["non_finite_dropped"] += int(len(readings) - np.count_nonzero(ok))
+        return columns, ok
 
     def _subsample(self, times: np.ndarray) -> np.ndarray:
         """Positions of the readings kept by report_interval (one per report, not per value)."""
@@ -164,9 +177,13 @@ class Channel:
         self.local["clipped"] += clipped
         self.counters["reports"] += allowed
         self.counters["messages"] += 1
+        extra = self._extra()
+        if isinstance(codes, dict):  # codes and other parts (olh: seeds)
+            extra.update(codes)
+            codes = extra.pop("codes")
         payload = protocol.report(agent=self.agent_id, channel=self.name, kind=self.kind,
                                   seq=seq, t=t, dt=dt, mechanism=self.describe(), codes=codes,
-                                  **self._extra())
+                                  **extra)
         return self.topic, payload
 
     def _perturb(self, values: tuple[np.ndarray, ...], source: RandomSource):
@@ -179,9 +196,11 @@ class Channel:
     def warm_up(self) -> None:
         """Run each kernel once so numba compiles, and compute the exact charge, before
         the service says READY (not in the first batch)."""
-        probe = tuple(np.zeros(4) for _ in self.field_names)
-        self._perturb(probe, as_random_source(None))
+        self._perturb(self._probe(), as_random_source(None))
         self.charge_nano  # noqa: B018 (computed and cached now)
+
+    def _probe(self) -> tuple[np.ndarray, ...]:
+        return tuple(np.zeros(4) for _ in self.field_names)
 
 
 class LinearChannel(Channel):
@@ -311,8 +330,93 @@ class VectorChannel(Channel):
                              "epsilon": self.epsilon}}
 
 
+class CategoricalChannel(Channel):
+    """Categories of one field (words, integers or bins of a number), reported with a
+    frequency oracle (``edge_agent.mechanisms.categorical``)."""
+
+    kind = "categorical"
+
+    def __init__(self, config: CategoricalChannelConfig, **kw):
+        super().__init__(config, **kw)
+        self.mechanism = config.build_oracle()
+        self._unknown = -1 if config.unknown == "drop" else config.labels.index(config.unknown)
+        if config.text:
+            # Sorted words and their category numbers: looked up with one searchsorted.
+            order = np.argsort(np.array(config.categories, dtype=object))
+            self._keys = np.array(config.categories, dtype=object)[order]
+            self._numbers = order.astype(np.int64)
+        elif config.bin_edges is None:
+            order = np.argsort(np.array(config.categories, dtype=np.float64))
+            self._keys = np.array(config.categories, dtype=np.float64)[order]
+            self._numbers = order.astype(np.int64)
+
+    def _read(self, readings: Readings) -> tuple[list[np.ndarray], np.ndarray]:
+        """Category numbers of the rows (``unknown``'s, or -1 where a reading is none of
+        them); numbers beyond the bin edges go to the end bins (counted as clipped)."""
+        config = self.config
+        if config.bin_edges is not None:
+            values = readings.column(config.field)
+            finite = np.isfinite(values)
+            edges = np.asarray(config.bin_edges)
+            self.local["clipped"] += int(np.count_nonzero(
+                finite & ((values < edges[0]) | (values > edges[-1]))))
+            numbers = np.clip(np.searchsorted(edges, values, side="right") - 1, 0,
+                              config.count - 1)
+            numbers[values == edges[-1]] = config.count - 1
+            numbers = np.where(finite, numbers, self._unknown)
+        else:
+            if config.text:
+                values = readings.text_column(config.field)
+                known = np.array([isinstance(v, str) for v in values], dtype=bool)
+                values = np.where(known, values, "")
+            else:
+                values = readings.column(config.field)
+                known = np.isfinite(values)
+            place = np.searchsorted(self._keys, values)
+            place = np.minimum(place, self._keys.size - 1)
+            known &= self._keys[place] == values
+            numbers = np.where(known, self._numbers[place], self._unknown)
+        ok = numbers >= 0
+        self.local["not_a_category"] += int(numbers.size - np.count_nonzero(ok))
+        return [numbers.astype(np.int64)], ok
+
+    def _perturb(self, values, source):
+        reports = self.mechanism.perturb(values[0], source)
+        if self.mechanism.name == "olh":
+            seeds, buckets = reports
+            return {"codes": buckets.tolist(), "seeds": seeds.tolist()}, 0
+        if self.mechanism.name == "grr":
+            return reports.tolist(), 0
+        ones, categories = self.mechanism.sparse(reports)  # unary: the categories per value
+        ends = np.cumsum(ones)
+        return [categories[end - n:end].tolist() for n, end in zip(ones, ends)], 0
+
+    def _probe(self) -> tuple[np.ndarray, ...]:
+        return (np.zeros(4, dtype=np.int64),)
+
+    @property
+    def charge_nano(self) -> int:
+        """Pure ε (δ = 0): the exact loss of the integer weights, as every channel.  With
+        δ > 0 the guarantee is (ε, ``exact_delta`` at ε): ε is charged, rounded up."""
+        if self.mechanism.delta == 0:
+            return super().charge_nano
+        return to_nano_up(self.mechanism.epsilon)
+
+    @property
+    def charge_delta(self) -> int:
+        """The oracle's exact δ at ε (the largest hockey-stick divergence of its integer
+        weights, ≤ the configured δ), rounded up."""
+        if self.mechanism.delta == 0:
+            return 0
+        if self._charge_delta is None:
+            self._charge_delta = delta_units_up(self.mechanism.exact_delta())
+        return self._charge_delta
+
+    _charge_delta: int | None = None
+
+
 _KINDS = {"linear": LinearChannel, "circular": CircularChannel, "polar": PolarChannel,
-          "vector": VectorChannel}
+          "vector": VectorChannel, "categorical": CategoricalChannel}
 
 
 def build_channel(config, *, agent_id: str, fleet: str) -> Channel:

@@ -93,9 +93,10 @@ def fleet(config_path: str, count: int, keep_running: bool, truth_path: str | No
                    "a fleet's virtual agents are <agent_id>-<i>)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
-    """Epsilon spent in the rolling budget period that ends now, per channel."""
+    """Epsilon (and delta, with a delta budget) spent in the rolling budget period that
+    ends now, per channel."""
     from .agent import STATE_FILE
-    from .state import NANO, StateStore
+    from .state import DELTA_UNIT, NANO, StateStore, delta_units_down
 
     config = _load(config_path)
     agent_id = agent_id or config.agent_id
@@ -115,23 +116,41 @@ def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
                                        f"agent once to convert it") from None
         finally:
             store.close()
-        channels = {name: {"spent": nano / NANO, "reports": reports}
-                    for name, (nano, reports) in rows.items()}
+        channels = {name: {"spent": nano / NANO, "reports": reports, "delta": delta}
+                    for name, (nano, reports, delta) in rows.items()}
     spent = sum(entry["spent"] for entry in channels.values())
     summary = {"agent": agent_id, "budget_epsilon": total,
                "period": config.privacy.budget_period, "spent": spent,
                "remaining": max(0.0, total - spent), "clock_behind": behind,
                "channels": channels}
+    # Delta only where there is any: a budget for it, or delta spent under an earlier one.
+    total_delta = config.privacy.budget_delta
+    spent_delta = sum(entry["delta"] for entry in channels.values())  # exact, in units
+    show_delta = total_delta > 0 or spent_delta > 0
+    for entry in channels.values():
+        units = entry.pop("delta")
+        if show_delta:
+            entry["delta"] = units / DELTA_UNIT
+    if show_delta:
+        remaining_delta = max(0, delta_units_down(total_delta) - spent_delta) / DELTA_UNIT
+        summary.update(budget_delta=total_delta, spent_delta=spent_delta / DELTA_UNIT,
+                       remaining_delta=remaining_delta)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(f"agent {agent_id}: budget {total:g} in every rolling "
                f"{config.privacy.budget_period}; spent {spent:.6g}, remaining "
                f"{summary['remaining']:.6g}")
+    if show_delta:
+        click.echo(f"  delta: budget {total_delta:.6g}; spent {summary['spent_delta']:.6g}, "
+                   f"remaining {remaining_delta:.6g}")
     if behind:
         click.echo("  the clock is behind the latest time the agent saw: nothing is reported")
     for channel, entry in sorted(channels.items()):
-        click.echo(f"    {channel:<24} {entry['spent']:>12.6g}  ({entry['reports']} reports)")
+        line = f"    {channel:<24} {entry['spent']:>12.6g}  ({entry['reports']} reports)"
+        if show_delta:
+            line += f"  delta {entry['delta']:.6g}"
+        click.echo(line)
 
 
 @main.command()

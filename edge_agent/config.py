@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from .mechanisms import (
+    DELTA_MAX,
     EPSILON_MAX,
     EPSILON_MIN,
     GRID_BITS_MAX,
@@ -34,6 +35,7 @@ from .mechanisms import (
     linear_mechanism,
     split_epsilon,
 )
+from .mechanisms.categorical import LABEL, MAX_LABELS, ORACLES, best_oracle
 from .mechanisms.registry import KIND_CONFIG_NAMES
 from .mqtt_client import Endpoint, TlsFiles
 from .protocol.messages import MAX_AGENT_CHANNELS
@@ -127,6 +129,10 @@ class BrokerConfig(Model):
 
 class PrivacyConfig(Model):
     budget_epsilon: Annotated[float, Field(gt=0)]
+    # Total delta this agent may spend in any rolling period, all channels together
+    # ((epsilon, delta)-LDP channels; basic composition, docs/PRIVACY.md "δ"); 0: only
+    # pure epsilon-LDP reports.
+    budget_delta: Annotated[float, Field(ge=0, le=1)] = 0.0
     budget_period: str = "1d"
     state_dir: Path = Path("/var/lib/edge-agent")
     # Most epsilon one range-discovery run may take from this agent (0 = never).
@@ -236,7 +242,7 @@ SourceConfig = Annotated[
 
 # Fields each source type provides before ``derive`` (None: whatever the data has).
 SYNTHETIC_FIELDS = ("accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw",
-                    "accel_h_mag", "accel_h_dir")
+                    "accel_h_mag", "accel_h_dir", "activity")
 I2C_FIELDS = ("accel_x", "accel_y", "accel_z", "gyro_x", "gyro_y", "gyro_z", "temperature")
 DERIVED_FIELDS = {"horizontal": ("accel_h_mag", "accel_h_dir"), "tilt": ("roll", "pitch")}
 
@@ -363,8 +369,94 @@ class VectorChannelConfig(_ChannelBase):
         return self
 
 
+Oracle = Literal[("auto", *ORACLES)]  # type: ignore[valid-type]
+CategoryLabel = Annotated[str, Field(pattern=f"^{LABEL.pattern}$")]
+
+
+class CategoricalChannelConfig(_ChannelBase):
+    """A field whose readings are categories, reported with a frequency oracle.
+
+    The categories are given one of three ways:
+
+    * a text field: ``categories = ["rest", "walk", "run"]``, the words it carries;
+    * an integer field: ``categories = [1, 2, 3, 4]``, the values it takes;
+    * a numeric field cut into bins: ``bin_edges = [40, 60, 80, 100, 200]`` (k + 1
+      increasing edges, k bins [e_i, e_i+1), the last one closed); ``categories``
+      then optionally names the bins.
+    """
+
+    kind: Literal["categorical"]
+    field: str
+    categories: list[CategoryLabel] | list[int] | None = None
+    bin_edges: list[float] | None = None
+    # grr | oue | sue | olh, or auto: the one of least variance for this domain size and
+    # epsilon (GRR for small domains, OLH for large ones; edge_agent.mechanisms.categorical).
+    oracle: Oracle = "auto"
+    # (epsilon, delta)-LDP: each report also costs delta, which [privacy] budget_delta
+    # must allow (papers/003 Section 5).  0 is pure epsilon-LDP.
+    delta: Annotated[float, Field(ge=0, le=DELTA_MAX)] = 0.0
+    # A reading that is none of the categories (a word or value not listed): "drop" it,
+    # or report it as the category named here (e.g. "other"): dropping changes how many
+    # reports a batch has, reporting it does not (docs/PRIVACY.md).
+    unknown: str = "drop"
+
+    @model_validator(mode="after")
+    def _categories(self):
+        if self.bin_edges is not None:
+            edges = self.bin_edges
+            if len(edges) < 3 or not all(math.isfinite(e) for e in edges) \
+                    or any(b <= a for a, b in zip(edges, edges[1:])):
+                raise ValueError("bin_edges: must be at least 3 finite, increasing edges "
+                                 "(2 bins or more)")
+            if self.categories is not None and (
+                    len(self.categories) != len(edges) - 1
+                    or not all(isinstance(c, str) for c in self.categories)):
+                raise ValueError(f"categories: with bin_edges, names for the "
+                                 f"{len(edges) - 1} bins (or leave it out)")
+        elif self.categories is None:
+            raise ValueError("categories: required (the words or integers the field "
+                             "carries), or bin_edges for a numeric field")
+        elif len(self.categories) < 2:
+            raise ValueError("categories: at least 2")
+        if self.categories is not None and len(set(self.categories)) != len(self.categories):
+            raise ValueError("categories: must be distinct")
+        if self.unknown != "drop" and self.unknown not in [str(c) for c in self.labels]:
+            raise ValueError(f"unknown: 'drop' or one of the categories, got {self.unknown!r}")
+        return self
+
+    @property
+    def count(self) -> int:
+        return len(self.bin_edges) - 1 if self.bin_edges is not None else len(self.categories)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The categories' names (bins unnamed: their ranges, "[40, 60)")."""
+        if self.categories is not None:
+            return tuple(str(c) for c in self.categories)
+        edges = self.bin_edges
+        return tuple(f"[{a:g}, {b:g}{']' if i == len(edges) - 2 else ')'}"
+                     for i, (a, b) in enumerate(zip(edges, edges[1:])))
+
+    @property
+    def text(self) -> bool:
+        """Whether the field carries words (else numbers)."""
+        return self.bin_edges is None and isinstance(self.categories[0], str)
+
+    def chosen_oracle(self) -> str:
+        if self.oracle != "auto":
+            return self.oracle
+        return best_oracle(epsilon=self.epsilon, categories=self.count, delta=self.delta)
+
+    def build_oracle(self):
+        """The channel's frequency oracle (labels only up to MAX_LABELS categories)."""
+        labels = self.labels if self.count <= MAX_LABELS else None
+        return ORACLES[self.chosen_oracle()](epsilon=self.epsilon, categories=self.count,
+                                             delta=self.delta, labels=labels)
+
+
 ChannelConfig = Annotated[
-    Union[LinearChannelConfig, CircularChannelConfig, PolarChannelConfig, VectorChannelConfig],
+    Union[LinearChannelConfig, CircularChannelConfig, PolarChannelConfig, VectorChannelConfig,
+          CategoricalChannelConfig],
     Field(discriminator="kind"),
 ]
 
@@ -395,6 +487,10 @@ class AgentConfig(Model):
             problem = _mechanism_problem(channel)
             if problem:
                 raise ValueError(f"channels[{i}]: its mechanism refuses it: {problem}")
+            if getattr(channel, "delta", 0.0) > 0 and self.privacy.budget_delta == 0:
+                raise ValueError(f"channels[{i}].delta: {channel.delta:g} needs a delta "
+                                 f"budget: set privacy.budget_delta (basic composition: "
+                                 f"each report spends delta)")
             available = source_fields(source)
             wanted = [channel.field] if hasattr(channel, "field") else list(channel.fields)
             if available is not None:
@@ -431,6 +527,8 @@ def _mechanism_problem(channel) -> str | None:
         elif channel.kind == "circular":
             CircularOGPM(epsilon=channel.epsilon, period=period_of(channel.unit),
                          origin=channel.origin, grid_bits=channel.grid_bits)
+        elif channel.kind == "categorical":
+            channel.build_oracle()
         elif channel.kind == "polar":
             PolarOGPM(epsilon=channel.epsilon, radius_max=channel.radius_max,
                       weight=channel.weight, period=period_of(channel.unit),
@@ -460,6 +558,7 @@ class ConfigError(ValueError):
 
 
 _TAGS = {"synthetic", "csv", "jsonl", "mqtt", "i2c", "linear", "circular", "polar", "vector",
+         "categorical",
          "function-after", "function-before", "function-plain"}
 
 

@@ -121,8 +121,9 @@ def fleet_sources(config: AgentConfig, agent_id: str, index: int,
 class TrueMeans:
     """What the simulated agents really measured, for demos and tests only.
 
-    The mean of the readings each linear channel selected for reporting (and
-    the mean direction of circular ones) over the whole fleet: the truth the
+    The mean of the readings each linear channel selected for reporting (the
+    mean direction of circular ones, the share of each category of categorical
+    ones) over the whole fleet: the truth the
     collector's estimates can be checked against.  A real agent never has
     this; with a budget large enough that nothing is refused, the selected
     readings are exactly the reported ones.
@@ -130,6 +131,7 @@ class TrueMeans:
 
     def __init__(self):
         self.sums: dict[str, list[float]] = {}
+        self.categories: dict[str, dict[str, int]] = {}  # channel -> label -> readings
 
     def add(self, channel, selection) -> None:
         values = selection.values[0]
@@ -141,6 +143,12 @@ class TrueMeans:
             n, s, c = self.sums.get(channel.name, (0, 0.0, 0.0))
             self.sums[channel.name] = [n + values.size, s + float(np.sin(radians).sum()),
                                        c + float(np.cos(radians).sum())]
+        elif channel.kind == "categorical":
+            oracle = channel.mechanism
+            counts = self.categories.setdefault(
+                channel.name, dict.fromkeys(map(oracle.label, range(oracle.categories)), 0))
+            for number, count in enumerate(np.bincount(values, minlength=oracle.categories)):
+                counts[oracle.label(number)] += int(count)
 
     def document(self) -> dict[str, dict]:
         out = {}
@@ -150,6 +158,11 @@ class TrueMeans:
             else:
                 out[name] = {"n": sums[0], "mean_direction_rad": math.atan2(sums[1], sums[2]),
                              "resultant_length": math.hypot(sums[1], sums[2]) / sums[0]}
+        for name, counts in self.categories.items():
+            n = sum(counts.values())
+            if n:
+                out[name] = {"n": n, "shares": {label: count / n
+                                                for label, count in counts.items()}}
         return out
 
     def write(self, path: Path) -> None:

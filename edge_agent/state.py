@@ -4,10 +4,10 @@ Why one file: a report's privacy charge, its sequence number and the
 perturbed message that carries it are written in *one* transaction, which the
 agent drives (``with store.transaction() as tx: tx.charge(...);
 tx.take_seq(...); tx.spool(...)``).  Either all three are on disk or none is,
-so a crash can never publish a value whose epsilon was not charged, and a
-restart neither reuses a sequence number nor resets the budget.  A crash after
-the commit but before the broker's acknowledgement costs budget (the message
-is still sent from the spool at the next start), never the reverse.
+so a crash can never publish a value whose epsilon (or delta) was not charged,
+and a restart neither reuses a sequence number nor resets the budget.  A crash
+after the commit but before the broker's acknowledgement costs budget (the
+message is still sent from the spool at the next start), never the reverse.
 
 A spooled report leaves the spool on the broker's acknowledgement, or with
 ``[delivery] confirm = "collector"`` only once a collector confirms it has
@@ -38,6 +38,15 @@ shown (a Pi without a real-time clock before NTP), nothing is reported.
 Charges are integers (``NANO`` units of epsilon), rounded up exactly from the
 channel's privacy map; budgets are rounded down.
 
+Delta: an (epsilon, delta)-LDP channel's report also costs its exact delta,
+charged in integer ``DELTA_UNIT`` units (1e-15, rounded up; budgets down) next
+to its epsilon, in the same row.  Under basic composition (Dwork & Roth, "The
+Algorithmic Foundations of Differential Privacy", Theorem 3.16) reports at
+(eps_i, delta_i) compose to (sum eps_i, sum delta_i), so the same rolling windows
+bound both sums: a charge is allowed only if the window stays within
+``budget_epsilon`` *and* within ``budget_delta``.  Pure epsilon-LDP reports cost
+delta 0; a report that costs any delta is never allowed under a budget of delta 0.
+
 The file is in WAL mode with ``synchronous=FULL``, so a committed batch
 survives ``kill -9`` and power loss.  Several virtual agents (the fleet
 simulator) can share one file: every row carries its agent id.
@@ -53,6 +62,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
@@ -63,6 +73,7 @@ CREATE TABLE IF NOT EXISTS spending (    -- the budget ledger
     until REAL NOT NULL,                -- ledger time by which these charges were made
     spent_nano INTEGER NOT NULL,        -- epsilon spent, in units of 1e-9, rounded up
     reports INTEGER NOT NULL,
+    spent_delta INTEGER NOT NULL DEFAULT 0,  -- delta spent, in units of 1e-15, rounded up
     PRIMARY KEY (agent, channel, until)
 );
 CREATE INDEX IF NOT EXISTS spending_until ON spending (until);
@@ -116,9 +127,14 @@ CREATE TABLE IF NOT EXISTS counters (
 
 _SPOOL_COLUMNS = {"lane": "INTEGER NOT NULL DEFAULT 0", "agent": "TEXT", "channel": "TEXT",
                   "seq": "INTEGER", "acked": "REAL", "resends": "INTEGER NOT NULL DEFAULT 0"}
+# State files from before delta accounting spent none.
+_SPENDING_COLUMNS = {"spent_delta": "INTEGER NOT NULL DEFAULT 0"}
 MAX_RESEND_DOUBLINGS = 6  # an unconfirmed report waits at most 64 x resend_seconds
 
 NANO = 10**9
+# Delta is charged in units of 1e-15: an (epsilon, delta) mechanism's delta is far
+# smaller than epsilon (well below 1/n), so it needs a finer unit than NANO.
+DELTA_UNIT = 10**15
 # Spool lanes: reports go out in order; range-discovery replies are answers to a
 # round with a deadline, so they overtake a backlog of reports.
 REPORTS, RANGE_REPLIES = 0, 1
@@ -145,6 +161,17 @@ def to_nano_down(epsilon: float | Fraction) -> int:
     return math.floor(Fraction(epsilon) * NANO)
 
 
+def delta_units_up(delta: float | Fraction | Decimal) -> int:
+    """A report's delta in ``DELTA_UNIT`` units, rounded up exactly (``Fraction`` of a
+    float or a ``Decimal`` is its exact value)."""
+    return math.ceil(Fraction(delta) * DELTA_UNIT)
+
+
+def delta_units_down(delta: float | Fraction | Decimal) -> int:
+    """A delta budget in ``DELTA_UNIT`` units, rounded down exactly."""
+    return math.floor(Fraction(delta) * DELTA_UNIT)
+
+
 def period_start(now: float, period_seconds: float) -> int:
     """The UTC-aligned period holding ``now`` (when ``domain = "auto"`` adopts a range)."""
     return int(math.floor(now / period_seconds) * period_seconds)
@@ -165,14 +192,16 @@ def boot_id() -> str:
 
 @dataclass(frozen=True)
 class Budget:
-    """At most ``nano`` units of epsilon in every rolling window of ``window_seconds``."""
+    """At most ``nano`` units of epsilon and ``delta`` units (``DELTA_UNIT``) of delta
+    in every rolling window of ``window_seconds`` (basic composition)."""
 
     nano: int
     window_seconds: float
+    delta: int = 0
 
     @classmethod
-    def of(cls, epsilon: float, window_seconds: float) -> Budget:
-        return cls(to_nano_down(epsilon), float(window_seconds))
+    def of(cls, epsilon: float, window_seconds: float, delta: float = 0.0) -> Budget:
+        return cls(to_nano_down(epsilon), float(window_seconds), delta_units_down(delta))
 
     @property
     def bucket_seconds(self) -> float:
@@ -216,10 +245,11 @@ class Transaction:
 
     def __init__(self, db: sqlite3.Connection, store: StateStore, now: float):
         self._db, self._store, self.now = db, store, now
-        # agent -> window -> nano-epsilon spent (as read, plus this transaction's charges)
-        self._spent: dict[str, dict[float, int]] = {}
+        # agent -> window -> (nano-epsilon, delta units) spent (as read, plus this
+        # transaction's charges)
+        self._spent: dict[str, dict[float, tuple[int, int]]] = {}
         # While a savepoint is open: (agent, its windows before the part's first charge).
-        self._undo: list[tuple[str, dict[float, int]]] | None = None
+        self._undo: list[tuple[str, dict[float, tuple[int, int]]]] | None = None
         self._clock: LedgerClock | None = None
         self._retained: set[float] = set()  # windows whose old spending was forgotten
 
@@ -231,40 +261,57 @@ class Transaction:
             self._clock = self._store._advance(self._db, self.now)
         return self._clock
 
-    def spent(self, agent: str, window_seconds: float) -> int:
-        """Epsilon ``agent`` spent in the rolling window ending now (nano)."""
+    def _spending(self, agent: str, window_seconds: float) -> tuple[int, int]:
         windows = self._spent.setdefault(agent, {})
         if window_seconds not in windows:
-            windows[window_seconds] = self._store._spent(self._db, agent, window_seconds,
-                                                         self.clock.ledger_time)
+            windows[window_seconds] = self._store._spending(self._db, agent, window_seconds,
+                                                            self.clock.ledger_time)
         return windows[window_seconds]
 
+    def spent(self, agent: str, window_seconds: float) -> int:
+        """Epsilon ``agent`` spent in the rolling window ending now (nano)."""
+        return self._spending(agent, window_seconds)[0]
+
+    def spent_delta(self, agent: str, window_seconds: float) -> int:
+        """Delta ``agent`` spent in the rolling window ending now (``DELTA_UNIT``)."""
+        return self._spending(agent, window_seconds)[1]
+
     def charge(self, agent: str, channel: str, *, cost: int, wanted: int,
-               budget: Budget) -> int:
-        """Charge as many of ``wanted`` reports at ``cost`` (nano-epsilon) each as the
-        rolling window's budget still allows; returns how many (none while the wall clock
-        is behind its latest time)."""
+               budget: Budget, delta_cost: int = 0) -> int:
+        """Charge as many of ``wanted`` reports at ``cost`` (nano-epsilon) and
+        ``delta_cost`` (``DELTA_UNIT``) each as the rolling window's budget still allows,
+        in epsilon and in delta (basic composition); returns how many (none while the
+        wall clock is behind its latest time)."""
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
             raise ValueError(f"cost: must be a positive integer (nano-epsilon), got {cost!r}")
+        if isinstance(delta_cost, bool) or not isinstance(delta_cost, int) or delta_cost < 0:
+            raise ValueError(f"delta_cost: must be a non-negative integer (units of 1e-15), "
+                             f"got {delta_cost!r}")
         clock = self.clock
         if clock.behind(self.now):
             return 0
-        room = max(0, budget.nano - self.spent(agent, budget.window_seconds))
-        allowed = int(min(wanted, room // cost))
+        spent, spent_delta = self._spending(agent, budget.window_seconds)
+        allowed = min(wanted, max(0, budget.nano - spent) // cost)
+        if delta_cost:  # a budget of delta 0 allows no report that costs delta
+            allowed = min(allowed, max(0, budget.delta - spent_delta) // delta_cost)
+        allowed = int(allowed)
         if allowed:
             windows = self._spent[agent]
             if self._undo is not None:
                 self._undo.append((agent, dict(windows)))
-            for window in windows:  # every window this transaction has read grows
-                windows[window] += cost * allowed
+            for window, (nano, delta) in windows.items():  # every window read grows
+                windows[window] = (nano + cost * allowed, delta + delta_cost * allowed)
             if budget.window_seconds not in self._retained:  # once per transaction
                 self._retained.add(budget.window_seconds)
                 self._store._retain(self._db, clock, budget.window_seconds)
             self._db.execute(
-                "INSERT INTO spending VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent, channel, "
-                "until) DO UPDATE SET spent_nano = spent_nano + excluded.spent_nano, "
-                "reports = reports + excluded.reports",
-                (agent, channel, budget.bucket_end(clock.ledger_time), cost * allowed, allowed))
+                "INSERT INTO spending (agent, channel, until, spent_nano, reports, spent_delta) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (agent, channel, until) DO UPDATE SET "
+                "spent_nano = spent_nano + excluded.spent_nano, "
+                "reports = reports + excluded.reports, "
+                "spent_delta = spent_delta + excluded.spent_delta",
+                (agent, channel, budget.bucket_end(clock.ledger_time), cost * allowed, allowed,
+                 delta_cost * allowed))
         return allowed
 
     @contextlib.contextmanager
@@ -329,6 +376,10 @@ class Transaction:
 
 
 class StateStore:
+    # The delta spent, as SQL: its column, or "0" when a file from before delta accounting
+    # is only read (edge-agent budget), which must not migrate it.
+    _delta_sql = "spent_delta"
+
     def __init__(self, path: str | Path, *, max_messages: int = 200_000,
                  read_only: bool = False, monotonic: Callable[[], float] = boot_clock,
                  boot_id: Callable[[], str] = boot_id):
@@ -345,6 +396,9 @@ class StateStore:
             self._db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
                                        isolation_level=None, check_same_thread=False)
             self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
+            # A file from before delta accounting, not yet migrated: it spent no delta.
+            if "spent_delta" not in self._columns("spending"):
+                self._delta_sql = "0"
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -352,15 +406,23 @@ class StateStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=10000")
         self._db.executescript(_SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(spool)")}
+        columns = self._columns("spool")
         # State files from before range discovery, and before confirmations (their
         # spooled rows name no report: they leave on the broker's acknowledgement).
         for column, declaration in _SPOOL_COLUMNS.items():
             if column not in columns:
                 self._db.execute(f"ALTER TABLE spool ADD COLUMN {column} {declaration}")
+        # State files from before delta accounting: their spending keeps its epsilon.
+        columns = self._columns("spending")
+        for column, declaration in _SPENDING_COLUMNS.items():
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE spending ADD COLUMN {column} {declaration}")
         self._db.execute("CREATE INDEX IF NOT EXISTS spool_report ON spool (agent, channel, seq)")
         self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
         self._migrate_ledger()
+
+    def _columns(self, table: str) -> set[str]:
+        return {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
 
     def _migrate_ledger(self) -> None:
         """A ledger from before ledger time (spending per UTC-aligned period): what the
@@ -372,8 +434,9 @@ class StateStore:
         now = time.time()
         with self.transaction(now):
             self._db.execute(
-                "INSERT INTO spending SELECT agent, channel, ?, SUM(spent_nano), SUM(reports) "
-                "FROM ledger WHERE period_start > ? GROUP BY agent, channel",
+                "INSERT INTO spending (agent, channel, until, spent_nano, reports) SELECT "
+                "agent, channel, ?, SUM(spent_nano), SUM(reports) FROM ledger "
+                "WHERE period_start > ? GROUP BY agent, channel",
                 (now + 1.0, now - LEGACY_RETAIN))
             clock = self._advance(self._db, now)
             self._retain(self._db, clock, LEGACY_RETAIN)
@@ -439,12 +502,14 @@ class StateStore:
             db.execute("UPDATE ledger_clock SET retain_seconds = ? WHERE id = 0", (retain,))
         db.execute("DELETE FROM spending WHERE until <= ?", (clock.ledger_time - retain,))
 
-    @staticmethod
-    def _spent(db: sqlite3.Connection, agent: str, window_seconds: float,
-               ledger_time: float) -> int:
-        row = db.execute("SELECT COALESCE(SUM(spent_nano), 0) FROM spending WHERE agent = ? "
-                         "AND until > ?", (agent, ledger_time - window_seconds)).fetchone()
-        return int(row[0])
+    def _spending(self, db: sqlite3.Connection, agent: str, window_seconds: float,
+                  ledger_time: float) -> tuple[int, int]:
+        """(nano-epsilon, delta units) ``agent`` spent in the window ending at
+        ``ledger_time``."""
+        row = db.execute(f"SELECT COALESCE(SUM(spent_nano), 0), "
+                         f"COALESCE(SUM({self._delta_sql}), 0) FROM spending WHERE agent = ? "
+                         f"AND until > ?", (agent, ledger_time - window_seconds)).fetchone()
+        return int(row[0]), int(row[1])
 
     # -- reads -----------------------------------------------------------------------
     def clock(self, now: float | None = None) -> LedgerClock:
@@ -454,10 +519,19 @@ class StateStore:
 
     def spent(self, agent: str, window_seconds: float, now: float | None = None) -> int:
         """Epsilon ``agent`` has spent in the rolling window that ends at ``now`` (nano)."""
+        return self._spent_in(agent, window_seconds, now)[0]
+
+    def spent_delta(self, agent: str, window_seconds: float, now: float | None = None) -> int:
+        """Delta ``agent`` has spent in the rolling window that ends at ``now``
+        (``DELTA_UNIT``)."""
+        return self._spent_in(agent, window_seconds, now)[1]
+
+    def _spent_in(self, agent: str, window_seconds: float,
+                  now: float | None) -> tuple[int, int]:
         with self._lock:
             ledger_time = self._paced_clock(self._db, time.time() if now is None else now) \
                 .ledger_time
-            return self._spent(self._db, agent, window_seconds, ledger_time)
+            return self._spending(self._db, agent, window_seconds, ledger_time)
 
     def range_terms(self, agent: str, run: str) -> str | None:
         with self._lock:
@@ -472,17 +546,18 @@ class StateStore:
         return row[0] if row else 0
 
     def budget_report(self, agent: str, window_seconds: float,
-                      now: float | None = None) -> dict[str, tuple[int, int]]:
-        """Per channel of ``agent``: (nano-epsilon, reports) in the rolling window ending
-        at ``now`` (range-discovery answers under ``_range:<channel>``)."""
+                      now: float | None = None) -> dict[str, tuple[int, int, int]]:
+        """Per channel of ``agent``: (nano-epsilon, reports, delta units) in the rolling
+        window ending at ``now`` (range-discovery answers under ``_range:<channel>``)."""
         with self._lock:
             ledger_time = self._paced_clock(self._db, time.time() if now is None else now) \
                 .ledger_time
             rows = self._db.execute(
-                "SELECT channel, SUM(spent_nano), SUM(reports) FROM spending WHERE agent = ? "
-                "AND until > ? GROUP BY channel ORDER BY channel",
-                (agent, ledger_time - window_seconds)).fetchall()
-        return {channel: (int(nano), int(reports)) for channel, nano, reports in rows}
+                f"SELECT channel, SUM(spent_nano), SUM(reports), SUM({self._delta_sql}) "
+                f"FROM spending WHERE agent = ? AND until > ? GROUP BY channel "
+                f"ORDER BY channel", (agent, ledger_time - window_seconds)).fetchall()
+        return {channel: (int(nano), int(reports), int(delta))
+                for channel, nano, reports, delta in rows}
 
     # -- the spool -------------------------------------------------------------------
     def enqueue(self, topic: str, payload: bytes, *, qos: int = 1, lane: int = REPORTS) -> None:

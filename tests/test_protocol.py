@@ -20,6 +20,7 @@ from edge_agent.mechanisms import (
     UnbiasedOGPM,
     linear_mechanism,
 )
+from edge_agent.mechanisms.categorical import ORACLES
 from edge_agent.mechanisms.registry import KIND_CONFIG_NAMES, LINEAR, kind_accepts
 from edge_agent.protocol import messages, schema, states
 from tests.support import REPO
@@ -44,11 +45,16 @@ def test_every_topic_names_a_definition():
 # -- one registry of mechanism names -------------------------------------------------------
 
 def test_mechanism_names_come_from_one_registry():
-    assert set(messages.DESCRIPTIONS) == set(MECHANISMS)
+    assert set(messages.DESCRIPTIONS) == set(MECHANISMS) | set(ORACLES)
     assert set(LinearMechanism.__args__) == set(LINEAR) == set(KIND_CONFIG_NAMES["linear"])
     assert OgpmOnly.__args__ == KIND_CONFIG_NAMES["circular"] == KIND_CONFIG_NAMES["polar"]
     mapping = SCHEMA["properties"]["mechanism"]["discriminator"]["mapping"]
-    assert set(mapping) == set(MECHANISMS)
+    assert set(mapping) == set(MECHANISMS) | set(ORACLES)
+    for name in ORACLES:  # a frequency oracle is for categorical channels only
+        assert kind_accepts("categorical", name)
+        assert not any(kind_accepts(kind, name) for kind in ("linear", "circular", "polar",
+                                                             "vector"))
+    assert not any(kind_accepts("categorical", name) for name in MECHANISMS)
     for name in LINEAR:  # every configuration name builds a mechanism the wire knows
         built = linear_mechanism(name, epsilon=1.0, low=-1.0, high=1.0, grid_bits=8)
         assert built.name in MECHANISMS and kind_accepts("linear", built.name)
@@ -71,14 +77,30 @@ def test_every_description_round_trips_to_the_same_mechanism(name):
     validator().validate(json.loads(_report_of(mechanism)))
 
 
+@pytest.mark.parametrize("name", sorted(ORACLES))
+@pytest.mark.parametrize("labels", [None, ("rest", "walk", "run")])
+def test_every_oracle_description_round_trips_with_its_labels(name, labels):
+    oracle = ORACLES[name](epsilon=1.5, categories=3, delta=1e-6, labels=labels)
+    description = protocol.describe(oracle)
+    again = msgspec.json.decode(protocol.encode(description), type=protocol.MechanismDescription)
+    assert protocol.mechanism_of(again) == oracle and protocol.mechanism_of(again).labels == labels
+
+
 # -- what the agent writes decodes, and matches the published schema -----------------------
 
 def _report_of(mechanism, **changes) -> bytes:
     kind = {"ogpm-circular": "circular", "ogpm-polar": "polar"}.get(mechanism.name, "linear")
+    if mechanism.name in ORACLES:
+        kind = "categorical"
     codes = [[1, 2], [3, 4]] if kind == "polar" else [0, 1]
     message = dict(agent="w1", channel="ch", kind=kind, seq=3, t=1.7e9, dt=1.0,
                    mechanism=mechanism.describe(), codes=codes)
     return protocol.report(**{**message, **changes})
+
+
+def _categorical_report(name: str, codes, **changes) -> bytes:
+    oracle = ORACLES[name](epsilon=1.0, categories=3, labels=("rest", "walk", "run"))
+    return _report_of(oracle, kind="categorical", codes=codes, **changes)
 
 
 REPORTS = {
@@ -88,7 +110,12 @@ REPORTS = {
     "vector": lambda: _report_of(UnbiasedOGPM(epsilon=0.5, low=-1, high=1), kind="vector",
                                  codes=[[1], [], [2, 3]], fields=["x", "y", "z"],
                                  strategy={"k": 2, "d": 3, "epsilon": 1.0}),
+    "categorical-grr": lambda: _categorical_report("grr", [0, 2, 1, 0]),
+    "categorical-olh": lambda: _categorical_report("olh", [0, 2, 1], seeds=[7, 2**32 - 1, 0]),
+    "categorical-oue": lambda: _categorical_report("oue", [[0, 2], [], [1]]),
 }
+# What each categorical report supports: per category, how many of its values.
+SUPPORTED = {"categorical-grr": [2, 1, 1], "categorical-oue": [1, 1, 1]}
 
 
 @pytest.mark.parametrize("kind", REPORTS)
@@ -96,10 +123,16 @@ def test_reports_decode_with_their_mechanism_and_codes(kind):
     payload = REPORTS[kind]()
     validator().validate(json.loads(payload))
     report = protocol.decode_report(protocol.data_topic(FLEET, "w1", "ch"), payload, FLEET)
-    assert report.kind == kind and report.seq == 3
+    assert report.kind == kind.split("-")[0] and report.seq == 3
     assert report.mechanism is protocol.mechanism_of(report.message.mechanism)
-    codes = report.codes if kind in ("polar", "vector") else [report.codes]
-    assert all(part.dtype == np.int64 for part in codes)
+    if kind in SUPPORTED:
+        assert report.mechanism.support(report.codes).tolist() == SUPPORTED[kind]
+    elif kind == "categorical-olh":
+        seeds, buckets = report.codes
+        assert seeds.tolist() == [7, 2**32 - 1, 0] and buckets.tolist() == [0, 2, 1]
+    else:
+        codes = report.codes if kind in ("polar", "vector") else [report.codes]
+        assert all(part.dtype == np.int64 for part in codes)
     # the typed message encodes back to the same JSON
     assert json.loads(protocol.encode(report.message)) == json.loads(payload)
 

@@ -7,7 +7,7 @@ compact wire form, and ``pdf``, ``cdf``, ``mean_output``, ``variance``,
 ``expected_error``, ``worst_case_error`` and ``privacy_loss`` are closed forms.
 """
 
-from ._validate import EPSILON_MAX, EPSILON_MIN, GRID_BITS_MAX, GRID_BITS_MIN
+from ._validate import DELTA_MAX, EPSILON_MAX, EPSILON_MIN, GRID_BITS_MAX, GRID_BITS_MIN
 from .base import ExactLoss, Mechanism, split_epsilon
 from .baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
 from .laplace import BoundedLaplace, TruncatedLaplace
@@ -16,6 +16,7 @@ from .randomness import RandomSource, SeededRandom, SystemRandom
 from .registry import MECHANISMS, from_description, kind_accepts, linear_mechanism
 
 __all__ = [
+    "DELTA_MAX",
     "EPSILON_MAX",
     "EPSILON_MIN",
     "GRID_BITS_MAX",

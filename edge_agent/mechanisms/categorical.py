@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from decimal import ROUND_CEILING, Decimal, localcontext
 from fractions import Fraction
 from typing import Any, ClassVar
@@ -55,6 +57,9 @@ from .randomness import as_random_source
 TOTAL = 1 << TOTAL_BITS
 MAX_CATEGORIES = 1 << 16
 MAX_UNARY_CATEGORIES = 1 << 10  # OUE sends k bits per value
+MAX_LABELS = 1 << 10
+# A category label: 1-40 characters, none of them a control character.
+LABEL = re.compile(r"[^\x00-\x1f\x7f-\x9f]{1,40}")
 
 
 def _within_delta(excess_numerator: int, epsilon_weight: int, denominator: int,
@@ -110,6 +115,30 @@ def _categories(value: object, maximum: int = MAX_CATEGORIES) -> int:
     return int(value)
 
 
+def _labels(value: object, categories: int) -> tuple[str, ...] | None:
+    """Names of the categories (None: numbered): one distinct, printable string of
+    1-40 characters per category, at most ``MAX_LABELS`` of them (every report carries
+    them, so they stay short)."""
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise TypeError(f"labels must be a sequence of strings, got {type(value).__name__}")
+    labels = tuple(value)
+    if len(labels) != categories:
+        raise ValueError(f"labels: must name each of the {categories} categories, "
+                         f"got {len(labels)}")
+    if categories > MAX_LABELS:
+        raise ValueError(f"labels: at most {MAX_LABELS} categories can be named")
+    for label in labels:
+        if not isinstance(label, str):
+            raise TypeError(f"labels must be strings, got {type(label).__name__}")
+        if not LABEL.fullmatch(label):
+            raise ValueError(f"labels: {label!r} is not 1-40 printable characters")
+    if len(set(labels)) != len(labels):
+        raise ValueError("labels: must be distinct")
+    return labels
+
+
 def as_categories(values: Any, categories: int) -> np.ndarray:
     """A 1-D int64 array of category numbers in [0, categories), or TypeError/ValueError."""
     array = np.asarray(values)
@@ -127,10 +156,12 @@ class FrequencyOracle(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0):
+    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0,
+                 labels: Sequence[str] | None = None):
         self.epsilon = _validate.epsilon(epsilon)
         self.categories = _categories(categories, self.max_categories)
         self.delta = _validate.delta(delta)
+        self.labels = _labels(labels, self.categories)
 
     max_categories: ClassVar[int] = MAX_CATEGORIES
 
@@ -177,12 +208,20 @@ class FrequencyOracle(ABC):
         return (f * p * (1 - p) + (1 - f) * q * (1 - q)) / (n * (p - q) ** 2)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "epsilon": self.epsilon, "categories": self.categories,
-                "delta": self.delta}
+        described = {"name": self.name, "epsilon": self.epsilon,
+                     "categories": self.categories, "delta": self.delta}
+        if self.labels is not None:
+            described["labels"] = self.labels
+        return described
+
+    def label(self, category: int) -> str:
+        """A category's name: its label, or its number."""
+        return str(category) if self.labels is None else self.labels[category]
 
     def __repr__(self) -> str:
+        labels = "" if self.labels is None else f", labels={self.labels!r}"
         return (f"{type(self).__name__}(epsilon={self.epsilon!r}, "
-                f"categories={self.categories}, delta={self.delta!r})")
+                f"categories={self.categories}, delta={self.delta!r}{labels})")
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.describe() == self.describe()
@@ -220,8 +259,10 @@ class GeneralizedRR(_RandomizedResponseOver):
 
     name = "grr"
 
-    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0):
-        super().__init__(epsilon=epsilon, categories=categories, delta=delta)
+    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0,
+                 labels: Sequence[str] | None = None):
+        super().__init__(epsilon=epsilon, categories=categories, delta=delta,
+                         labels=labels)
         self._weights(self.categories)
 
     @property
@@ -279,10 +320,25 @@ class _UnaryEncoding(FrequencyOracle):
         return out
 
     def support(self, reports) -> np.ndarray:
+        """``reports``: an (n, k) array of bits as ``perturb`` gives them, or the sparse
+        form a report message carries, (ones per value, the categories of the ones one
+        after the other; each value's listed once)."""
+        if isinstance(reports, tuple):
+            ones, categories = (np.asarray(part).reshape(-1) for part in reports)
+            if int(ones.sum()) != categories.size:
+                raise ValueError("reports: the ones per value must add up to the categories")
+            return np.bincount(as_categories(categories, self.categories),
+                               minlength=self.categories).astype(np.int64)
         bits = np.asarray(reports)
         if bits.ndim != 2 or bits.shape[1] != self.categories:
             raise ValueError(f"reports must be an (n, {self.categories}) array of bits")
         return bits.sum(axis=0, dtype=np.int64)
+
+    @staticmethod
+    def sparse(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(n, k) bits as (ones per value, the categories of the ones, row by row)."""
+        rows, categories = np.nonzero(bits)
+        return np.bincount(rows, minlength=bits.shape[0]).astype(np.int64), categories
 
 
 def _unary_variance(q: float, epsilon: float, delta: float) -> float:
@@ -298,8 +354,10 @@ class OptimizedUnaryEncoding(_UnaryEncoding):
 
     name = "oue"
 
-    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0):
-        super().__init__(epsilon=epsilon, categories=categories, delta=delta)
+    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0,
+                 labels: Sequence[str] | None = None):
+        super().__init__(epsilon=epsilon, categories=categories, delta=delta,
+                         labels=labels)
         if self.delta == 0:
             self.one_own = TOTAL // 2
             # (1 - q) / q <= e^ε: binary randomized response's weight (F of 2**53).
@@ -318,8 +376,10 @@ class SymmetricUnaryEncoding(_UnaryEncoding):
 
     name = "sue"
 
-    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0):
-        super().__init__(epsilon=epsilon, categories=categories, delta=delta)
+    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0,
+                 labels: Sequence[str] | None = None):
+        super().__init__(epsilon=epsilon, categories=categories, delta=delta,
+                         labels=labels)
         self.one_own = _largest(lambda own: self._holds(own, TOTAL - own), TOTAL // 2,
                                 TOTAL - 1)
         self.one_other = TOTAL - self.one_own
@@ -363,8 +423,10 @@ class OptimizedLocalHashing(_RandomizedResponseOver):
 
     name = "olh"
 
-    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0):
-        super().__init__(epsilon=epsilon, categories=categories, delta=delta)
+    def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0,
+                 labels: Sequence[str] | None = None):
+        super().__init__(epsilon=epsilon, categories=categories, delta=delta,
+                         labels=labels)
         self.buckets = optimal_buckets(self.epsilon, self.delta)
         self._weights(self.buckets)
 

@@ -10,7 +10,8 @@ Two kinds of name:
 
 Which mechanisms a channel kind may carry follows from these tables too
 (``kind_accepts``): circular channels carry circular OGPM, polar channels the
-polar pair, linear and vector channels everything else.
+polar pair, categorical channels a frequency oracle (``ORACLES``: GRR, OUE,
+SUE, OLH), linear and vector channels every other mechanism.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from .base import Mechanism
 from .baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
+from .categorical import ORACLES, FrequencyOracle
 from .laplace import BoundedLaplace, TruncatedLaplace
 from .ogpm import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 
@@ -84,6 +86,8 @@ def kind_accepts(kind: str, wire_name: str) -> bool:
         return wire_name == CIRCULAR
     if kind == "polar":
         return wire_name == POLAR
+    if kind == "categorical":
+        return wire_name in ORACLES
     return wire_name in LINEAR_WIRE_NAMES
 
 
@@ -91,15 +95,17 @@ def kind_accepts(kind: str, wire_name: str) -> bool:
 _DERIVED = {"epsilon_radius", "epsilon_angle"}
 
 
-def from_description(description: dict[str, Any]) -> Mechanism:
-    """The mechanism a ``describe()`` dict names; unknown names or keys raise ValueError."""
+def from_description(description: dict[str, Any]) -> Mechanism | FrequencyOracle:
+    """The mechanism (or frequency oracle) a ``describe()`` dict names; unknown names or
+    keys raise ValueError."""
     if not isinstance(description, dict):
         raise TypeError("a mechanism description must be a dict")
     params = dict(description)
     name = params.pop("name", None)
-    cls = MECHANISMS.get(name)
+    cls = MECHANISMS.get(name) or ORACLES.get(name)
     if cls is None:
-        raise ValueError(f"unknown mechanism {name!r}; known: {', '.join(sorted(MECHANISMS))}")
+        known = ", ".join(sorted([*MECHANISMS, *ORACLES]))
+        raise ValueError(f"unknown mechanism {name!r}; known: {known}")
     derived = {k: params.pop(k) for k in _DERIVED & params.keys()}
     try:
         mechanism = cls(**params)

@@ -28,6 +28,7 @@ import numpy as np
 from msgspec import Meta, Struct
 
 from ..mechanisms import (
+    DELTA_MAX,
     EPSILON_MAX,
     GRID_BITS_MAX,
     GRID_BITS_MIN,
@@ -45,6 +46,13 @@ from ..mechanisms import (
     UnbiasedOGPM,
     from_description,
     kind_accepts,
+)
+from ..mechanisms.categorical import (
+    LABEL,
+    MAX_CATEGORIES,
+    MAX_LABELS,
+    ORACLES,
+    FrequencyOracle,
 )
 from ..rangefind import MAX_ROUNDS
 from .topics import (
@@ -80,6 +88,10 @@ Name = Annotated[str, Meta(pattern=f"^{NAME_CHARS}(?!\\n)$",
                                        "a letter or digit")]
 RunId = Annotated[str, Meta(pattern="^[A-Za-z0-9_.-]{1,64}(?!\\n)$")]
 Label = Annotated[str, Meta(max_length=40)]  # a refusal reason or similar short word
+CategoryLabel = Annotated[str, Meta(pattern=f"^{LABEL.pattern}(?!\\n)$",
+                                    description="a category's name: 1-40 characters, "
+                                                "no control characters")]
+Seed = Annotated[int, Meta(ge=0, lt=1 << 32)]
 Text = Annotated[str, Meta(max_length=1024)]
 Finite = Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]
 NonNegative = Annotated[float, Meta(ge=0.0, le=_FLOAT_MAX)]
@@ -93,7 +105,7 @@ Code = Annotated[int, Meta(ge=0, lt=1 << GRID_BITS_MAX)]
 CodeList = Annotated[list[Code], Meta(max_length=MAX_CODES)]
 Fields = Annotated[tuple[Name, ...], Meta(min_length=2, max_length=MAX_FIELDS)]
 Side = Literal["min", "max"]
-Kind = Literal["linear", "circular", "polar", "vector"]
+Kind = Literal["linear", "circular", "polar", "vector", "categorical"]
 KINDS: tuple[str, ...] = Kind.__args__
 
 
@@ -160,9 +172,21 @@ _SHAPES = {ClassicalOGPM: _Interval, UnbiasedOGPM: _Interval, PTT: _Interval,
            TruncatedLaplace: _Interval, BoundedLaplace: _Interval,
            PiecewiseMechanism: _Compressible, SquareWave: _Compressible, Duchi: _TwoAtoms,
            CircularOGPM: _Circle, PolarOGPM: _PolarPair}
+
+class _Categories(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name",
+                  omit_defaults=True):
+    """A frequency oracle (edge_agent.mechanisms.categorical) over ``categories``
+    categories, named by ``labels`` (numbered without)."""
+
+    epsilon: Epsilon
+    categories: Annotated[int, Meta(ge=2, le=MAX_CATEGORIES)]
+    delta: Annotated[float, Meta(ge=0.0, le=DELTA_MAX)] = 0.0
+    labels: Annotated[tuple[CategoryLabel, ...], Meta(max_length=MAX_LABELS)] | None = None
+
+
 DESCRIPTIONS: dict[str, type[Struct]] = {
-    name: define(__name__, f"{cls.__name__}Description", _SHAPES[cls], name)
-    for name, cls in MECHANISMS.items()}
+    name: define(__name__, f"{cls.__name__}Description", _SHAPES.get(cls, _Categories), name)
+    for name, cls in {**MECHANISMS, **ORACLES}.items()}
 MechanismDescription = Union[tuple(DESCRIPTIONS.values())]  # noqa: UP007 (built from a tuple)
 
 
@@ -200,9 +224,13 @@ class Strategy(Struct, frozen=True, forbid_unknown_fields=True):
 
 
 _CODES_SHAPE = {"anyOf": [
-    {"items": {"type": "integer"}, "description": "linear, circular: one list of codes"},
+    {"items": {"type": "integer"},
+     "description": "linear, circular: one list of codes; categorical grr: the reported "
+                    "categories; olh: the reported buckets"},
     {"items": {"type": "array"},
-     "description": "polar: [radius codes, angle codes]; vector: one list per field"}]}
+     "description": "polar: [radius codes, angle codes]; vector: one list per field; "
+                    "categorical oue/sue: per value, the categories its bits support, "
+                    "ascending"}]}
 
 
 class Report(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -221,6 +249,8 @@ class Report(Struct, forbid_unknown_fields=True, omit_defaults=True):
                      Meta(max_length=MAX_CODES, extra_json_schema=_CODES_SHAPE)]
     fields: Fields | None = None
     strategy: Strategy | None = None
+    seeds: Annotated[list[Seed], Meta(max_length=MAX_CODES, description=(
+        "categorical olh: the hash seed of each value, one per bucket in codes"))] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,10 +270,11 @@ class ValidReport:
 
 def report(*, agent: str, channel: str, kind: str, seq: int, t: float, dt: float,
            mechanism: dict | Struct, codes: list, fields: list[str] | None = None,
-           strategy: dict | Strategy | None = None) -> bytes:
-    """One report message.  ``codes``: a list of ints (linear, circular), two lists
-    (polar: radius, angle) or one list per field (vector); ``t`` is the batch start
-    and ``dt`` its length, in seconds."""
+           strategy: dict | Strategy | None = None, seeds: list[int] | None = None) -> bytes:
+    """One report message.  ``codes``: a list of ints (linear, circular, categorical grr
+    and olh), two lists (polar: radius, angle), one list per field (vector) or one list
+    per value (categorical oue and sue); ``seeds``: olh's; ``t`` is the batch start and
+    ``dt`` its length, in seconds."""
     if isinstance(mechanism, dict):
         mechanism = describe(mechanism)
     if isinstance(strategy, dict):
@@ -251,12 +282,13 @@ def report(*, agent: str, channel: str, kind: str, seq: int, t: float, dt: float
     return encode(Report(v=PROTOCOL_VERSION, agent=agent, channel=channel, kind=kind, seq=seq,
                          t=round(t, 3), dt=round(dt, 3), mechanism=mechanism, codes=codes,
                          fields=tuple(fields) if fields is not None else None,
-                         strategy=strategy))
+                         strategy=strategy, seeds=seeds))
 
 
 _report_decoder = msgspec.json.Decoder(Report)
 # Where a field's error is reported: (the field itself, an element inside it).
-_REPORT_REASONS = {"v": "version", "mechanism": "mechanism", "codes": ("schema", "bad_code")}
+_REPORT_REASONS = {"v": "version", "mechanism": "mechanism", "codes": ("schema", "bad_code"),
+                   "seeds": ("schema", "bad_code")}
 
 
 def decode_report(topic: str, payload: bytes, fleet: str) -> ValidReport:
@@ -295,6 +327,10 @@ def check_report(message: Report) -> ValidReport:
     problem = kind_problem(message.kind, mechanism, message.fields, message.strategy)
     if problem is not None:
         raise Rejected(*problem)
+    if message.kind == "categorical":
+        return ValidReport(message, mechanism, _oracle_reports(message, mechanism))
+    if message.seeds is not None:
+        raise Rejected("schema", "seeds are for categorical olh reports")
     return ValidReport(message, mechanism, _report_codes(message, mechanism))
 
 
@@ -316,6 +352,40 @@ def kind_problem(kind: str, mechanism: Mechanism, fields: tuple | None,
         return ("kind" if kind == "polar" else "schema"), \
             "fields/strategy are for vector channels"
     return None
+
+
+def _oracle_reports(message: Report, oracle: FrequencyOracle):
+    """A categorical report's codes as the oracle's ``support`` takes them: grr an int64
+    array of categories, olh (seeds, buckets), oue and sue (ones per value, the
+    categories of the ones)."""
+    codes, seeds = message.codes, message.seeds
+    if (oracle.name == "olh") != (seeds is not None):
+        raise Rejected("schema", "olh reports carry seeds, other oracles do not")
+    if oracle.name in ("grr", "olh"):
+        outputs = oracle.buckets if oracle.name == "olh" else oracle.categories
+        reported = _grid_codes(codes, outputs)
+        if seeds is None:
+            return reported
+        if len(seeds) != reported.size:
+            raise Rejected("shape", "olh needs one seed per bucket")
+        return np.array(seeds, dtype=np.uint32), reported
+    if not all(isinstance(part, list) for part in codes):
+        raise Rejected("shape", "unary codes must be one list of categories per value")
+    return _unary_bits(codes, oracle.categories)
+
+
+def _unary_bits(codes: list[list[int]], categories: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per value, the categories its bits support (ascending) -> (how many per value, the
+    categories one after the other): the sparse form ``support`` takes, so memory grows
+    with the message, not with values x categories.  A category listed twice would count
+    twice: refused, as is one beyond the domain."""
+    lengths = np.fromiter((len(part) for part in codes), dtype=np.int64, count=len(codes))
+    flat = _grid_codes([code for part in codes for code in part], categories)
+    rows = np.repeat(np.arange(len(codes)), lengths)
+    same_row = rows[1:] == rows[:-1]
+    if np.any(flat[1:][same_row] <= flat[:-1][same_row]):
+        raise Rejected("bad_code", "a value's categories must be listed once each, ascending")
+    return lengths, flat
 
 
 def _report_codes(message: Report, mechanism: Mechanism):
@@ -367,6 +437,10 @@ class BudgetStatus(Struct, forbid_unknown_fields=True, omit_defaults=True):
     spent: NonNegative  # in the rolling window of ``period`` that ends now
     period: Annotated[str, Meta(max_length=32)]
     period_start: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # legacy
+    # With [privacy] budget_delta > 0 only: the delta budget and the delta spent in the
+    # same window (docs/PRIVACY.md, "δ").
+    delta: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    delta_spent: NonNegative | None = None
 
 
 class ChannelStatus(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -696,6 +770,23 @@ class VectorSummary(Struct, forbid_unknown_fields=True, kw_only=True):
     strategy: Strategy
 
 
+class Frequencies(Struct, forbid_unknown_fields=True):
+    """Per category (in ``labels`` order): the share of reports supporting it, the
+    unbiased share, its standard error and 95% interval, and the consistent share
+    (non-negative, summing to 1: Norm-Sub)."""
+
+    labels: list[CategoryLabel]
+    raw: list[Estimate]
+    estimate: list[Estimate]
+    stderr: list[Estimate]
+    ci95: list[tuple[Estimate, Estimate] | None]
+    shares: list[Estimate]
+
+
+class CategoricalSummary(Struct, forbid_unknown_fields=True, kw_only=True):
+    frequencies: Frequencies
+
+
 class OtherSeries(Struct, forbid_unknown_fields=True):
     mechanism: MechanismDescription
     count: Count
@@ -710,7 +801,8 @@ SNAPSHOTS: dict[str, type[Struct]] = {
     kind: define(__name__, f"{kind.title()}Snapshot", summary, kind, _SNAPSHOT_HEADER,
                  tag_field="kind")
     for kind, summary in (("linear", LinearSummary), ("circular", CircularSummary),
-                          ("polar", PolarSummary), ("vector", VectorSummary))}
+                          ("polar", PolarSummary), ("vector", VectorSummary),
+                          ("categorical", CategoricalSummary))}
 ChannelSnapshot = Union[tuple(SNAPSHOTS.values())]  # noqa: UP007
 
 

@@ -78,6 +78,11 @@ class CrossBlockState(Struct, forbid_unknown_fields=True):
     cross: CrossState
 
 
+class CategoricalBlockState(Struct, forbid_unknown_fields=True):
+    count: CountState
+    support: SupportState
+
+
 class ScalarBlocks(Struct, forbid_unknown_fields=True):
     value: LinearBlockState
 
@@ -90,6 +95,10 @@ class PolarBlocks(Struct, forbid_unknown_fields=True):
     radius: LinearBlockState
     angle: CircularBlockState
     cross: CrossBlockState
+
+
+class CategoricalBlocks(Struct, forbid_unknown_fields=True):
+    value: CategoricalBlockState
 
 
 VectorBlocks = dict[Name, LinearBlockState]
@@ -108,7 +117,7 @@ class _SeriesState(Struct, forbid_unknown_fields=True, tag_field="kind", kw_only
 
 # A series' blocks of statistics, by kind: cumulative (``total``) and per tumbling window.
 SERIES_BLOCKS = {"linear": ScalarBlocks, "circular": CircularBlocks, "polar": PolarBlocks,
-                 "vector": VectorBlocks}
+                 "vector": VectorBlocks, "categorical": CategoricalBlocks}
 SERIES_STATES: dict[str, type[Struct]] = {
     kind: define(__name__, f"{kind.title()}SeriesState", _SeriesState, kind,
                  [("total", blocks), ("windows", list[tuple[WindowStart, blocks]])])

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import CsvSourceConfig
-from ..readings import Readings
+from ..readings import Readings, as_text
 from .base import Source
 from .derive import apply_derive
 
@@ -87,6 +87,15 @@ def parse_float(cell: str) -> float:
         return float(cell)
     except ValueError:
         return math.nan
+
+
+def parse_cell(cell: str) -> float | str:
+    """A value cell: a float, or a word for a categorical channel (``as_text``), else NaN."""
+    try:
+        return float(cell)
+    except ValueError:
+        word = as_text(cell)
+        return math.nan if word is None else word
 
 
 class CsvSource(Source):
@@ -221,7 +230,7 @@ class CsvSource(Source):
                     self.rejected_rows += mine  # cannot be placed in time
                     continue
             if mine:
-                return [parse_float(row[i]) for i in self._indices], offset
+                return [parse_cell(row[i]) for i in self._indices], offset
 
     def _place(self, timestamp: float) -> float:
         """recorded pace: a row's offset from the first poll (NaN if it has no timestamp).
@@ -321,8 +330,17 @@ class CsvSource(Source):
     def _batch(self, rows: list[list[float]], times: np.ndarray) -> Readings:
         if not rows:
             return Readings.empty(self.fields)
-        values = np.asarray(rows, dtype=np.float64)
-        readings = Readings(times, {name: values[:, j] for j, name in enumerate(self.names)})
+        try:
+            values = np.asarray(rows, dtype=np.float64)
+            text = {}
+        except ValueError:  # words among the numbers: text fields (categories)
+            cells = np.array(rows, dtype=object)
+            is_word = np.vectorize(lambda cell: isinstance(cell, str), otypes=[bool])(cells)
+            values = np.where(is_word, np.nan, cells).astype(np.float64)
+            words = np.where(is_word, cells, None)
+            text = {name: words[:, j] for j, name in enumerate(self.names) if is_word[:, j].any()}
+        readings = Readings(times, {name: values[:, j] for j, name in enumerate(self.names)},
+                            text)
         return apply_derive(readings, self.derive)
 
 

@@ -3,7 +3,8 @@
 A daemon thread reads lines into a bounded queue (a full queue makes the
 reader wait, so a large file is not pulled into memory faster than the agent
 consumes it); ``poll`` drains the queue without blocking.  Each line's
-numbers become fields; a value that is not a number (a string, null, a
+numbers become fields and its short strings text fields (categories, e.g.
+``"activity": "walk"``; ``readings.as_text``); any other value (null, a
 boolean, a nested object) is NaN for that row, and a line that is not a JSON
 object is skipped and counted in ``rejected_rows``.  The timestamp is the
 ``timestamp_field`` value (seconds since the epoch; a line without a usable
@@ -26,7 +27,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..config import JsonlSourceConfig
-from ..readings import Readings
+from ..readings import Readings, as_text
 from .base import ThreadedSource
 from .derive import apply_derive
 
@@ -35,7 +36,7 @@ QUEUE_ROWS = 50_000
 MAX_ROWS_PER_POLL = 50_000
 _EOF = object()
 
-Record = tuple[float, dict[str, float]]
+Record = tuple[float, dict[str, float | str]]
 
 
 # -- records shared with the MQTT source ---------------------------------------------
@@ -50,15 +51,23 @@ def to_number(value: Any) -> float:
         return math.nan
 
 
+def to_value(value: Any) -> float | str:
+    """A JSON value as a number, or a word (``as_text``) for a categorical channel."""
+    if isinstance(value, str):
+        word = as_text(value)
+        return math.nan if word is None else word
+    return to_number(value)
+
+
 def parse_record(obj: Any, timestamp_field: str | None, arrival: float) -> Record | None:
     """(timestamp, fields) from a decoded JSON value; None if it is not usable."""
     if not isinstance(obj, dict):
         return None
-    fields = {str(key): to_number(value) for key, value in obj.items()}
+    fields = {str(key): to_value(value) for key, value in obj.items()}
     if timestamp_field is None:
         return arrival, fields
     timestamp = fields.pop(timestamp_field, math.nan)
-    if not math.isfinite(timestamp):
+    if isinstance(timestamp, str) or not math.isfinite(timestamp):
         return None
     return timestamp, fields
 
@@ -70,12 +79,15 @@ def records_to_readings(records: Iterable[Record]) -> Readings:
         return Readings.empty()
     names = dict.fromkeys(name for _, fields in records for name in fields)
     times = np.fromiter((t for t, _ in records), dtype=np.float64, count=len(records))
-    columns = {
-        name: np.fromiter((fields.get(name, math.nan) for _, fields in records),
-                          dtype=np.float64, count=len(records))
-        for name in names
-    }
-    return Readings(times, columns)
+    columns, text = {}, {}
+    for name in names:
+        values = [fields.get(name, math.nan) for _, fields in records]
+        if any(isinstance(value, str) for value in values):
+            text[name] = np.array([v if isinstance(v, str) else None for v in values],
+                                  dtype=object)
+            values = [math.nan if isinstance(v, str) else v for v in values]
+        columns[name] = np.fromiter(values, dtype=np.float64, count=len(records))
+    return Readings(times, columns, text)
 
 
 # -- the source ---------------------------------------------------------------------

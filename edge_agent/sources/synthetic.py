@@ -6,9 +6,9 @@ The model, per sample at ``rate_hz``:
   (Ornstein-Uhlenbeck, a few tenths of a radian) and sway with each stride
   while moving; yaw drifts slowly (a per-agent turn rate plus a random walk)
   and wraps around;
-* activity: a continuous-time Markov chain over rest / walk / run whose
-  segments last tens of seconds; walking and running give periodic step
-  accelerations (a step-frequency fundamental plus harmonic, a forward
+* activity (the text field ``activity``): a continuous-time Markov chain
+  over rest / walk / run whose segments last tens of seconds; walking and
+  running give periodic step accelerations (a step-frequency fundamental plus harmonic, a forward
   component and a lateral sway at half the step frequency) whose amplitude
   eases in and out of each segment;
 * accelerometer: gravity (1 g) rotated into the body frame by roll and pitch,
@@ -39,6 +39,8 @@ from .base import Source
 from .derive import TWO_PI, apply_derive, wrap_2pi, wrap_pi
 
 REST, WALK, RUN = 0, 1, 2
+# The activity field's words, by state (a categorical channel's categories).
+ACTIVITIES = np.array(["rest", "walk", "run"], dtype=object)
 # Mean seconds spent in each state, and where the chain goes next.
 _HOLD_MEAN = (40.0, 30.0, 15.0)
 _HOLD_MIN = 3.0
@@ -197,8 +199,13 @@ class SyntheticSource(Source):
         readings = Readings(self._t0 + offsets, {
             "accel_x": accel[0], "accel_y": accel[1], "accel_z": accel[2],
             "roll": roll, "pitch": pitch, "yaw": yaw,
-        })
+        }, {"activity": ACTIVITIES[self._activity(offsets)]})
         return apply_derive(readings, ("horizontal",) + self.derive)
+
+    def _activity(self, offsets: np.ndarray) -> np.ndarray:
+        """The state (REST, WALK, RUN) at each offset."""
+        seg = self._segments
+        return seg.state[np.searchsorted(seg.start, offsets, side="right") - 1].astype(np.int64)
 
     def _gait(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Step amplitude envelope and step phase at each offset."""

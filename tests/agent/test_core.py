@@ -7,11 +7,13 @@ import logging
 
 import numpy as np
 
+from edge_agent import protocol
 from edge_agent.agent import AgentCore, AgentService
+from edge_agent.channels import Channel
 from edge_agent.config import parse_config
 from edge_agent.readings import Readings
 from edge_agent.sources.base import Source
-from edge_agent.state import StateStore
+from edge_agent.state import DELTA_UNIT, StateStore
 from tests.support import AX_CHANNEL, FakeTransport, SimulatedTime, agent_config
 
 DAY = 86400.0
@@ -39,10 +41,12 @@ class ScriptedSource(Source):
         return Readings(times, {"accel_x": values})
 
 
-def make_config(tmp_path, budget=5.0, period="1d", **channel):
-    """One linear channel ``ax`` (changed by ``channel``), a small budget, 1 s batches."""
+def make_config(tmp_path, budget=5.0, period="1d", privacy=None, **channel):
+    """One linear channel ``ax`` (changed by ``channel``), a small budget, 1 s batches;
+    ``privacy``: more [privacy] keys."""
     return parse_config(agent_config(state_dir=tmp_path, budget=budget, period=period,
-                                     batch_seconds=1.0, channels=[{**AX_CHANNEL, **channel}]))
+                                     batch_seconds=1.0, channels=[{**AX_CHANNEL, **channel}],
+                                     privacy=privacy))
 
 
 def messages(store):
@@ -79,6 +83,38 @@ def test_budget_exhaustion_logged_once_and_the_rolling_window_frees_it(tmp_path,
     assert [m["seq"] for m in sent] == [0, 1, 2] and len(sent[-1]["codes"]) == 3
     assert core.status()["channels"]["ax"]["exhausted"] is False
     assert any("ax reports again" in r.getMessage() for r in caplog.records)
+
+
+def test_the_delta_budget_binds_and_the_status_shows_it(tmp_path, monkeypatch):
+    # Every report of every channel costs 300 units of delta here (an (epsilon, delta)
+    # channel's charge_delta); a delta budget of 1e-12 holds 3 of them.
+    monkeypatch.setattr(Channel, "charge_delta", property(lambda self: 300))
+    config = make_config(tmp_path, budget=100.0, privacy={"budget_delta": 1e-12})
+    clock = SimulatedTime(10 * DAY + 100.0)
+    store = StateStore(tmp_path / "state.sqlite", monotonic=clock.monotonic)
+    core = AgentCore(config, store, sources={"imu": ScriptedSource(per_poll=2)},
+                     rng=np.random.default_rng(0))
+    for _ in range(3):
+        core.tick(clock.advance(1))
+    assert sum(len(m["codes"]) for m in messages(store)) == 3  # 2 + 1: delta ran out
+    assert store.spent_delta("w1", DAY, clock.wall) == 900
+    status = core.status()
+    assert status["budget"]["delta"] == 1e-12
+    assert status["budget"]["delta_spent"] == 900 / DELTA_UNIT
+    assert status["channels"]["ax"]["exhausted"] is True
+    assert core.local_status()["budget"] == status["budget"]  # the local status too
+    # The published status carries it (protocol.BudgetStatus).
+    _, decoded = protocol.decode_status(protocol.status_topic("demo", "w1"),
+                                        protocol.status(agent="w1", **status))
+    assert (decoded.budget.delta, decoded.budget.delta_spent) == (1e-12, 9e-13)
+
+
+def test_without_a_delta_budget_the_status_shows_no_delta(tmp_path):
+    config = make_config(tmp_path, budget=100.0)
+    core = AgentCore(config, StateStore(tmp_path / "state.sqlite"),
+                     sources={"imu": ScriptedSource(per_poll=2)})
+    core.tick(DAY)
+    assert set(core.status()["budget"]) == {"epsilon", "spent", "period"}
 
 
 def test_restart_does_not_reset_budget_or_seq(tmp_path):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from edge_agent.mechanisms import from_description
+from edge_agent.state import NANO, Budget, StateStore
 from tests.support import (
     REPO,
     AgentProcess,
@@ -284,3 +285,38 @@ def test_check_config_prints_effective_config_and_rejects_bad_ones(tmp_path):
     assert run_cli("run", "--config", str(bad)).returncode == 78  # EX_CONFIG: no restart loop
     missing = run_cli("check-config", str(tmp_path / "nope.toml"))
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_budget_shows_delta_spent_and_remaining(tmp_path):
+    """`edge-agent budget` with (epsilon, delta) spending, on a ledger the agent wrote."""
+    state = tmp_path / "state"
+    config = write_agent_config(tmp_path / "agent.toml", state_dir=state, budget=10.0,
+                                privacy={"budget_delta": 1e-6})
+    store = StateStore(state / "state.sqlite")
+    budget = Budget.of(10.0, 86400.0, 1e-6)  # 1e-6 rounds down to 999_999_999 units
+    with store.transaction() as tx:  # now: the rolling period the command shows
+        assert tx.charge("w1", "ax", cost=NANO, wanted=5, budget=budget,
+                         delta_cost=400_000_000) == 2
+        assert tx.charge("w1", "ay", cost=NANO, wanted=1, budget=budget) == 1
+    store.close()
+    result = run_cli("budget", "--config", str(config), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["spent"], report["remaining"]) == (3.0, 7.0)
+    assert (report["budget_delta"], report["spent_delta"]) == (1e-6, 8e-7)
+    assert report["remaining_delta"] == 199_999_999 / 10**15
+    assert report["channels"] == {"ax": {"spent": 2.0, "reports": 2, "delta": 8e-7},
+                                  "ay": {"spent": 1.0, "reports": 1, "delta": 0.0}}
+    text = run_cli("budget", "--config", str(config))
+    assert text.returncode == 0, text.stderr
+    assert "delta: budget 1e-06; spent 8e-07, remaining 2e-07" in text.stdout
+    assert [line.split()[-1] for line in text.stdout.splitlines()[-2:]] == ["8e-07", "0"]
+    # Delta spent shows even after budget_delta went back to 0 (nothing of it remains);
+    # an agent that never spent any and has no delta budget shows none.
+    plain = write_agent_config(tmp_path / "plain.toml", state_dir=state, budget=10.0)
+    report = json.loads(run_cli("budget", "--config", str(plain), "--json").stdout)
+    assert (report["budget_delta"], report["spent_delta"], report["remaining_delta"]) == \
+        (0.0, 8e-7, 0.0)
+    other = json.loads(run_cli("budget", "--config", str(plain), "--agent", "w2",
+                               "--json").stdout)
+    assert other["channels"] == {} and "spent_delta" not in other and "budget_delta" not in other

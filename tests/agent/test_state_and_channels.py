@@ -7,6 +7,7 @@ import math
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
@@ -19,10 +20,13 @@ from edge_agent.config import DeliveryConfig, VectorChannelConfig, parse_config
 from edge_agent.protocol import Rejected
 from edge_agent.readings import Readings
 from edge_agent.state import (
+    DELTA_UNIT,
     NANO,
     RANGE_REPLIES,
     Budget,
     StateStore,
+    delta_units_down,
+    delta_units_up,
     to_nano_down,
     to_nano_up,
 )
@@ -43,13 +47,15 @@ def _message(seq, allowed):
 
 @dataclass
 class Charge:
-    """One channel's wish to release ``wanted`` reports at ``cost`` nano-epsilon each."""
+    """One channel's wish to release ``wanted`` reports at ``cost`` nano-epsilon (and
+    ``delta`` units of delta) each."""
 
     agent: str
     channel: str
     cost: int
     wanted: int
     build: Callable = _message
+    delta: int = 0
 
 
 @dataclass
@@ -68,7 +74,8 @@ def record(store: StateStore, charges: list[Charge], *, now: float,
     results = []
     with store.transaction(now) as tx:
         for c in charges:
-            allowed = tx.charge(c.agent, c.channel, cost=c.cost, wanted=c.wanted, budget=budget)
+            allowed = tx.charge(c.agent, c.channel, cost=c.cost, wanted=c.wanted, budget=budget,
+                                delta_cost=c.delta)
             seq = None
             if allowed:
                 seq = tx.take_seq(c.agent, c.channel)
@@ -161,6 +168,179 @@ def test_state_file_is_wal_and_holds_no_raw_readings(tmp_path):
     record(store, [Charge("w1", "ax", NANO, 1)], now=1000.0, budget=Budget.of(10, DAY))
     mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
+
+
+# -- delta ((epsilon, delta)-LDP reports, basic composition) ----------------------------------
+
+D = 7  # delta units (1e-15) one report costs in these tests
+
+
+def test_a_delta_budget_allows_what_fits_until_the_window_passes(tmp_path):
+    clock = SimulatedTime()
+    budget = Budget.of(100.0, DAY, delta=Decimal(3 * D) / DELTA_UNIT)  # exactly 3 reports
+    assert budget.delta == 3 * D
+    store = StateStore(tmp_path / "s.sqlite", monotonic=clock.monotonic)
+    [r] = record(store, [Charge("w1", "ax", NANO, 5, delta=D)], now=clock.wall, budget=budget)
+    assert (r.allowed, r.exhausted) == (3, True)
+    assert store.spent_delta("w1", DAY, clock.wall) == 3 * D
+    assert store.spent("w1", DAY, clock.wall) == 3 * NANO  # epsilon is charged alongside
+    # Shared by the channels; a report that costs no delta still goes out.
+    results = record(store, [Charge("w1", "ay", NANO, 2, delta=D), Charge("w1", "az", NANO, 2)],
+                     now=clock.advance(DAY - 3600), budget=budget)
+    assert [r.allowed for r in results] == [0, 2]
+    # A day (and a bucket) after the first charges, they leave the rolling window.
+    [r] = record(store, [Charge("w1", "ax", NANO, 5, delta=D)],
+                 now=clock.advance(3600 + budget.bucket_seconds), budget=budget)
+    assert r.allowed == 3
+    assert store.budget_report("w1", DAY, clock.wall) == {"ax": (3 * NANO, 3, 3 * D),
+                                                          "az": (2 * NANO, 2, 0)}
+
+
+@pytest.mark.parametrize("epsilon,delta,allowed", [
+    (2.0, 3 * D, 2),  # epsilon is the tighter
+    (10.0, 3 * D, 3),  # delta is the tighter
+])
+def test_epsilon_and_delta_both_bind_and_the_tighter_wins(tmp_path, epsilon, delta, allowed):
+    store = StateStore(tmp_path / "s.sqlite")
+    budget = Budget(to_nano_down(epsilon), DAY, delta=delta)
+    [r] = record(store, [Charge("w1", "ax", NANO, 5, delta=D)], now=1000.0, budget=budget)
+    assert r.allowed == allowed
+    assert store.spent("w1", DAY, 1000.0) == allowed * NANO
+    assert store.spent_delta("w1", DAY, 1000.0) == allowed * D
+    [r] = record(store, [Charge("w1", "ax", NANO, 1, delta=D)], now=1001.0, budget=budget)
+    assert r.allowed == 0
+
+
+def test_a_report_that_costs_delta_is_never_allowed_without_a_delta_budget(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    results = record(store, [Charge("w1", "ax", NANO, 5, delta=1), Charge("w1", "ay", NANO, 5)],
+                     now=1000.0, budget=Budget.of(100.0, DAY))
+    assert [r.allowed for r in results] == [0, 5]
+    assert store.spent_delta("w1", DAY, 1000.0) == 0
+
+
+@pytest.mark.parametrize("delta_cost", [-1, 1.0, True, None])
+def test_a_delta_cost_must_be_a_non_negative_integer(tmp_path, delta_cost):
+    store = StateStore(tmp_path / "s.sqlite")
+    with pytest.raises(ValueError, match="delta_cost"), store.transaction(1000.0) as tx:
+        tx.charge("w1", "ax", cost=NANO, wanted=1, budget=Budget.of(1.0, DAY, 1e-6),
+                  delta_cost=delta_cost)
+
+
+def test_delta_spent_survives_restarts_and_clock_steps(tmp_path):
+    path, clock = tmp_path / "s.sqlite", SimulatedTime()
+    budget = Budget(100 * NANO, DAY, delta=3 * D)
+
+    def charge_once(store):
+        [r] = record(store, [Charge("w1", "ax", NANO, 1, delta=D)], now=clock.wall,
+                     budget=budget)
+        return r.allowed
+
+    store = StateStore(path, monotonic=clock.monotonic, boot_id=clock.boot_id)
+    record(store, [Charge("w1", "ax", NANO, 3, delta=D)], now=clock.wall, budget=budget)
+    store.close()
+    store = StateStore(path, monotonic=clock.monotonic, boot_id=clock.boot_id)  # a restart
+    assert store.spent_delta("w1", DAY, clock.wall) == 3 * D
+    clock.advance(1.0)
+    assert charge_once(store) == 0
+    clock.step(-DAY)  # behind: nothing is reported ...
+    clock.advance(1.0)
+    assert charge_once(store) == 0
+    clock.step(+DAY)  # ... and back, or a day ahead: the ledger clock moved by seconds
+    clock.advance(1.0)
+    assert charge_once(store) == 0
+    clock.step(+DAY)
+    clock.advance(1.0)
+    assert charge_once(store) == 0
+    store.close()
+    store = StateStore(path, monotonic=clock.monotonic, boot_id=clock.boot_id)
+    assert store.spent_delta("w1", DAY, clock.advance(1.0)) == 3 * D
+    assert charge_once(store) == 0
+    clock.advance(DAY + budget.bucket_seconds)  # a real day and a bucket later: it is back
+    assert charge_once(store) == 1
+
+
+def test_a_savepoint_rolled_back_restores_delta_spending(tmp_path):
+    store = StateStore(tmp_path / "s.sqlite")
+    budget = Budget(100 * NANO, DAY, delta=3 * D)
+    with store.transaction(1000.0) as tx:
+        with tx.savepoint():
+            assert tx.charge("w1", "ax", cost=NANO, wanted=2, budget=budget, delta_cost=D) == 2
+        with pytest.raises(RuntimeError), tx.savepoint():
+            assert tx.charge("w1", "ay", cost=NANO, wanted=1, budget=budget, delta_cost=D) == 1
+            assert tx.spent_delta("w1", DAY) == 3 * D
+            raise RuntimeError("this channel failed")
+        assert tx.spent_delta("w1", DAY) == 2 * D and tx.spent("w1", DAY) == 2 * NANO
+        # The undone report's delta is free again in the same transaction.
+        assert tx.charge("w1", "az", cost=NANO, wanted=5, budget=budget, delta_cost=D) == 1
+    assert store.spent_delta("w1", DAY, 1000.0) == 3 * D
+    assert store.budget_report("w1", DAY, 1000.0) == {"ax": (2 * NANO, 2, 2 * D),
+                                                      "az": (NANO, 1, D)}
+
+
+def test_delta_units_round_up_and_budgets_down_exactly():
+    third = Fraction(1, 3) / DELTA_UNIT
+    assert delta_units_up(third) == 1 and delta_units_down(third) == 0
+    assert delta_units_up(Fraction(7, DELTA_UNIT)) == delta_units_down(Fraction(7, DELTA_UNIT)) == 7
+    assert delta_units_up(7 * third) == 3 and delta_units_down(7 * third) == 2
+    # The float 1e-6 is 9.99999999999999954...e-7: exactly, just under 10**9 units.
+    assert delta_units_up(1e-6) == 10**9 and delta_units_down(1e-6) == 10**9 - 1
+    assert delta_units_up(Decimal("1e-6")) == delta_units_down(Decimal("1e-6")) == 10**9
+    assert delta_units_up(Decimal("1.0000000000000001e-15")) == 2
+    assert delta_units_down(Decimal("1.0000000000000001e-15")) == 1
+    assert delta_units_up(0) == delta_units_down(0.0) == 0
+    assert Budget.of(1.0, DAY, 1e-6).delta == 10**9 - 1 and Budget.of(1.0, DAY).delta == 0
+
+
+# The ledger as state files from before delta accounting have it.
+OLD_LEDGER = """
+CREATE TABLE spending (
+    agent TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    until REAL NOT NULL,
+    spent_nano INTEGER NOT NULL,
+    reports INTEGER NOT NULL,
+    PRIMARY KEY (agent, channel, until)
+);
+CREATE INDEX spending_until ON spending (until);
+CREATE TABLE ledger_clock (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    ledger_time REAL NOT NULL,
+    wall REAL NOT NULL,
+    wall_high REAL NOT NULL,
+    retain_seconds REAL NOT NULL,
+    boot_id TEXT NOT NULL,
+    since_boot REAL NOT NULL
+);
+INSERT INTO ledger_clock VALUES (0, 1000.0, 1000.0, 1000.0, 86400.0, 'an-earlier-boot', 5.0);
+"""
+
+
+def test_a_state_file_from_before_delta_is_migrated(tmp_path):
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(OLD_LEDGER)
+    db.execute("CREATE TABLE spool (id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, "
+               "payload BLOB NOT NULL, qos INTEGER NOT NULL, created REAL NOT NULL)")
+    db.execute("INSERT INTO spending VALUES ('w1', 'ax', ?, ?, 2)", (1000.0 + 60, 2 * NANO))
+    db.commit()
+    db.close()
+    # Inspection (edge-agent budget) reads it as it is: it spent no delta.
+    reader = StateStore(path, read_only=True)
+    assert reader.budget_report("w1", DAY, 1000.0) == {"ax": (2 * NANO, 2, 0)}
+    assert reader.spent_delta("w1", DAY, 1000.0) == 0
+    reader.close()
+    store = StateStore(path)
+    columns = {row[1] for row in store._db.execute("PRAGMA table_info(spending)")}
+    assert "spent_delta" in columns
+    assert store.spent("w1", DAY, 1000.0) == 2 * NANO  # the epsilon it held is kept
+    assert store.spent_delta("w1", DAY, 1000.0) == 0
+    budget = Budget(3 * NANO, DAY, delta=5 * D)
+    [r] = record(store, [Charge("w1", "ax", NANO, 5, delta=D)], now=1000.0, budget=budget)
+    assert r.allowed == 1  # 2 of the 3 epsilon were spent before
+    assert store.budget_report("w1", DAY, 1000.0) == {"ax": (3 * NANO, 3, D)}
+    store.close()
+    assert StateStore(path).spent_delta("w1", DAY, 1000.0) == D  # and opened again
 
 
 # -- the spool ------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import numpy as np
 
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM
+from edge_agent.mechanisms.categorical import GeneralizedRR
 
 FLEET = "demo"
 FLEET_AGENTS = [f"w-{i}" for i in range(4)]
@@ -42,7 +43,8 @@ IDLE = [f"idle-{i}" for i in range(20)]  # registered: statuses only
 BULK = [f"bulk-{i}" for i in range(40)]  # registered: one report each
 REGISTRY = [*FLEET_AGENTS, "mallory", *IDLE, *BULK]
 LIMITS = {"agents": 32, "channels": 12, "series_per_channel": 4, "statuses": 8,
-          "range_results": 2, "future_seconds": 300, "max_age_seconds": 86_400}
+          "range_results": 2, "future_seconds": 300, "max_age_seconds": 86_400,
+          "categories": 16}
 COORDINATOR = "edge-collector-range"  # the configured [range_discovery] client_id
 
 LINEAR = ClassicalOGPM(epsilon=1.0, low=-2.0, high=2.0)
@@ -60,7 +62,8 @@ class Hostile:
 
 
 def report_dict(agent: str, channel: str, seq: int, t: float, *, mechanism=LINEAR,
-                kind: str = "linear", codes=(1, 2, 3)) -> dict:
+                kind: str | None = None, codes=(1, 2, 3)) -> dict:
+    kind = kind or ("categorical" if hasattr(mechanism, "categories") else "linear")
     return json.loads(protocol.report(agent=agent, channel=channel, kind=kind, seq=seq, t=t,
                                       dt=1.0, mechanism=mechanism.describe(),
                                       codes=list(codes)))
@@ -156,6 +159,41 @@ def build(now: float, replays: list[tuple[str, bytes]], seed: int = 12) -> list[
     add("polar codes of another shape", victim_topic,
         variant(kind="polar", codes=[[1, 2], [3]]), "rejected:kind")
 
+    # -- categorical reports that break the protocol ------------------------------------------
+    grr = {"name": "grr", "epsilon": 1.0, "categories": 3, "labels": ["rest", "walk", "run"]}
+    olh = {**grr, "name": "olh"}
+    oue = {**grr, "name": "oue"}
+    for changes, reason in (
+            ({"mechanism": grr, "kind": "linear"}, "kind"),
+            ({"kind": "categorical"}, "kind"),  # a linear mechanism
+            ({"mechanism": grr, "kind": "categorical", "codes": [0, 3]}, "bad_code"),
+            ({"mechanism": grr, "kind": "categorical", "seeds": [1, 2, 3]}, "schema"),
+            ({"mechanism": olh, "kind": "categorical", "codes": [0, 1]}, "schema"),
+            ({"mechanism": olh, "kind": "categorical", "codes": [0, 1], "seeds": [5]}, "shape"),
+            ({"mechanism": olh, "kind": "categorical", "codes": [0], "seeds": [2**32]},
+             "bad_code"),
+            ({"mechanism": olh, "kind": "categorical", "codes": [0, 9], "seeds": [1, 2]},
+             "bad_code"),
+            ({"mechanism": oue, "kind": "categorical", "codes": [[0, 0]]}, "bad_code"),
+            ({"mechanism": oue, "kind": "categorical", "codes": [[2, 1]]}, "bad_code"),
+            ({"mechanism": oue, "kind": "categorical", "codes": [[0, 3]]}, "bad_code"),
+            ({"mechanism": oue, "kind": "categorical", "codes": [0, 1]}, "shape"),
+            ({"mechanism": {**grr, "labels": ["rest", "walk"]}, "kind": "categorical"},
+             "mechanism"),
+            ({"mechanism": {**grr, "labels": ["rest", "walk", "walk"]}, "kind": "categorical"},
+             "mechanism"),
+            ({"mechanism": {**grr, "labels": ["rest", "walk", "r\nun"]}, "kind": "categorical"},
+             "mechanism"),
+            ({"mechanism": {**grr, "labels": ["rest", "walk", "r" * 41]}, "kind": "categorical"},
+             "mechanism"),
+            ({"mechanism": {**grr, "categories": 70_000, "labels": None}, "kind": "categorical"},
+             "mechanism"),
+            ({"mechanism": {**grr, "delta": 0.5}, "kind": "categorical"}, "mechanism"),
+            ({"mechanism": {**oue, "categories": 5000, "labels": None}, "kind": "categorical",
+              "codes": [[0]]}, "mechanism")):  # unary: at most 1024 bits per value
+        add("bad categorical report", victim_topic, variant(**{"codes": [0, 1], **changes}),
+            f"rejected:{reason}")
+
     # -- spoofing: the payload names another device than the topic -------------------------
     for agent in FLEET_AGENTS[1:]:
         for _ in range(30):
@@ -240,6 +278,8 @@ def build(now: float, replays: list[tuple[str, bytes]], seed: int = 12) -> list[
         mallory("m", 7000 + i, mechanism=ClassicalOGPM(epsilon=1.0, low=-2.0 - i, high=2.0),
                 kind="mechanism variants",
                 expect="accepted" if i < series_limit else "rejected:limit_series")
+    mallory("categories", 0, mechanism=GeneralizedRR(epsilon=1.0, categories=17),
+            kind="too many categories", expect="rejected:limit_categories")
     room = LIMITS["channels"] - len(FLEET_CHANNELS) - 1  # ax, roll and m exist
     for i in range(300):
         mallory(f"m{i}", 0, kind="channel flood",

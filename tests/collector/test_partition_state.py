@@ -24,6 +24,7 @@ from collector.stats import StateError
 from collector.views import Views, document_metrics
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
+from edge_agent.mechanisms.categorical import GeneralizedRR
 from edge_agent.protocol.states import (
     PARTITION_STATE_VERSION,
     AggregateSettings,
@@ -107,6 +108,30 @@ def test_series_round_trip(name):
     assert _exactly(again.to_state(), series.to_state())
 
 
+def _categorical_state():
+    series = _make_series(_series_cases()["categorical-grr"][0])
+    for i in range(4):
+        series.update(agent="w1", t=3.0 * i, codes=np.array([0, 1, 4, 4, 2]))
+    return as_json(series.to_state())
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda s: s["total"]["value"]["support"][0].__setitem__(0, 99), "more reports than"),
+    (lambda s: s["total"]["value"]["support"][0].__setitem__(1, 0), "add up to the reports"),
+    (lambda s: s["total"]["value"]["support"][0].pop(), "expected 5 counts"),
+    (lambda s: s["total"]["value"]["count"].__setitem__(0, 21), "counts 20 values"),
+    (lambda s: s["mechanism"].update(labels=["a", "b"]), "mechanism"),
+    (lambda s: s.update(mechanism=ClassicalOGPM(epsilon=1, low=0, high=1).describe()),
+     "categorical channel with mechanism"),
+])
+def test_categorical_series_refuses_malformed_states(mutate, match):
+    state = _categorical_state()
+    Series.from_state(copy.deepcopy(state), bins=50, window_seconds=10, keep_windows=5)
+    mutate(state)
+    with pytest.raises(StateError, match=match):
+        Series.from_state(state, bins=50, window_seconds=10, keep_windows=5)
+
+
 def _series_state():
     series = _make_series(_series_cases()["linear-ogpm"][0])
     rng = np.random.default_rng(1)
@@ -148,6 +173,7 @@ def fill(ingestor: Ingestor, rng, agents=range(4), seqs=range(6)) -> Ingestor:
     linear = ClassicalOGPM(epsilon=1.0, low=-2, high=2)
     polar = PolarOGPM(epsilon=5.0, radius_max=2.0)
     vector = UnbiasedOGPM(epsilon=0.5, low=-1, high=1)
+    grr = GeneralizedRR(epsilon=1.0, categories=3, labels=("rest", "walk", "run"))
     for a in agents:
         agent = f"w{a}"
         ingestor.ingest(protocol.status_topic(FLEET, agent),
@@ -166,6 +192,10 @@ def fill(ingestor: Ingestor, rng, agents=range(4), seqs=range(6)) -> Ingestor:
                             strategy={"k": 1, "d": 2, "epsilon": 0.5},
                             codes=[rng.integers(0, vector.n_cells, 5).tolist(),
                                    rng.integers(0, vector.n_cells, 4).tolist()]),
+                "activity": dict(kind="categorical", mechanism=grr.describe(),
+                                 # its own generator: the other channels' draws as before
+                                 codes=np.random.default_rng([a, seq]).integers(0, 3, 8)
+                                 .tolist()),
             }
             for channel, message in messages.items():
                 ingestor.ingest(protocol.data_topic(FLEET, agent, channel),
@@ -247,7 +277,7 @@ def test_state_document_decodes():
                                                       "sequence")} == \
         {"v": PARTITION_STATE_VERSION, "type": "partition-state", "t": 50.0,
          "every": 5.0, "owner": "m1", "sequence": 42}
-    assert ingestor.counters["messages"] == 2 * 3 * 4
+    assert ingestor.counters["messages"] == 2 * 3 * 5  # agents x messages x channels
 
 
 def _set(path, value):
@@ -456,8 +486,8 @@ def test_batched_ingest_equals_message_by_message(batch_size):
     a = Views(lambda: batched, clock=clock).channels_json()
     b = Views(lambda: one_by_one, clock=clock).channels_json()
     assert a["ingest"] == b["ingest"] and a["agents"] == b["agents"]
-    assert a["ingest"]["duplicates"] == 37  # the first 40 messages hold 37 reports
-    for name in ("x", "acc"):  # integer sums only
+    assert a["ingest"]["duplicates"] == 39  # the first 40 messages: a status, 39 reports
+    for name in ("x", "acc", "activity"):  # integer sums only
         assert _exactly(a["channels"][name], b["channels"][name])
         windows = [Views(lambda: i, clock=clock).channel_json(name)["windows"]
                    for i in (batched, one_by_one)]

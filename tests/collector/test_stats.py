@@ -30,6 +30,7 @@ from edge_agent.mechanisms import (
     TruncatedLaplace,
     UnbiasedOGPM,
 )
+from edge_agent.mechanisms.categorical import ORACLES
 
 N_CODES = 1 << 16
 
@@ -172,6 +173,9 @@ def _series_cases():
                         fields=("x", "y", "z"),
                         strategy=protocol.Strategy(k=1, d=3, epsilon=1.0)),
                    "vector"),
+        **{f"categorical-{name}": (dict(kind="categorical", mechanism=ORACLES[name](
+            epsilon=1.0, categories=5, labels=("a", "b", "c", "d", "e"))), "categorical")
+           for name in ORACLES},
     }
 
 
@@ -180,6 +184,9 @@ def _message(case, mechanism, rng, n):
         return mechanism.perturb_codes(rng.uniform(mechanism.low, mechanism.high, n), rng)
     if case == "polar":
         return mechanism.perturb_codes(rng.uniform(0, 2, n), rng.uniform(0, 6, n), rng)
+    if case == "categorical":  # as a decoded report carries them (unary: sparse)
+        reports = mechanism.perturb(rng.integers(0, mechanism.categories, n), rng)
+        return mechanism.sparse(reports) if mechanism.name in ("oue", "sue") else reports
     return [mechanism.perturb_codes(rng.uniform(-1, 1, k), rng)
             for k in rng.integers(0, n, 3)]
 
