@@ -12,6 +12,7 @@
   const STREAM_RETRY_MS = 30000; // while polling, try the event stream again this often
   const DASH = "–";
   const TAU = 2 * Math.PI;
+  const MAX_BARS = 64;          // categories drawn at most (the largest shares)
 
   // ---- formatting -------------------------------------------------------
 
@@ -29,6 +30,8 @@
   }
 
   const fmtCount = (n) => (isNum(n) ? countFormat.format(n) : DASH);
+  // A share in [0, 1] as a percentage with one decimal.
+  const fmtShare = (x) => (isNum(x) ? `${(x * 100).toFixed(1)}%` : DASH);
 
   function fmtTime(t) {
     if (!isNum(t)) return DASH;
@@ -53,6 +56,19 @@
   // Writes only when the text differs: no needless layout work once a second.
   function setText(node, text) {
     if (node && node.textContent !== text) node.textContent = text;
+  }
+
+  // The same for an attribute (a tooltip, a data- attribute): attribute values
+  // are text, never markup.
+  function setAttr(node, name, text) {
+    if (node.getAttribute(name) !== text) node.setAttribute(name, text);
+  }
+
+  // A position or length in percent of the parent, clamped to [0, 100] (the
+  // CSP allows the CSSOM, not style attributes).
+  function setPercent(node, property, percent) {
+    const css = `${Math.min(Math.max(percent, 0), 100).toFixed(3)}%`;
+    if (node.style[property] !== css) node.style[property] = css;
   }
 
   // A statistic's value element; `fields` maps its key to it for updates.
@@ -500,6 +516,113 @@
     }
   }
 
+  // Frequencies of a categorical channel as horizontal bars, one per category:
+  // length = consistent share (non-negative, summing to 1), whisker = 95%
+  // interval of the unbiased share.  DOM, not canvas: labels come from the
+  // network and are only ever text nodes, and each bar carries its tooltip.
+  // The rows are built once; at most MAX_BARS, the largest shares, when there
+  // are more categories.
+  class CategoricalBlock {
+    constructor(name, labels) {
+      this.labels = labels;
+      this.fields = {};
+      this.rows = [];
+      const f = this.fields;
+      for (let i = 0; i < Math.min(labels.length, MAX_BARS); i++) {
+        const row = {
+          label: el("span", { class: "bar-label" }),
+          bar: el("div", { class: "bar" }),
+          whisker: el("div", { class: "whisker", hidden: "" }),
+          share: el("span", { class: "bar-value" }, DASH),
+        };
+        row.root = el("div", { class: "bar-row" }, [
+          row.label, el("div", { class: "bar-track" }, [row.bar, row.whisker]), row.share]);
+        this.rows.push(row);
+      }
+      this.chart = el("div", { class: "bars", "data-chart": "bars" }, this.rows.map((r) => r.root));
+      const capped = labels.length > MAX_BARS;
+      this.root = el("div", { class: "block", "data-block": name }, [
+        el("div", { class: "chart-label" }, [
+          capped ? `top ${MAX_BARS} of ${fmtCount(labels.length)} categories by share; ` : "",
+          "consistent share (bars), 95% interval of the unbiased share (whiskers); axis 0–",
+          value(f, "bars-scale"),
+        ]),
+        this.chart,
+      ]);
+    }
+
+    update(block) {
+      const freq = (block && block.frequencies) || {};
+      const list = (key) => (Array.isArray(freq[key]) ? freq[key] : []);
+      const shares = list("shares");
+      const estimate = list("estimate");
+      const stderr = list("stderr");
+      const raw = list("raw");
+      const ci = list("ci95").map((c) => (Array.isArray(c) ? c : []));
+      const n = this.labels.length;
+      let order = [...Array(n).keys()];
+      if (n > MAX_BARS) {
+        const key = (i) => (isNum(shares[i]) ? shares[i] : -1);
+        order = order.sort((a, b) => key(b) - key(a) || a - b).slice(0, MAX_BARS);
+      }
+      // The axis: the largest share or interval end shown, rounded up to 10%
+      // (0–100% with no data yet).
+      let top = 0;
+      for (const i of order) {
+        for (const x of [shares[i], ci[i][1]]) if (isNum(x) && x > top) top = x;
+      }
+      const scale = top > 0 ? Math.min(Math.max(Math.ceil(top * 10 - 1e-9) / 10, 0.1), 1) : 1;
+      setAttr(this.chart, "data-scale", String(scale));
+      setText(this.fields["bars-scale"], `${Math.round(scale * 100)}%`);
+
+      order.forEach((i, r) => {
+        const row = this.rows[r];
+        const label = this.labels[i];
+        const share = shares[i];
+        const [lo, hi] = ci[i];
+        setAttr(row.root, "data-category", String(i));
+        setText(row.label, label);
+        setText(row.share, fmtShare(share));
+        setPercent(row.bar, "width", isNum(share) ? (share / scale) * 100 : 0);
+        const interval = isNum(lo) && isNum(hi);
+        if (row.whisker.hidden === interval) row.whisker.hidden = !interval;
+        if (interval) {
+          setPercent(row.whisker, "left", (lo / scale) * 100);
+          setPercent(row.whisker, "width", ((Math.min(hi, scale) - Math.max(lo, 0)) / scale) * 100);
+        }
+        setAttr(row.root, "title", isNum(share) || isNum(estimate[i])
+          ? `${label}: share ${fmtShare(share)}\n` +
+            `unbiased estimate ${fmt(estimate[i])} ± ${fmt(stderr[i])} (stderr)\n` +
+            `95% interval [${fmt(lo)}, ${fmt(hi)}]\nraw reports ${fmtShare(raw[i])}`
+          : `${label}: no data yet`);
+      });
+    }
+
+    charts() {
+      return [];
+    }
+  }
+
+  // Category names, always as strings: the frequencies' own, else the
+  // mechanism's, else numbers.
+  function categoryLabels(ch) {
+    const freq = ch.frequencies || {};
+    const mech = ch.mechanism || {};
+    let labels = Array.isArray(freq.labels) ? freq.labels : mech.labels;
+    if (!Array.isArray(labels)) {
+      const k = isNum(mech.categories) ? Math.min(Math.max(Math.floor(mech.categories), 0), 1e5) : 0;
+      labels = [...Array(k).keys()];
+    }
+    return labels.map((x) => String(x));
+  }
+
+  const ORACLES = {
+    grr: "generalized randomized response",
+    oue: "optimized unary encoding",
+    sue: "symmetric unary encoding",
+    olh: "optimized local hashing",
+  };
+
   // The period of a circular block: from its histogram (the truth of what is
   // drawn), else the mechanism's, else a full turn in radians.
   function periodOf(block, mechanism) {
@@ -512,10 +635,12 @@
 
   // ---- channel cards ----------------------------------------------------------
 
-  // Cards are rebuilt only when this changes (kind, or a vector's axes).
+  // Cards are rebuilt only when this changes (kind, a vector's axes, or a
+  // categorical channel's labels).
   function signature(ch) {
     const axes = ch.kind === "vector" && ch.axes ? Object.keys(ch.axes).join(",") : "";
-    return `${ch.kind}:${axes}`;
+    const labels = ch.kind === "categorical" ? JSON.stringify(categoryLabels(ch)) : "";
+    return `${ch.kind}:${axes}:${labels}`;
   }
 
   class Card {
@@ -525,8 +650,8 @@
       this.blocks = [];  // [block, pick(channel) -> its statistics]
       const f = this.fields;
       const meta = el("dl", { class: "meta" }, [
-        term("mechanism", value(f, "mechanism")),
-        term("ε", value(f, "epsilon")),
+        term(ch.kind === "categorical" ? "oracle" : "mechanism", value(f, "mechanism")),
+        term("ε", value(f, "epsilon"), value(f, "delta")),
         term("count", value(f, "count")),
         term("messages", value(f, "messages")),
         term("agents", value(f, "agents")),
@@ -570,6 +695,13 @@
           this.root.append(vec);
           break;
         }
+        case "categorical": {
+          const labels = categoryLabels(ch);
+          meta.append(term("categories", value(f, "categories")));
+          setText(f.categories, fmtCount(labels.length));
+          add(new CategoricalBlock("frequencies", labels), (c) => c);
+          break;
+        }
         case "vector":
           meta.append(term("strategy", value(f, "strategy")));
           for (const axis of Object.keys(ch.axes || {})) {
@@ -587,7 +719,9 @@
       const mech = ch.mechanism || {};
       setText(f.kind, String(ch.kind));
       setText(f.mechanism, mech.name || DASH);
+      if (ch.kind === "categorical") setAttr(f.mechanism, "title", ORACLES[mech.name] || "");
       setText(f.epsilon, fmt(mech.epsilon));
+      setText(f.delta, isNum(mech.delta) && mech.delta > 0 ? `, δ ${fmt(mech.delta)}` : "");
       setText(f.count, fmtCount(ch.count));
       setText(f.messages, fmtCount(ch.messages));
       setText(f.agents, fmtCount(ch.agents));

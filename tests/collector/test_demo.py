@@ -32,7 +32,7 @@ from edge_agent.config import load_config
 from tests.support import REPO, free_port, port_open, require_mosquitto
 from tests.support import wait_for_api as wait_until  # every wait here asks the API
 
-CHANNELS = {"accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw", "accel_polar"}
+CHANNELS = {"accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw", "accel_polar", "activity"}
 # The estimate-vs-truth check means something only if its tolerance is small next to
 # the domain (width 4), and a bias_bound or stderr gone wrong must not widen it.  The
 # tolerance is 5 standard errors + bias_bound + 0.02; at 2,500 reports the mechanisms'
@@ -41,6 +41,9 @@ CHANNELS = {"accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw", "accel_pola
 # The caps leave ~15% over that.
 REPORTS = 2500  # per channel: ~29 s of 24 agents at 4 reports/s, within --duration 40
 TOLERANCE_MAX = {"accel_x": 0.3, "accel_y": 1.0, "accel_z": 0.17}
+# Activity shares (GRR over 3 categories at eps 1): a standard error of about 0.025 at
+# 2,500 reports, so 5 of them + 0.02 is about 0.14.
+SHARE_TOLERANCE_MAX = 0.17
 
 
 def start_demo(workdir, *args: str) -> subprocess.Popen:
@@ -105,6 +108,15 @@ def test_demo_runs_everything_and_estimates_match_the_simulated_truth(tmp_path):
             assert abs(error) < 0.25, (name, channel["circular_mean"], truth[name])
             assert abs(channel["resultant_length"]["estimate"]
                        - truth[name]["resultant_length"]) < 0.2
+        frequencies = document["channels"]["activity"]["frequencies"]
+        assert frequencies["labels"] == ["rest", "walk", "run"]
+        assert math.isclose(sum(frequencies["shares"]), 1.0) and min(frequencies["shares"]) >= 0
+        for label, estimate, stderr in zip(frequencies["labels"], frequencies["estimate"],
+                                           frequencies["stderr"]):
+            tolerance = 5 * stderr + 0.02
+            assert tolerance < SHARE_TOLERANCE_MAX, frequencies
+            assert abs(estimate - truth["activity"]["shares"][label]) <= tolerance, \
+                (label, frequencies, truth["activity"])
         output, _ = demo.communicate(timeout=120)
     finally:
         if demo.poll() is None:
@@ -113,6 +125,7 @@ def test_demo_runs_everything_and_estimates_match_the_simulated_truth(tmp_path):
     assert demo.returncode == 0, output[-3000:]
     assert "Dashboard: http://127.0.0.1:" in output and "embedded amqtt broker" in output
     assert "estimate vs simulated truth" in output
+    assert "category shares vs simulated truth" in output
     assert "exited early" not in output
     assert_all_stopped(tmp_path, port)
 

@@ -22,6 +22,9 @@ from tests.support import (
 )
 from tests.support import wait_for_api as wait_until  # every wait here asks the API
 
+ACTIVITIES = ("rest", "run", "walk")  # sorted: searchsorted numbers them
+X_BINS = (-2.0, -1.5, -1.0, -0.5, 0.0, 2.0)
+
 
 def ledger_reports(state_dir) -> dict[str, int]:
     db = sqlite3.connect(f"file:{state_dir}/state.sqlite?mode=ro", uri=True)
@@ -38,20 +41,29 @@ def test_agents_and_collector_estimates_match_the_truth(tmp_path, mosquitto):
         n = 4000
         x = np.clip(rng.normal(-1.2 + 0.3 * i, 0.3, n), -2, 2)  # near the lower edge
         theta = rng.vonmises(1.0, 2.0, n)
-        truths.append((x, theta))
+        activity = rng.choice(ACTIVITIES, n, p=[0.6, 0.3, 0.1])
+        truths.append((x, theta, activity))
         path = tmp_path / f"rec{i}.csv"
-        path.write_text("x,theta\n" + "".join(f"{a:.6f},{b:.6f}\n" for a, b in zip(x, theta)))
+        path.write_text("x,theta,activity\n" + "".join(
+            f"{a:.6f},{b:.6f},{c}\n" for a, b, c in zip(x, theta, activity)))
         config = write_agent_config(
             tmp_path / f"agent{i}.toml", agent_id=f"w{i}", broker=mosquitto,
-            state_dir=tmp_path / f"state{i}",
+            state_dir=tmp_path / f"state{i}", privacy={"budget_delta": 0.01},
             sources=[{"name": "rec", "type": "csv", "path": str(path), "pace": "fast",
-                      "columns": {"x": "x", "theta": "theta"}}],
+                      "columns": {"x": "x", "theta": "theta", "activity": "activity"}}],
             channels=[{"name": "x", "source": "rec", "field": "x", "kind": "linear",
                        "epsilon": 2.0, "domain": [-2.0, 2.0]},
                       {"name": "x_u", "source": "rec", "field": "x", "kind": "linear",
                        "mechanism": "ogpm-unbiased", "epsilon": 2.0, "domain": [-2.0, 2.0]},
                       {"name": "theta", "source": "rec", "field": "theta",
-                       "kind": "circular", "epsilon": 2.0, "origin": -math.pi}])
+                       "kind": "circular", "epsilon": 2.0, "origin": -math.pi},
+                      # words -> GRR (auto); bins of a number -> OLH under (eps, delta)
+                      {"name": "activity", "source": "rec", "field": "activity",
+                       "kind": "categorical", "categories": list(ACTIVITIES),
+                       "epsilon": 2.0},
+                      {"name": "x_bins", "source": "rec", "field": "x", "kind": "categorical",
+                       "bin_edges": list(X_BINS), "oracle": "olh", "epsilon": 2.0,
+                       "delta": 1e-6}])
         agents.append(AgentProcess(config, tmp_path / f"agent{i}.log").start())
     for agent in agents:
         assert agent.wait(120) == 0, agent.output()
@@ -70,6 +82,18 @@ def test_agents_and_collector_estimates_match_the_truth(tmp_path, mosquitto):
             "stderr"]
     assert abs(document["channels"]["x"]["mean"]["estimate"] - x_all.mean()) < abs(
         document["channels"]["x"]["mean"]["raw"] - x_all.mean())
+    x_bins = np.clip(np.searchsorted(X_BINS, x_all, side="right") - 1, 0, len(X_BINS) - 2)
+    activity_all = np.concatenate([t[2] for t in truths])
+    for name, numbers in (("activity", np.searchsorted(ACTIVITIES, activity_all)),
+                          ("x_bins", x_bins)):
+        frequencies = document["channels"][name]["frequencies"]
+        assert document["channels"][name]["count"] == x_all.size
+        true = np.bincount(numbers, minlength=len(frequencies["labels"])) / x_all.size
+        # 5 standard errors: a false alarm about 6e-7 per category
+        assert np.all(np.abs(np.array(frequencies["estimate"]) - true)
+                      <= 5 * np.array(frequencies["stderr"])), (name, frequencies, true)
+        assert math.isclose(sum(frequencies["shares"]), 1.0)
+    assert document["channels"]["x_bins"]["mechanism"]["delta"] == 1e-6
     theta = document["channels"]["theta"]
     true_direction = np.angle(np.exp(1j * theta_all).mean())
     assert abs(np.angle(np.exp(1j * (theta["circular_mean"] - true_direction)))) < 0.1
@@ -82,6 +106,12 @@ def test_agents_and_collector_estimates_match_the_truth(tmp_path, mosquitto):
               for family in text_string_to_metric_families(metrics)
               for sample in family.samples if sample.name == "ldp_channel_count"}
     assert counts["x"] == x_all.size
+    shares = {sample.labels["category"]: sample.value
+              for family in text_string_to_metric_families(metrics)
+              for sample in family.samples if sample.name == "ldp_channel_category_share"
+              and sample.labels["channel"] == "activity"}
+    assert shares == dict(zip(ACTIVITIES, document["channels"]["activity"]["frequencies"]
+                              ["shares"]))
     # Retained snapshots for any MQTT dashboard.
     snapshot = {}
     client = Subscriber(mosquitto, "ldp/v1/demo/_aggregates/#", on_message=lambda m:
