@@ -7,6 +7,7 @@ import copy
 import pytest
 
 from edge_agent.config import ConfigError, load_config, parse_config, parse_period
+from edge_agent.protocol import KINDS
 from tests.support import REPO
 
 BASE = {
@@ -26,7 +27,7 @@ BASE = {
 def test_sample_config_loads_with_every_kind():
     config = load_config(REPO / "configs" / "agent.toml")
     assert config.agent_id == "wearable-01" and config.fleet == "demo"
-    assert {c.kind for c in config.channels} == {"linear", "circular", "polar", "vector"}
+    assert {c.kind for c in config.channels} == set(KINDS)
     assert config.privacy.period_seconds == 86400
     assert config.broker.port == 1883 and config.batch_seconds == 1.0
 

@@ -163,7 +163,8 @@ class TestSynthetic:
         assert len(source.poll(T0 + 1.0)) == 0  # nothing new
         third = source.poll(T0 + 1.37)
         assert len(third) == 18  # samples at 1.02 .. 1.36
-        assert set(first.fields) == set(SYNTHETIC_FIELDS)
+        assert set(first.fields) | set(first.text) == set(SYNTHETIC_FIELDS)
+        assert set(first.text) == {"activity"}  # a word per sample: rest, walk or run
 
     def test_ranges_and_plausible_acceleration(self):
         data = run(synthetic(), 1200)
@@ -180,7 +181,7 @@ class TestSynthetic:
         mag, direction = horizontal(f["accel_x"], f["accel_y"])
         np.testing.assert_array_equal(f["accel_h_mag"], mag)
         np.testing.assert_array_equal(f["accel_h_dir"], direction)
-        for name in SYNTHETIC_FIELDS:
+        for name in f:
             assert np.all(np.isfinite(f[name]))
 
     def test_activity_bursts_are_periodic_steps(self):
@@ -196,14 +197,21 @@ class TestSynthetic:
         spectrum = np.abs(np.fft.rfft(window - window.mean()))
         peak_hz = np.fft.rfftfreq(window.size, 1 / 50)[np.argmax(spectrum)]
         assert 1.4 < peak_hz < 6.0  # the step frequency or its first harmonic
+        # The activity field names the state the signal shows (up to the 1.5 s ease
+        # between states): "rest" in still windows, "walk" or "run" in moving ones.
+        words = data.text["activity"][: windows.size].reshape(-1, 200)
+        still = (words == "rest").mean(axis=1)
+        assert set(data.text["activity"]) <= {"rest", "walk", "run"}
+        assert np.median(still[resting]) > 0.9 and np.median(still[moving]) < 0.1
 
     def test_agents_differ_and_repeat(self):
         a1 = run(synthetic("agent-1"), 30)
         a1_again = run(synthetic("agent-1"), 30)
         a2 = run(synthetic("agent-2"), 30)
-        for name in SYNTHETIC_FIELDS:
+        for name in a1.fields:
             np.testing.assert_array_equal(a1.fields[name], a1_again.fields[name])
             assert not np.allclose(a1.fields[name], a2.fields[name])
+        assert a1.text["activity"].tolist() == a1_again.text["activity"].tolist()
         # An explicit seed wins over the agent id.
         s1 = run(synthetic("agent-1", seed=7), 10)
         s2 = run(synthetic("agent-2", seed=7), 10)
@@ -216,9 +224,11 @@ class TestSynthetic:
         n = min(len(coarse), len(fine))
         assert n > 5000
         np.testing.assert_array_equal(fine.times[:n], coarse.times[:n])
-        for name in SYNTHETIC_FIELDS:
+        for name in coarse.fields:
             np.testing.assert_allclose(fine.fields[name][:n], coarse.fields[name][:n],
                                        rtol=0, atol=1e-9)
+        assert fine.text["activity"][:n].tolist() == coarse.text["activity"][:n].tolist()
+        assert set(coarse.fields) | set(coarse.text) == set(SYNTHETIC_FIELDS)
 
     def test_seed_is_stable_across_processes(self):
         code = "from edge_agent.sources.synthetic import stable_seed; print(stable_seed('a', 'b'))"
