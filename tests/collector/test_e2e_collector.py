@@ -119,6 +119,8 @@ def test_agents_and_collector_estimates_match_the_truth(tmp_path, mosquitto):
     # Snapshots are retained and refreshed every second: the newest has every value.
     assert wait_until(lambda: snapshot.get("ldp/v1/demo/_aggregates/x", {}).get("count")
                       == x_all.size, 10)
+    assert wait_until(lambda: snapshot.get("ldp/v1/demo/_aggregates/activity", {}).get(
+        "frequencies") == document["channels"]["activity"]["frequencies"], 10)
     client.close()
     assert collector.terminate() == 0
 

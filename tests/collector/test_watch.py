@@ -202,3 +202,27 @@ def test_watch_live_retries_through_errors(server, source, monkeypatch):
     assert "cannot reach the collector: refused (retrying every 0.5 s)" in text
     assert "accel_polar" in text
     assert sleeps == [0.5, 0.5, 0.5]
+
+
+def test_render_shows_each_category_with_its_share_and_interval(source):
+    frequencies = {"labels": ["rest", "[bold]walk[/bold]", "run"], "raw": [0.5, 0.3, 0.2],
+                   "estimate": [0.61, 0.3, 0.09], "stderr": [0.02, 0.02, 0.02],
+                   "ci95": [[0.57, 0.65], [0.26, 0.34], [0.05, 0.13]],
+                   "shares": [0.6123, 0.3, 0.0877]}
+    source.add_channel("activity", {
+        "kind": "categorical", "count": 1500, "agents": 4, "frequencies": frequencies,
+        "mechanism": {"name": "olh", "epsilon": 1.5, "categories": 3, "delta": 0.0}})
+    source.add_channel("posture", {
+        "kind": "categorical", "count": 0, "agents": 0,
+        "mechanism": {"name": "grr", "epsilon": 1.0, "categories": 2},
+        "frequencies": {"labels": ["0", "1"], "raw": [None, None], "estimate": [None, None],
+                        "stderr": [None, None], "ci95": [None, None],
+                        "shares": [None, None]}})
+    text = text_of(render(source.channels_json()))
+    head = row(text, "activity")
+    for cell in ("categorical", "1,500", "olh over 3 categories", "1.5"):
+        assert cell in head, cell
+    assert "0.6123" in row(text, "rest") and "[0.57, 0.65]" in row(text, "rest")
+    assert "0.0877" in row(text, "run") and "[0.05, 0.13]" in row(text, "run")
+    assert "[bold]walk[/bold]" in text  # a label is shown as it is, not as markup
+    assert "– " in row(text, "0") and "[–, –]" in row(text, "1")
