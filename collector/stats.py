@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from functools import lru_cache
 from typing import Any, ClassVar
 
 import msgspec
@@ -369,6 +370,13 @@ class PolarCross(_PlaneSums):
         return {"n": self.n, "x": self.x / self.n, "y": self.y / self.n}
 
 
+@lru_cache(maxsize=256)  # bounded; oracles are immutable, and building one searches weights
+def _oracle(name: str, epsilon: float, categories: int, delta: float):
+    """The oracle whose support probabilities a statistic uses: one per parameters, shared
+    by a series' total and every window (and every copy the API's snapshots make)."""
+    return ORACLES[name](epsilon=epsilon, categories=categories, delta=delta)
+
+
 class SupportCounts(Statistic):
     """How many reports of a categorical frequency oracle support each category, and how
     many reports there were (exact): what ``collector.frequencies`` turns into shares.
@@ -381,7 +389,7 @@ class SupportCounts(Statistic):
     def __init__(self, oracle: str, epsilon: float, categories: int, delta: float = 0.0):
         if oracle not in ORACLES:
             raise ValueError(f"oracle must be one of {', '.join(ORACLES)}, got {oracle!r}")
-        self.oracle = ORACLES[oracle](epsilon=epsilon, categories=categories, delta=delta)
+        self.oracle = _oracle(oracle, epsilon, categories, delta)
         self.counts = np.zeros(categories, dtype=np.int64)
         self.n = 0
 

@@ -340,15 +340,11 @@ class CategoricalChannel(Channel):
         super().__init__(config, **kw)
         self.mechanism = config.build_oracle()
         self._unknown = -1 if config.unknown == "drop" else config.labels.index(config.unknown)
-        if config.text:
-            # Sorted words and their category numbers: looked up with one searchsorted.
-            order = np.argsort(np.array(config.categories, dtype=object))
-            self._keys = np.array(config.categories, dtype=object)[order]
-            self._numbers = order.astype(np.int64)
-        elif config.bin_edges is None:
-            order = np.argsort(np.array(config.categories, dtype=np.float64))
-            self._keys = np.array(config.categories, dtype=np.float64)[order]
-            self._numbers = order.astype(np.int64)
+        if config.bin_edges is None:
+            # Sorted words (or integers) and their category numbers: one searchsorted.
+            keys = np.array(config.categories, dtype=object if config.text else np.float64)
+            order = np.argsort(keys)
+            self._keys, self._numbers = keys[order], order.astype(np.int64)
 
     def _read(self, readings: Readings) -> tuple[list[np.ndarray], np.ndarray]:
         """Category numbers of the rows (``unknown``'s, or -1 where a reading is none of
@@ -366,8 +362,8 @@ class CategoricalChannel(Channel):
             numbers = np.where(finite, numbers, self._unknown)
         else:
             if config.text:
-                values = readings.text_column(config.field)
-                known = np.array([isinstance(v, str) for v in values], dtype=bool)
+                values = readings.text_column(config.field)  # words, None where absent
+                known = np.not_equal(values, None).astype(bool)
                 values = np.where(known, values, "")
             else:
                 values = readings.column(config.field)

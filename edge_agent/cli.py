@@ -102,7 +102,7 @@ def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
     agent_id = agent_id or config.agent_id
     path = Path(config.privacy.state_dir) / STATE_FILE
     window, total = config.privacy.period_seconds, config.privacy.budget_epsilon
-    channels: dict[str, dict] = {}
+    rows: dict[str, tuple[int, int, int]] = {}
     behind = False
     if not path.exists():
         click.echo(f"no ledger yet at {path}: nothing has been spent", err=True)
@@ -116,21 +116,18 @@ def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
                                        f"agent once to convert it") from None
         finally:
             store.close()
-        channels = {name: {"spent": nano / NANO, "reports": reports, "delta": delta}
-                    for name, (nano, reports, delta) in rows.items()}
+    # Delta only where there is any: a budget for it, or delta spent under an earlier one.
+    total_delta = config.privacy.budget_delta
+    spent_delta = sum(delta for _, _, delta in rows.values())  # exact, in units
+    show_delta = total_delta > 0 or spent_delta > 0
+    channels = {name: {"spent": nano / NANO, "reports": reports,
+                       **({"delta": delta / DELTA_UNIT} if show_delta else {})}
+                for name, (nano, reports, delta) in rows.items()}
     spent = sum(entry["spent"] for entry in channels.values())
     summary = {"agent": agent_id, "budget_epsilon": total,
                "period": config.privacy.budget_period, "spent": spent,
                "remaining": max(0.0, total - spent), "clock_behind": behind,
                "channels": channels}
-    # Delta only where there is any: a budget for it, or delta spent under an earlier one.
-    total_delta = config.privacy.budget_delta
-    spent_delta = sum(entry["delta"] for entry in channels.values())  # exact, in units
-    show_delta = total_delta > 0 or spent_delta > 0
-    for entry in channels.values():
-        units = entry.pop("delta")
-        if show_delta:
-            entry["delta"] = units / DELTA_UNIT
     if show_delta:
         remaining_delta = max(0, delta_units_down(total_delta) - spent_delta) / DELTA_UNIT
         summary.update(budget_delta=total_delta, spent_delta=spent_delta / DELTA_UNIT,
