@@ -1,9 +1,14 @@
-"""``edge-collector``: run the collector, check its configuration, watch it live."""
+"""``edge-collector``: run the collector, check its configuration, watch it live, replay a
+recorded stream offline."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import time
+from collections.abc import Iterator
+from typing import BinaryIO, NoReturn
 
 import click
 
@@ -190,6 +195,128 @@ def demo(agents, duration, http_port, broker, embedded, workdir, scale_out) -> N
     except KeyboardInterrupt as exc:  # during start-up: what was started has been stopped
         code = 128 + getattr(exc, "signum", 2)  # 130 for Ctrl-C, 143 for SIGTERM
     sys.exit(code)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--out", default="-", show_default=True,
+              type=click.Path(dir_okay=False, allow_dash=True),
+              help="write the aggregates (the GET /api/channels document) here; - = stdout")
+@click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False),
+              help="its fleet, [aggregates] and [registry] (default: the fleet of FILE's "
+                   "topics and the default settings)")
+def replay(file: str, out: str, config_path: str | None) -> None:
+    """Re-run a recorded stream (FILE, - = stdin) through the collector's checks and
+    estimators, offline, and write the GET /api/channels document.
+
+    FILE has one JSON object per line, {"topic": ..., "payload": {the message}}, as
+    `export` writes.  Duplicates are dropped, and every message is checked as a live
+    collector checks it except against its clock (no report is too far ahead or behind)
+    and its [limits] caps (agents, channels, series, statuses, categories: only memory
+    limits a replay).  Lines refused are counted by reason and change nothing else; a
+    summary goes to stderr.
+
+    Exit 0 (also with refused lines), 2 if FILE cannot be read, mixes fleets without
+    --config or names none, 78 if --config is invalid.
+    """
+    from .jsonsafe import to_json
+    from .replay import Replay, ReplayError, bounded_lines
+
+    config = _load(config_path, EXIT_CONFIG) if config_path is not None else None
+    run = Replay(config)
+    name = "standard input" if file == "-" else file
+    try:
+        with contextlib.ExitStack() as stack:
+            stream = sys.stdin.buffer if file == "-" else stack.enter_context(open(file, "rb"))
+            run.feed(bounded_lines(stream))
+        result = run.result()
+    except OSError as exc:
+        _fail(f"cannot read {name}: {exc.strerror or exc}")
+    except ReplayError as exc:
+        _fail(f"{name}: {exc}")
+    try:
+        with _output(out) as stream:
+            stream.write(to_json(result.channels) + b"\n")
+    except OSError as exc:
+        _fail(f"cannot write {out}: {exc.strerror or exc}")
+    click.echo(result.summary(), err=True)
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="the collector's configuration (its [storage] path holds the journal)")
+@click.option("--out", default="-", show_default=True,
+              type=click.Path(dir_okay=False, allow_dash=True),
+              help="write the recording here; - = stdout")
+def export(config_path: str, out: str) -> None:
+    """Write the collector's journal as a recording for `replay`, one message per line.
+
+    Only part of the history: the journal holds the messages received since the last
+    checkpoint (every [storage] checkpoint_seconds, and at a clean stop), since a
+    checkpoint keeps the aggregates and deletes the messages they include.  So an export
+    is the recent tail of the stream (seconds, by default), empty after a clean stop;
+    the summary on stderr says since when.  The file is opened read-only and read as of
+    one instant: a running collector goes on meanwhile.  Payloads that are not a JSON
+    object (the journal keeps refused messages too) are written losslessly, as
+    "payload_base64".
+
+    Exit 0, 2 if the journal cannot be read or --out written, 78 if --config is invalid.
+    """
+    import collections
+    import sqlite3
+
+    from .replay import journal_lines
+    from .store import CollectorStore
+
+    config = _load(config_path, EXIT_CONFIG)
+    path = config.storage.path
+    counts: collections.Counter = collections.Counter()
+    if not path.is_file():
+        _fail(f"cannot read the journal {path}: no such file")
+    try:
+        store = CollectorStore(path, read_only=True)
+        try:
+            with store.reading():  # the checkpoint and the journal as of one instant
+                trimmed, written = store.checkpoint_position()
+                with _output(out) as stream:
+                    for line in journal_lines(store, counts):
+                        stream.write(line)
+        finally:
+            store.close()
+    except sqlite3.Error as exc:
+        _fail(f"cannot read the journal {path}: {exc}")
+    except OSError as exc:  # reading the journal raises sqlite3's errors: this is --out
+        _fail(f"cannot write {out}: {exc.strerror or exc}")
+    summary = f"exported {counts['exported']:,} messages from {path}"
+    if counts["base64"]:
+        summary += f" ({counts['base64']:,} of them not JSON objects, as payload_base64)"
+    if counts["too_long"]:
+        summary += (f"; left out {counts['too_long']:,} longer than a replay reads (far "
+                    f"past the protocol's size limit, so refused by any collector)")
+    if written is None:
+        summary += "; no checkpoint yet, so the journal holds every message received"
+    else:
+        when = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(written))
+        summary += (f"; only those received since the checkpoint of {when}: the "
+                    f"{trimmed:,} messages journaled before it are in its aggregates and "
+                    f"no longer in the journal")
+    click.echo(summary + ".", err=True)
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"edge-collector: {message}", err=True)
+    sys.exit(2)
+
+
+@contextlib.contextmanager
+def _output(out: str) -> Iterator[BinaryIO]:
+    """``out`` opened for binary writing (- = stdout)."""
+    if out == "-":
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    with open(out, "wb") as stream:
+        yield stream
 
 
 @main.command()

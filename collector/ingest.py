@@ -70,6 +70,15 @@ class IngestLimits:
     def allows(self, agent: str) -> bool:
         return self.registry is None or agent in self.registry
 
+    def offline(self) -> IngestLimits:
+        """These limits for recorded messages replayed offline (``collector.replay``):
+        the registry stays, but no report is compared with a receiving clock (reasons
+        ``future`` and ``stale``: a recording is re-read at any later time) and nothing
+        is capped per collector (agents, channels, series, statuses, categories: only
+        memory bounds a study).  Every message's own bounds (payload size, the typed
+        protocol's field bounds) apply as always."""
+        return IngestLimits(registry=self.registry)
+
 
 # Why a limit refused a message, and the [limits] key to raise.
 LIMIT_KEYS = {"limit_agents": "agents", "limit_channels": "channels",

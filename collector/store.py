@@ -100,6 +100,29 @@ class CollectorStore:
                     return batch, True
         return batch, len(batch) == rows
 
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Reads inside see one state of the file, whatever another process commits or
+        trims meanwhile (one read transaction; in WAL mode writers go on): ``edge-collector
+        export`` reads the journal of a running collector with it.  Nested: the outer one's."""
+        with self._lock:
+            if self._db.in_transaction:
+                yield
+                return
+            self._db.execute("BEGIN")
+            try:
+                yield
+            finally:
+                self._db.execute("ROLLBACK")  # nothing was written
+
+    def checkpoint_position(self) -> tuple[int, float | None]:
+        """(the last journal id the checkpoint includes, when it was written): the journal
+        holds no row up to that id any more.  (0, None) without a checkpoint."""
+        with self._lock:
+            row = self._db.execute("SELECT journal_upto, written FROM checkpoint WHERE id=1") \
+                .fetchone()
+        return (row[0], row[1]) if row else (0, None)
+
     def set_progress(self, position: int) -> None:
         with self._lock:
             self._db.execute("INSERT INTO progress VALUES (1, ?) ON CONFLICT (id) DO UPDATE "

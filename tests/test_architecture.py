@@ -132,7 +132,7 @@ def test_one_mqtt_client_constructor():
 # Inputs a user hands the agent (files, standard input, a local broker of raw readings)
 # and HTTP documents the collector's own tools fetch are not the wire protocol.
 LOCAL_INPUTS = {"edge_agent.sources.jsonl", "edge_agent.sources.mqtt_source",
-                "collector.watch", "collector.demo", "collector.cli"}
+                "collector.watch", "collector.demo", "collector.cli", "collector.replay"}
 
 
 def test_wire_messages_are_decoded_in_the_protocol_module_only():
