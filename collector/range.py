@@ -7,19 +7,29 @@ A run (docs/PROTOCOL.md, "Range discovery"):
    on ``<agent>/_range/<run>`` until ``join_timeout_seconds``.
 2. N = the agents that accepted.  Fewer than ``min_participants``: the run
    ends ``insufficient``.  Otherwise L and h_N follow the paper
-   (``edge_agent.rangefind.plan_search``).
+   (``edge_agent.rangefind.plan_search``).  If not even one round could tell
+   its answers from noise (``rangefind.uninformed_reason``), the run ends
+   ``insufficient`` before any agent answers (nobody pays for it).
 3. Each round publishes the threshold and collects one answer per expected
    agent (every joined agent, or for ``split`` those assigned to the round)
    until all have answered or ``round_timeout_seconds`` passes.  Answers
    from agents that did not join, for another round (stale or early),
    repeated, malformed or sent on another agent's topic are ignored and
    counted.  A round with too few answers ends the run ``insufficient``.
-4. ``end`` on the control topic, and the result (estimate, rounds,
-   participants, parameters, started_at, finished_at, per-round history)
-   retained on ``_range/result/<channel>/<side>``.
+4. The search assesses itself (``RangeSearch.assess``): an interval holding
+   the true min (max) at ``rangefind.CONFIDENCE`` and the estimate's
+   ``error_bound``.  A result whose bound spans the domain, or whose rounds
+   contradict each other, ends ``insufficient`` with the reason (its
+   estimate and bound are still published, for the record).
+5. ``end`` on the control topic, and the result (estimate, error_bound,
+   interval, confidence, rounds, participants, parameters, started_at,
+   finished_at, per-round history) retained on
+   ``_range/result/<channel>/<side>``.
 
-The search itself is ``edge_agent.rangefind.RangeSearch``; this module only
-moves messages.
+The search and its error bound are ``edge_agent.rangefind``; this module only
+moves messages.  ``RangeResults`` (what the API serves) also marks a
+channel's min and max of the same time ``insufficient`` when the min exceeds
+the max (``rangefind.pair_conflict``).
 """
 
 from __future__ import annotations
@@ -37,7 +47,13 @@ from dataclasses import dataclass
 from edge_agent import protocol
 from edge_agent.mqtt_client import MqttClient
 from edge_agent.protocol import Announce, Answer, End, Join, RangeResult, Rejected, Round
-from edge_agent.rangefind import RangeSearch, assigned_round, plan_search
+from edge_agent.rangefind import (
+    RangeSearch,
+    assigned_round,
+    pair_conflict,
+    plan_search,
+    uninformed_reason,
+)
 
 from .config import CollectorConfig, RangeDiscoveryConfig
 
@@ -124,7 +140,9 @@ class RangeCoordinator:
             except (RuntimeError, ValueError):
                 log.warning("range result for %s/%s not acknowledged by the broker",
                             request.channel, request.side)
-            log.info("range run %s: %s, estimate %s", run, result.status, result.estimate)
+            log.info("range run %s: %s, estimate %s, error bound %s%s", run, result.status,
+                     result.estimate, result.error_bound,
+                     f" ({result.reason})" if result.reason else "")
         return protocol.as_dict(result)
 
     def _search(self, run: str, request: RunRequest, result: RangeResult,
@@ -171,6 +189,16 @@ class RangeCoordinator:
             window_seconds=s.window_seconds)
         needed = s.min_participants if s.strategy == "sequential" else max(
             1, math.ceil(s.min_participants / plan.rounds))
+        if s.strategy == "sequential":
+            per_round = [len(joined)] * plan.rounds
+        else:
+            assigned = collections.Counter(assigned_round(run, agent, plan.rounds)
+                                           for agent in joined)
+            per_round = [assigned[index] for index in range(plan.rounds)]
+        pointless = uninformed_reason(plan, per_round)  # then nobody is asked (or pays)
+        if pointless is not None:
+            result.status, result.reason = "insufficient", pointless
+            return
         while not search.done:
             index = search.round
             expected = joined if s.strategy == "sequential" else {
@@ -202,7 +230,12 @@ class RangeCoordinator:
                 result.reason = f"round {index}: {len(answers)} answers, need {needed}"
                 return
             search.decide(sum(answers.values()), len(answers))
-        result.status, result.estimate, result.rounds = "done", search.estimate(), plan.rounds
+        assessment = search.assess()
+        result.status = "done" if assessment.ok else "insufficient"
+        result.reason = assessment.reason
+        result.estimate, result.rounds = search.estimate(), plan.rounds
+        result.error_bound, result.interval = assessment.error_bound, assessment.interval
+        result.confidence = assessment.confidence
         result.history = _history(search)
 
 
@@ -264,12 +297,38 @@ class RangeResults:
         return *where, result
 
     def get(self) -> dict[str, dict[str, dict]]:
+        """channel -> side -> result; a min and max of the same time whose min exceeds the
+        max are both served ``insufficient`` (``published_status`` keeps what was sent)."""
         with self._lock:
-            return {channel: dict(sides) for channel, sides in self._results.items()}
+            results = {channel: dict(sides) for channel, sides in self._results.items()}
+        for sides in results.values():
+            low, high = sides.get("min"), sides.get("max")
+            if low is None or high is None or not same_time(low, high):
+                continue
+            conflict = pair_conflict(low.get("estimate"), high.get("estimate"))
+            if conflict is not None:
+                for side, result in (("min", low), ("max", high)):
+                    sides[side] = {**result, "status": "insufficient",
+                                   "published_status": result.get("status"),
+                                   "reason": "; ".join(filter(None, (conflict,
+                                                                     result.get("reason"))))}
+        return results
 
     def ignored_counts(self) -> dict[str, int]:
         with self._lock:
             return dict(self.ignored)
+
+
+PAIR_SECONDS = 60.0
+
+
+def same_time(a: dict, b: dict) -> bool:
+    """Whether two results (a channel's min and max) describe the same time: one run
+    started at most ``PAIR_SECONDS`` after the other finished (a schedule runs them one
+    after the other), or they overlapped."""
+    first, second = sorted((a, b), key=lambda r: r["started_at"])
+    end = first.get("finished_at") or first["started_at"]
+    return second["started_at"] <= end + PAIR_SECONDS
 
 
 class RangeSchedule:

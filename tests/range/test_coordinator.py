@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from collector.config import parse_collector_config
-from collector.range import RangeCoordinator, RunRequest, connect_client
+from collector.range import RangeCoordinator, RangeResults, RunRequest, connect_client
 from edge_agent import protocol
 from edge_agent.rangefind import assigned_round, true_answer
 from tests.support import CollectorProcess, Subscriber, free_port, run_module
@@ -128,8 +128,13 @@ def test_stale_duplicate_spoofed_and_uninvited_replies_are_ignored(mosquitto):
     coord = coordinator(mosquitto, h=1e-6, rounds=3, strategy="sequential")
     try:
         result = coord.run(RunRequest("ax", "min", -20.0, 20.0), expected_agents=8)
-        assert result["status"] == "done"
+        # the (truthful) answers find the value, but 8 answers at eps 6.7 cannot rule
+        # out a minimum far below: the result says so instead of passing as trustworthy
+        assert result["status"] == "insufficient", result
+        assert result["reason"] == ("8 agents: the search's error bound \u00b120.5 is wider "
+                                    "than the domain [-20, 20]")
         assert abs(result["estimate"] - 1.0) <= 40 / 2 ** 3
+        assert result["interval"][0] <= 1.0 <= result["interval"][1]
         ignored = result["ignored_replies"]
         assert ignored["duplicate"] >= 3 and ignored["stale"] >= 2
         assert ignored["spoofed"] >= 3 and ignored["not_expected"] >= 3
@@ -163,6 +168,21 @@ def test_agents_leaving_mid_run_and_too_few_participants(mosquitto):
         result = coord.run(RunRequest("ax", "max", -20.0, 20.0), expected_agents=10)
         assert result["status"] == "insufficient" and "round 2" in result["reason"]
         assert "estimate" not in result
+        # the field report: 4 agents, 12 sequential rounds at eps 1 on [-1, 1] (it said
+        # min 1.0, max -1.0).  No round could tell 4 answers at eps/12 from noise: the
+        # run ends insufficient before any round is asked, so nobody pays.
+        agents.values = {f"a{i}": v for i, v in enumerate([-0.7, -0.2, 0.4, 0.95])}
+        coord.client.stop()  # the same client id: one connection at a time
+        coord = coordinator(mosquitto, epsilon=1.0, rounds=12, min_participants=2,
+                            strategy="sequential")
+        rounds_before = len(agents.rounds_seen)
+        result = coord.run(RunRequest("ax", "min", -1.0, 1.0), expected_agents=4)
+        assert result["status"] == "insufficient" and result["participants"] == 4
+        assert result["reason"] == (
+            "4 agents joined: too few for even one informative round (4 answers at "
+            "\u03b5 0.0833 each cannot be told from noise at 95% confidence)")
+        assert not {"estimate", "error_bound", "history"} & set(result)
+        assert len(agents.rounds_seen) == rounds_before
         # nobody joins: insufficient
         leaving.update(values)
         agents.misbehave = lambda agent, message: "silent"
@@ -182,15 +202,28 @@ def test_the_collector_runs_its_schedule_and_serves_the_result(tmp_path, mosquit
         "coordinator": True, "epsilon": 20.0, "strategy": "sequential", "rounds": 3,
         "h": 1e-6, "min_participants": 5, "join_timeout_seconds": 1,
         "round_timeout_seconds": 1, "schedule": [
-            {"channel": "ax", "sides": ["max"], "every_seconds": 10, "domain": [-20.0, 20.0]}]})
+            {"channel": "ax", "sides": ["min", "max"], "every_seconds": 10,
+             "domain": [-20.0, 20.0]}]})
     collector.start()
     try:
-        assert wait_until(lambda: collector.api("/api/range")["channels"].get("ax", {})
-                          .get("max"), 40)
-        result = collector.api("/api/range")["channels"]["ax"]["max"]
+        assert wait_until(lambda: all(collector.api("/api/range")["channels"].get("ax", {})
+                                      .get(side) for side in ("min", "max")), 40)
+        served = collector.api("/api/range")["channels"]["ax"]
+        result = served["max"]
         assert result["status"] == "done" and result["participants"] == 6
         assert abs(result["estimate"] - 9.0) <= 40 / 2 ** 3
-        assert collector.api()["range"]["ax"]["min"] is None
+        # the search's own error bound reaches the API: the max of 6 truthful agents is
+        # proved above 5 (a round where they said so); above, only the domain bounds it
+        assert result["interval"] == [5.0, 20.0] and result["confidence"] == 0.95
+        assert result["error_bound"] == max(result["estimate"] - 5.0, 20.0 - result["estimate"])
+        assert 2 * result["error_bound"] < 40
+        # the min: 6 answers cannot rule out a min far below, so it says why, not a number
+        low = served["min"]
+        assert low["status"] == "insufficient" and "estimate" in low
+        assert low["reason"].startswith("6 agents: the search's error bound \u00b1")
+        assert low["reason"].endswith(" is wider than the domain [-20, 20]")
+        assert 2 * low["error_bound"] >= 40 and low["interval"][0] <= 4.0 <= low["interval"][1]
+        assert collector.api()["range"]["ax"] == served
     finally:
         agents.close()
         assert collector.terminate() == 0
@@ -211,3 +244,46 @@ def test_discover_range_cli_explains_what_is_missing(tmp_path, mosquitto):
     config.write_text(config.read_text().replace(str(mosquitto.port), str(free_port())))
     unreachable = run("--channel", "ax", "--side", "min", "--domain", "0", "1")
     assert unreachable.returncode == 1 and "cannot reach the broker" in unreachable.stderr
+
+
+class Retained:
+    """What paho hands ``RangeResults.on_message``."""
+
+    def __init__(self, result: dict):
+        self.topic = protocol.range_result_topic(FLEET, result["channel"], result["side"])
+        self.payload = json.dumps(result).encode()
+
+
+def published(side, estimate, started_at, **fields):
+    return {"v": 1, "run": f"ax-{side}-{int(started_at)}-abcdef", "coordinator": "c",
+            "channel": "ax", "side": side, "domain": [-1.0, 1.0], "started_at": started_at,
+            "finished_at": started_at + 20, "status": "done", "estimate": estimate, **fields}
+
+
+def test_a_min_above_the_max_of_the_same_time_is_served_insufficient():
+    """The field report: min 1.0 and max -1.0 in the same minute.  The collector serves
+    both sides insufficient, saying why; what was published stays visible."""
+    results = RangeResults(FLEET, coordinator="c", limit=8)
+    results.on_message(None, None, Retained(published("min", 1.0, 1000.0)))
+    results.on_message(None, None, Retained(published("max", -1.0, 1025.0)))
+    served = results.get()["ax"]
+    for side in ("min", "max"):
+        assert served[side]["status"] == "insufficient"
+        assert served[side]["published_status"] == "done"
+        assert served[side]["reason"] == "min 1 exceeds max -1"
+    # a new max an hour later is another time: no longer compared
+    results.on_message(None, None, Retained(published("max", -1.0, 4600.0)))
+    assert {side: r["status"] for side, r in results.get()["ax"].items()} == {
+        "min": "done", "max": "done"}
+    # an already insufficient side keeps its own reason after the conflict's
+    results.on_message(None, None, Retained(published(
+        "max", 0.5, 1030.0, status="insufficient", reason="24 agents: too wide")))
+    served = results.get()["ax"]
+    assert served["max"]["reason"] == "min 1 exceeds max 0.5; 24 agents: too wide"
+    results.on_message(None, None, Retained(published("min", -0.5, 1000.0, error_bound=0.25,
+                                                      interval=[-0.75, -0.25],
+                                                      confidence=0.95)))
+    served = results.get()["ax"]  # min -0.5 <= max 0.5: consistent, served as published
+    assert served["min"]["status"] == "done" and "published_status" not in served["min"]
+    assert served["min"]["error_bound"] == 0.25
+    assert list(served["min"]["interval"]) == [-0.75, -0.25]

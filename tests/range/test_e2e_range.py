@@ -130,8 +130,15 @@ def test_fleet_discovers_the_range_and_auto_domains_tighten(tmp_path, mosquitto)
             low, high = search_bounds(result, minima, side)
             assert low <= result["estimate"] <= high, (side, result["estimate"], low, high)
             assert abs(result["estimate"] - truth) < 1.0  # 2.5% of the domain
+            # the search's own bound: it holds the truth and is narrower than the domain
+            assert result["interval"][0] <= truth <= result["interval"][1], result
+            assert abs(result["estimate"] - truth) <= result["error_bound"] < 20.0
         assert wait_until(lambda: all(collector.api("/api/range")["channels"].get("ax", {})
                                       .get(side) for side in ("min", "max")), 15)
+        served = collector.api("/api/range")["channels"]["ax"]
+        assert {side: (served[side]["status"], served[side]["error_bound"])
+                for side in ("min", "max")} == {
+            side: ("done", results[side]["error_bound"]) for side in ("min", "max")}
 
         # Budget: each agent paid eps once per run (split: one answer), no more: the
         # answer's exact loss, rounded up to the ledger's unit.

@@ -11,11 +11,16 @@ from scipy import stats
 
 from edge_agent.mechanisms.randomized_response import RandomizedResponse
 from edge_agent.rangefind import (
+    CONFIDENCE,
     RangeSearch,
+    assess,
     assigned_round,
+    pair_conflict,
     plan_search,
+    share_interval,
     simulate,
     true_answer,
+    uninformed_reason,
 )
 
 ALPHA = 1e-6
@@ -198,3 +203,165 @@ def test_sequential_answers_compose_to_at_most_epsilon_exactly(epsilon, rounds):
     for _ in range(rounds - 1):
         total = total + loss
     assert total.at_most(epsilon)
+
+
+# -- the search's own error bound ---------------------------------------------------------
+def misses_allowed(runs: int, level: float = CONFIDENCE) -> int:
+    """The most misses in ``runs`` that a true coverage of ``level`` exceeds with
+    probability <= ALPHA: the test fails wrongly at most once in a million."""
+    return int(stats.binom.isf(ALPHA, runs, 1 - level))
+
+
+def paper_data(rng, n):
+    """The paper's setting: uniform on [x_min, x_min + 0.3] inside [-1, 1]."""
+    return rng.uniform(-1.0, 0.7) + 0.3 * rng.random(n)
+
+
+def spread_data(rng, n):
+    """Uniform over the whole domain: the edge of the bound's fatness assumption."""
+    return rng.uniform(-1.0, 1.0, n)
+
+
+@pytest.mark.parametrize("epsilon", [0.3, 1.0, 4.0])
+@pytest.mark.parametrize("answers", [5, 60, 700])
+def test_share_interval_holds_each_side_at_its_delta(epsilon, answers):
+    """Step 1 of the bound: each side of a round's share interval fails at most delta.
+
+    The count of +1 answers takes only answers + 1 values, so the interval is computed
+    once per count and looked up for 20,000 simulated rounds per true share."""
+    delta = 0.02
+    rr = RandomizedResponse(epsilon=epsilon)
+    bounds = np.array([share_interval(k / answers, answers, epsilon, delta)
+                       for k in range(answers + 1)])
+    rng = np.random.default_rng(answers + int(10 * epsilon))
+    trials = 20_000
+    for share in (0.0, 0.05, 0.5, 1.0):
+        beyond = round(share * answers)
+        truth = np.where(np.arange(answers) < beyond, 1, -1).astype(np.int8)
+        answered = rr.respond(np.tile(truth, (trials, 1)), rng)
+        counts = (answered == 1).sum(axis=1)
+        true_share = beyond / answers
+        for failed in (bounds[counts, 0] > true_share, bounds[counts, 1] < true_share):
+            misses = int(failed.sum())
+            assert misses <= stats.binom.isf(ALPHA, trials, delta), (share, misses)
+
+
+COVERAGE_CASES = [("split", 64, 1.0, None), ("split", 512, 4.0, 1.0),
+                  ("split", 4096, 1.0, None), ("sequential", 256, 4.0, 1.0),
+                  ("sequential", 2048, 1.0, None)]
+
+
+@pytest.mark.parametrize("side", ["min", "max"])
+@pytest.mark.parametrize("case", range(len(COVERAGE_CASES)))
+def test_the_bound_covers_the_true_extreme(side, case):
+    """Over 200 simulated runs (half the paper's data, half spread over the domain) the
+    interval holds the agents' true min (max) in at least 95% of them, tested with a
+    1e-6 false-alarm rate; and |estimate - truth| <= error_bound whenever it does."""
+    strategy, n, epsilon, alpha_min = COVERAGE_CASES[case]
+    rng = np.random.default_rng(100 + 2 * case + (side == "max"))
+    plan = plan_search(participants=n, epsilon=epsilon, strategy=strategy, alpha_min=alpha_min)
+    runs, misses = 200, 0
+    for run in range(runs):
+        values = (paper_data if run % 2 else spread_data)(rng, n)
+        search = simulate(values, low=-1, high=1, side=side, plan=plan, rng=rng,
+                          run_id=f"cover-{run}")
+        assessment = search.assess()
+        truth = values.min() if side == "min" else values.max()
+        low, high = assessment.interval
+        covered = low <= truth <= high
+        misses += not covered
+        if covered:
+            assert abs(search.estimate() - truth) <= assessment.error_bound + 1e-12
+        assert -1 <= low <= high <= 1 and assessment.confidence == CONFIDENCE
+    assert misses <= misses_allowed(runs), f"{misses} of {runs} runs missed"
+
+
+def test_the_bound_assumes_fat_data_as_the_paper_does():
+    """Theorem 1: an isolated minimum cannot be found privately; the bound's fatness
+    assumption (docs) excludes it, and indeed the interval misses it."""
+    rng = np.random.default_rng(12)
+    plan = plan_search(participants=2048, epsilon=4.0, strategy="split", alpha_min=1.0)
+    values = np.full(2048, 0.9)
+    values[0] = -0.9
+    search = simulate(values, low=-1, high=1, side="min", plan=plan, rng=rng)
+    assert not search.assess().interval[0] <= -0.9 <= search.assess().interval[1]
+
+
+def test_a_healthy_run_with_many_agents_is_ok_and_narrower_than_the_domain():
+    rng = np.random.default_rng(21)
+    plan = plan_search(participants=4096, epsilon=4.0, strategy="split", alpha_min=1.0)
+    values = paper_data(rng, 4096)
+    for side, truth in (("min", values.min()), ("max", values.max())):
+        search = simulate(values, low=-1, high=1, side=side, plan=plan, rng=rng)
+        assessment = search.assess()
+        assert assessment.ok and assessment.status == "ok" and assessment.reason is None
+        assert 2 * assessment.error_bound < 2 / 4  # within a quarter of the domain
+        assert assessment.interval[0] <= truth <= assessment.interval[1]
+        assert abs(search.estimate() - truth) <= assessment.error_bound
+
+
+def test_four_agents_are_insufficient_and_the_reason_says_why():
+    """The field report: 4 agents on [-1, 1] gave min 1.0 and max -1.0.
+
+    With many rounds (here 12, sequential, eps 1: eps/12 per answer) no round can
+    tell 4 answers from noise: the run is refused before anyone answers.  With the
+    paper's L (one round) the run happens, and its bound says it is not worth reading.
+    """
+    plan = plan_search(participants=4, epsilon=1.0, strategy="sequential", rounds=12)
+    assert uninformed_reason(plan, [4] * 12) == (
+        "4 agents joined: too few for even one informative round (4 answers at "
+        "\u03b5 0.0833 each cannot be told from noise at 95% confidence)")
+    values = np.array([-0.7, -0.2, 0.4, 0.95])
+    search = simulate(values, low=-1, high=1, side="min", plan=plan,
+                      rng=np.random.default_rng(1))
+    assert search.estimate() > 0.9  # what the field saw, near the top of the domain
+    assert search.assess().status == "insufficient"
+
+    plan = plan_search(participants=4, epsilon=1.0, strategy="split")
+    assert plan.rounds == 1 and uninformed_reason(plan, [4]) is None
+    rng = np.random.default_rng(4)
+    statuses = []
+    for run in range(100):
+        search = simulate(values, low=-1, high=1, side="min", plan=plan, rng=rng,
+                          run_id=f"four-{run}")
+        assessment = search.assess()
+        statuses.append(assessment.status)
+        if assessment.ok:  # an honest half-domain statement: min below the middle
+            assert assessment.interval == (-1.0, 0.0)
+        else:
+            assert assessment.reason == (
+                "4 agents: the search's error bound \u00b11.5 is wider than the domain "
+                "[-1, 1]")
+    assert statuses.count("insufficient") >= 70
+
+
+def test_min_above_max_is_a_conflict():
+    assert pair_conflict(1.0, -1.0) == "min 1 exceeds max -1"
+    assert pair_conflict(-0.25, 0.75) is None and pair_conflict(0.5, 0.5) is None
+    assert pair_conflict(None, -1.0) is None
+
+
+def test_rounds_that_contradict_each_other_are_insufficient():
+    """All 1,000 answers say "below 0", then all say "not below 0.5": min < 0 and, with
+    fat data, min > 0.5 - (small share) x 2.  Both cannot hold."""
+    plan = plan_search(participants=1000, epsilon=4.0, rounds=2)
+    history = [{"threshold": 0.0, "answers": 1000, "phi": 1.0},
+               {"threshold": 0.5, "answers": 1000, "phi": 0.0}]
+    assessment = assess(history, low=-1, high=1, side="min",
+                        answer_epsilon=plan.answer_epsilon, participants=1000, estimate=0.25)
+    assert assessment.status == "insufficient"
+    assert assessment.reason.startswith("the rounds contradict each other: the min would be "
+                                        "below 0 and above 0.")
+    assert assessment.interval == (-1.0, 1.0)
+
+
+def test_max_is_assessed_in_the_mirror():
+    plan = plan_search(participants=1000, epsilon=4.0, rounds=1)
+    # every answer says "above 2" on [-4, 4]: max > 2, estimate 2 (middle of [0, 4])
+    history = [{"threshold": 0.0, "answers": 1000, "phi": 1.0}]
+    assessment = assess(history, low=-4, high=4, side="max",
+                        answer_epsilon=plan.answer_epsilon, participants=1000, estimate=2.0)
+    assert assessment.interval == (0.0, 4.0) and assessment.error_bound == 2.0
+    assert assessment.ok
+    with pytest.raises(RuntimeError, match="not finished"):
+        RangeSearch(low=0, high=1, side="max", plan=plan).assess()
