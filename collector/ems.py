@@ -1,22 +1,38 @@
 """Reconstructing the distribution of true values from perturbed reports.
 
-EMS (expectation-maximisation with smoothing, Li et al., "Estimating
-Numerical Distributions under Local Differential Privacy", SIGMOD 2020):
-given counts c_j of reports in output bins j and the mechanism's transition
-matrix M[j, i] = P(report in output bin j | true value in input bin i),
-iterate
+EM under the mechanism's exact transition matrix M[j, i] = P(report in output
+bin j | true value in input bin i), given the counts c_j of reports per output
+bin, with optional smoothing (EMS, Li et al., "Estimating Numerical
+Distributions under Local Differential Privacy", SIGMOD 2020):
 
-    E-step   P(i | j) = M[j, i] p_i / sum_k M[j, k] p_k
-    M-step   p_i = sum_j c_j P(i | j) / N
-    S-step   p <- p smoothed with the binomial kernel (1, 2, 1) / 4
+    E and M  p_i <- p_i sum_j (c_j / N) M[j, i] / (M p)_j
+    S        p <- (1 - s) p + s K p,   K the binomial kernel (1, 2, 1) / 4
 
-until the log-likelihood stops improving.  Smoothing is what keeps plain EM
-from fitting the noise into spikes; on a circle the kernel wraps.
+s = 1 is Li et al.'s EMS; s = 0 is plain EM, whose fixed point is the
+maximum-likelihood distribution over the input bins.  Smoothing keeps EM from
+fitting the noise into spikes when reports are few or epsilon is small, and
+biases the shape (and the mean) when they are many or epsilon is large, so
+``choose_smoothing`` picks s from the data by cross-validated likelihood:
+the reports are split in two by binomial thinning, each half is fitted and
+the other half scores it.  On a circle the kernel wraps.
+
+The iterations are SQUAREM-accelerated (Varadhan and Roland, "Simple and
+globally convergent methods for accelerating the convergence of any EM
+algorithm", Scand. J. Statistics 2008, scheme S3 with the monotone fallback):
+plain EM needs tens of thousands of steps to reach the maximum likelihood
+when M blurs heavily.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
+
+# Smoothing weights the cross-validation chooses a histogram's from (1 = EMS).  Not 0:
+# the maximum likelihood fits the noise into spikes, and was never the closest
+# histogram in our trials even at eps = 8 (it serves the mean's inversion instead).
+SMOOTHING_CHOICES = (1.0, 0.3, 0.1, 0.03, 0.01)
+_TINY = 1e-300
 
 
 def transition_matrix(mechanism, in_edges: np.ndarray, out_edges: np.ndarray, *,
@@ -53,32 +69,172 @@ def smooth(p: np.ndarray, circular: bool) -> np.ndarray:
     return out / out.sum()
 
 
-def ems(counts: np.ndarray, matrix: np.ndarray, *, circular: bool = False,
-        max_iterations: int = 10_000, tolerance: float = 1e-7) -> np.ndarray:
+# -- kernels --------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _log_likelihood(weights, matrix, p):
+    total = 0.0
+    for j in range(matrix.shape[0]):
+        if weights[j] > 0.0:
+            predicted = 0.0
+            for i in range(matrix.shape[1]):
+                predicted += matrix[j, i] * p[i]
+            total += weights[j] * np.log(max(predicted, _TINY))
+    return total
+
+
+@njit(cache=True)
+def _em_step(weights, matrix, p, smoothing, circular, out, ratio, scratch):
+    """One EM step then the smoothing, from p into out (no allocation)."""
+    k_out, k_in = matrix.shape
+    for j in range(k_out):
+        predicted = 0.0
+        for i in range(k_in):
+            predicted += matrix[j, i] * p[i]
+        ratio[j] = weights[j] / max(predicted, _TINY)
+    total = 0.0
+    for i in range(k_in):
+        acc = 0.0
+        for j in range(k_out):
+            acc += matrix[j, i] * ratio[j]
+        scratch[i] = p[i] * acc
+        total += scratch[i]
+    for i in range(k_in):
+        scratch[i] /= total
+    if smoothing == 0.0:
+        for i in range(k_in):
+            out[i] = scratch[i]
+        return
+    total = 0.0
+    for i in range(k_in):
+        if circular:
+            left, right = scratch[(i - 1) % k_in], scratch[(i + 1) % k_in]
+        else:
+            left, right = scratch[max(i - 1, 0)], scratch[min(i + 1, k_in - 1)]
+        kernel = 0.25 * left + 0.5 * scratch[i] + 0.25 * right
+        out[i] = (1.0 - smoothing) * scratch[i] + smoothing * kernel
+        total += out[i]
+    for i in range(k_in):
+        out[i] /= total
+
+
+@njit(cache=True)
+def _squarem(weights, matrix, p, smoothing, circular, tolerance, max_steps):
+    """SQUAREM (S3) iterations of ``_em_step`` from p, in place; returns the steps taken.
+
+    Stops when the log-likelihood gains less than ``tolerance`` per report and
+    p moves by less than ``tolerance`` in L1 over one accelerated step."""
+    k_out, k_in = matrix.shape
+    p1, p2, q = np.empty(k_in), np.empty(k_in), np.empty(k_in)
+    ratio, scratch = np.empty(k_out), np.empty(k_in)
+    current = _log_likelihood(weights, matrix, p)
+    for step in range(max_steps):
+        _em_step(weights, matrix, p, smoothing, circular, p1, ratio, scratch)
+        _em_step(weights, matrix, p1, smoothing, circular, p2, ratio, scratch)
+        rr, vv = 0.0, 0.0
+        for i in range(k_in):
+            r = p1[i] - p[i]
+            v = p2[i] - 2.0 * p1[i] + p[i]
+            rr += r * r
+            vv += v * v
+        if vv == 0.0:
+            for i in range(k_in):
+                p[i] = p2[i]
+            return step + 1
+        alpha = min(-np.sqrt(rr / vv), -1.0)
+        total = 0.0
+        for i in range(k_in):
+            r = p1[i] - p[i]
+            v = p2[i] - 2.0 * p1[i] + p[i]
+            q[i] = max(p[i] - 2.0 * alpha * r + alpha * alpha * v, 0.0)
+            total += q[i]
+        for i in range(k_in):
+            q[i] /= total
+        # A stabilising EM step from the extrapolated point (into p1, free now).
+        _em_step(weights, matrix, q, smoothing, circular, p1, ratio, scratch)
+        extrapolated = _log_likelihood(weights, matrix, p1)
+        plain = _log_likelihood(weights, matrix, p2)
+        best = p1
+        if not extrapolated >= plain:  # monotone: fall back to two plain steps
+            best, extrapolated = p2, plain
+        moved = 0.0
+        for i in range(k_in):
+            moved += abs(best[i] - p[i])
+            p[i] = best[i]
+        gain = extrapolated - current
+        current = extrapolated
+        if gain < tolerance and moved < tolerance:
+            return step + 1
+    return max_steps
+
+
+# -- reconstruction ---------------------------------------------------------------------------
+
+def reconstruct(counts, matrix: np.ndarray, *, smoothing: float = 1.0, circular: bool = False,
+                start: np.ndarray | None = None, tolerance: float = 1e-9,
+                max_steps: int = 2_000) -> np.ndarray:
     """Reconstructed probabilities of the input bins (sum 1); uniform with no data.
 
-    Stops when the log-likelihood per report improves by less than
-    ``tolerance`` (Li et al. use a small threshold on the improvement).
-    """
+    ``smoothing`` in [0, 1] (1: EMS, 0: maximum likelihood); ``start``: where
+    the iterations begin (a previous fit converges in a few steps)."""
+    if not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"smoothing must be in [0, 1], got {smoothing!r}")
     counts = np.asarray(counts, dtype=np.float64)
+    matrix = np.ascontiguousarray(matrix, dtype=np.float64)
+    if counts.shape != (matrix.shape[0],):
+        raise ValueError(f"counts must have {matrix.shape[0]} entries, got {counts.shape}")
     k_in = matrix.shape[1]
     total = counts.sum()
-    p = np.full(k_in, 1.0 / k_in)
+    p = np.full(k_in, 1.0 / k_in) if start is None else np.array(start, dtype=np.float64)
     if total <= 0:
         return p
-    weights = counts / total
-    tiny = 1e-300
-    previous = -np.inf
-    for _ in range(max_iterations):
-        predicted = matrix @ p  # P(report in j)
-        likelihood = float(weights @ np.log(np.maximum(predicted, tiny)))
-        if likelihood - previous < tolerance:
-            break
-        previous = likelihood
-        # E and M steps together: p_i <- p_i sum_j w_j M[j, i] / predicted_j
-        p = p * (matrix.T @ (weights / np.maximum(predicted, tiny)))
-        p = smooth(p / p.sum(), circular)
+    p /= p.sum()
+    _squarem(counts / total, matrix, p, float(smoothing), bool(circular), tolerance, max_steps)
     return p
+
+
+def ems(counts, matrix: np.ndarray, *, circular: bool = False, **options) -> np.ndarray:
+    """Li et al.'s EMS: ``reconstruct`` with full smoothing."""
+    return reconstruct(counts, matrix, smoothing=1.0, circular=circular, **options)
+
+
+def halves(counts, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Split report counts in two at random (binomial thinning): each report lands in the
+    first half with probability 1/2.  Seeded from the counts by the caller, so a state
+    always gives the same split."""
+    counts = np.asarray(counts, dtype=np.int64)
+    first = np.random.default_rng(seed).binomial(counts, 0.5)
+    return first, counts - first
+
+
+def choose_smoothing(counts, matrix: np.ndarray, *, circular: bool = False,
+                     choices=SMOOTHING_CHOICES, seed: int = 0, splits: int = 2) -> float:
+    """The smoothing whose fits to half of the reports best predict the other half
+    (two-fold cross-validated log-likelihood, summed over ``splits`` random splits to
+    steady the choice); ties go to the stronger smoothing."""
+    counts = np.asarray(counts, dtype=np.int64)
+    matrix = np.ascontiguousarray(matrix, dtype=np.float64)
+    folds = []
+    for split in range(splits):
+        first, second = halves(counts, seed + split)
+        if first.sum() and second.sum():
+            folds += [(first, second), (second, first)]
+    if not folds:
+        return max(choices)
+    # From the strongest smoothing down, each fit starting from the previous one's:
+    # neighbouring smoothings have nearby fits, and the choice needs no tight convergence.
+    starts = [None] * len(folds)
+    scores = []
+    for smoothing in sorted(choices, reverse=True):
+        score = 0.0
+        for f, (fit, held) in enumerate(folds):
+            starts[f] = reconstruct(fit, matrix, smoothing=smoothing, circular=circular,
+                                    start=starts[f], tolerance=1e-7, max_steps=300)
+            score += _log_likelihood(held / held.sum(), matrix, starts[f])
+        scores.append(score)
+    choices = sorted(choices, reverse=True)
+    best = max(scores)
+    return max(s for s, score in zip(choices, scores) if score >= best - 1e-12)
 
 
 def quantiles(edges: np.ndarray, probabilities: np.ndarray, levels) -> dict[str, float]:

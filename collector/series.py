@@ -6,11 +6,9 @@ series are never mixed.  Each series keeps cumulative statistics and the
 most recent tumbling windows, all mergeable (``merge``) and picklable, and
 turns them into estimates with the mechanism's closed forms:
 
-* linear: the raw mean of reports; the estimate of the true mean (plain mean
-  for unbiased mechanisms, the known affine bias inverted, or the mean of the
-  EMS reconstruction where data sits near an edge or the mean is not
-  affine); its standard error from the mechanism's variance averaged over
-  the reconstructed distribution; the raw and reconstructed histograms;
+* linear: the raw and reconstructed histograms and the mean, each from the
+  estimator with the smallest estimated error, with an interval
+  (``collector.estimators``);
 * circular: mean direction, resultant length raw and corrected by rho(eps),
   circular standard deviation, histograms (wrapping);
 * polar: both components and the mean vector; vector: one linear block per axis;
@@ -40,7 +38,8 @@ from edge_agent.protocol.states import (
     SeriesState,
 )
 
-from . import ems
+from . import circular, ems
+from .estimators import LinearModel, linear_estimates
 from .frequencies import frequency_summary
 from .stats import (
     BinCounts,
@@ -52,11 +51,7 @@ from .stats import (
     TrigMoments,
 )
 
-Z95 = 1.959963984540054
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
-# Use the affine bias inversion only when the reconstruction puts less than this
-# share of the data where E[M(x)] stops being affine (near OGPM's domain ends).
-AFFINE_EDGE_MASS = 0.02
 
 
 def series_identity(channel: str, kind: str, description, fields: tuple | None,
@@ -197,109 +192,43 @@ class LinearBlock(_Block):
             return (self.count.summarize(codes), self.moments.summarize(codes), bins, bins)
         return super().summarize(codes)
 
-    def reconstruction(self) -> np.ndarray:
-        return ems.ems(self.out.get(), self._transition(self.in_edges, self.out_edges, False))
+    def model(self) -> LinearModel:
+        return _linear_model(self.description, self.component, self.bins)
 
     def _compute(self) -> dict:
-        m, n = self.mechanism, self.count.get()
-        centres = 0.5 * (self.in_edges[:-1] + self.in_edges[1:])
+        n = self.count.get()
         raw_counts = self.raw.get()
         histogram = {"edges": self.in_edges.tolist(),
                      "raw": (raw_counts / n).tolist() if n else [0.0] * self.bins,
-                     "estimate": None}
+                     "estimate": None, "method": None, "smoothing": None}
         if n == 0:
             return {"count": 0, "mean": {"raw": None, "estimate": None, "stderr": None,
-                                         "bias_bound": None, "ci95": None, "method": None},
+                                         "bias_bound": None, "ci95": None, "method": None,
+                                         "candidates": None, "note": None},
                     "histogram": histogram, "quantiles": None}
-        p = self.reconstruction()
-        histogram["estimate"] = p.tolist()
         moments = self.moments.get()
-        # Variance of one report: the mechanism's, averaged over the reconstructed
-        # true values, or the reports' sample variance if larger (it also holds
-        # the spread of the true values, so it never understates).
-        report_var = max(float(p @ m.variance(centres)), moments["variance"])
-        mean = self._estimate_mean(moments["mean"], p, centres, report_var, n)
+        found = linear_estimates(self.model(), out_counts=self.out.get(),
+                                 raw_mean=moments["mean"], report_variance=moments["variance"],
+                                 n=n)
+        shown = found["histogram"]
+        histogram.update(estimate=shown.tolist(), method=found["histogram_method"],
+                         smoothing=found["smoothing"])
+        mean = found["mean"]
+        mean.update({key: _finite(mean[key]) for key in ("raw", "estimate", "stderr",
+                                                         "bias_bound")})
+        mean["ci95"] = [_finite(bound) for bound in mean["ci95"]]
+        mean["candidates"] = {name: {key: _finite(value) for key, value in entry.items()}
+                              for name, entry in mean["candidates"].items()}
         return {"count": n, "mean": mean, "histogram": histogram,
-                "quantiles": ems.quantiles(self.in_edges, p, QUANTILES)}
+                "quantiles": ems.quantiles(self.in_edges, shown, QUANTILES)}
 
-    def _estimate_mean(self, raw: float, p: np.ndarray, centres: np.ndarray, report_var: float,
-                       n: int) -> dict:
-        m = self.mechanism
-        affine = m.affine_mean()
-        if m.unbiased:
-            estimate, slope, method = raw, 1.0, "unbiased"
-        elif affine is not None and p[(centres < affine[2]) | (centres > affine[3])].sum() \
-                <= AFFINE_EDGE_MASS:
-            a, b, _, _ = affine
-            estimate, slope, method = (raw - b) / a, a, "affine"
-        else:
-            estimate, slope = self._ems_mean(p, centres, raw)
-            method = "ems"
-        stderr = math.sqrt(report_var / n) / abs(slope)
-        bias = self._identifiability_bound(p, centres)
-        if method == "ems":
-            stderr = max(stderr, self._bootstrap_stderr(raw, report_var, n))
-            # Where E[M(x)] is far from affine, the Newton step's size shows how far
-            # the smoothed reconstruction's shape was off; count it as possible bias.
-            bias += abs(float(p @ centres) - estimate)
-        # The true mean lies in the domain: clipping the estimate only helps.
-        estimate = float(np.clip(estimate, m.low, m.high))
-        half = Z95 * stderr + bias
-        return {"raw": _finite(raw), "estimate": _finite(estimate), "stderr": _finite(stderr),
-                "bias_bound": _finite(bias),
-                "ci95": [_finite(max(m.low, estimate - half)),
-                         _finite(min(m.high, estimate + half))],
-                "method": method}
 
-    def _ems_mean(self, p: np.ndarray, centres: np.ndarray, raw: float) -> tuple[float, float]:
-        """The reconstruction's mean, corrected by one Newton step on the raw mean.
-
-        The raw mean is exactly unbiased for the average of E[M(x)], so the step
-        removes most of what smoothing does to the mean; where E[M(x)] is
-        affine it is the affine inversion itself.  Returns (estimate, slope).
-        """
-        m = self.mechanism
-        h = 1e-4 * (m.high - m.low)
-        derivative = (m.mean_output(centres + h) - m.mean_output(centres - h)) / (2 * h)
-        slope = max(float(p @ derivative), 1e-3)
-        implied = float(p @ m.mean_output(centres))
-        return float(p @ centres) + (raw - implied) / slope, slope
-
-    def _bootstrap_stderr(self, raw: float, report_var: float, n: int,
-                          replicates: int = 20) -> float:
-        """Spread of the EMS-based mean over multinomial resamples of the report bins.
-
-        Where E[M(x)] is not affine the reconstruction's own noise enters the
-        estimate and the delta method misses it; resampling measures it.  The
-        seed comes from the counts, so a given state always gives the same answer.
-        """
-        counts = self.out.get()
-        total = int(counts.sum())
-        rng = np.random.default_rng(np.frombuffer(counts.tobytes(), dtype=np.uint32))
-        matrix = self._transition(self.in_edges, self.out_edges, False)
-        centres = 0.5 * (self.in_edges[:-1] + self.in_edges[1:])
-        estimates = []
-        for _ in range(replicates):
-            resampled = rng.multinomial(total, counts / total)
-            p = ems.ems(resampled, matrix, tolerance=1e-6)
-            raw_star = raw + rng.normal(0.0, math.sqrt(report_var / n))
-            estimates.append(self._ems_mean(p, centres, raw_star)[0])
-        return float(np.std(estimates, ddof=1))
-
-    def _identifiability_bound(self, p: np.ndarray, centres: np.ndarray) -> float:
-        """How far the mean can be off because some inputs are indistinguishable.
-
-        Classical OGPM reports the same distribution for every x within C of an
-        end (its central piece stops at the edge, Theorem 3.7): no estimator can
-        place data inside those regions, so the interval widens by each region's
-        reconstructed mass times half its width.
-        """
-        affine = self.mechanism.affine_mean()
-        if affine is None:
-            return 0.0
-        m, (_, _, lo, hi) = self.mechanism, affine
-        below, above = centres < lo, centres > hi
-        return float(p[below].sum() * (lo - m.low) / 2 + p[above].sum() * (m.high - hi) / 2)
+@lru_cache(maxsize=256)
+def _linear_model(description, component: int | None, bins: int) -> LinearModel:
+    """A block's fixed parts, shared by a series' total and every window and copy."""
+    block = LinearBlock(description, bins, component)
+    return LinearModel(block.mechanism, block.in_edges, block.out_edges,
+                       block._transition(block.in_edges, block.out_edges, False))
 
 
 class CircularBlock(_Block):
@@ -324,23 +253,21 @@ class CircularBlock(_Block):
         histogram = {"edges": self.edges.tolist(),
                      "raw": (counts / n).tolist() if n else [0.0] * self.bins,
                      "estimate": None}
-        if n == 0:
-            return {"count": 0, "circular_mean": None,
-                    "resultant_length": {"raw": None, "estimate": None},
-                    "circular_std": None, "histogram": histogram}
-        matrix = self._transition(self.edges, self.edges, True)
-        histogram["estimate"] = ems.ems(counts, matrix, circular=True).tolist()
+        if n:
+            matrix = self._transition(self.edges, self.edges, True)
+            histogram["estimate"] = ems.ems(counts, matrix, circular=True).tolist()
         trig = self.trig.get()
-        rho = m.mean_resultant_length()
-        corrected = min(1.0, trig["resultant"] / rho) if rho > 0 else None
-        unit = m.period / (2.0 * math.pi)
-        direction = m.origin + (trig["direction"] * unit - m.origin) % m.period
-        std = (math.sqrt(-2.0 * math.log(corrected)) * unit
-               if corrected is not None and corrected > 0 else None)
-        return {"count": n, "circular_mean": _finite(direction),
-                "resultant_length": {"raw": _finite(trig["resultant"]),
-                                     "estimate": _finite(corrected)},
-                "circular_std": _finite(std), "histogram": histogram}
+        stats = circular.summary(n, trig["x"], trig["y"], trig["x2"], trig["y2"],
+                                 rho=m.mean_resultant_length(),
+                                 rho2=self._noise(self.description, self.component),
+                                 period=m.period, origin=m.origin)
+        return {"count": n, **stats, "histogram": histogram}
+
+    @staticmethod
+    @lru_cache(maxsize=256)
+    def _noise(description, component: int | None) -> float:
+        """The mechanism's E[cos 2(θ' − x)] (once per mechanism, not per window)."""
+        return circular.noise_second_moment(_component(mechanism_of(description), component))
 
 
 class CategoricalBlock(_Block):

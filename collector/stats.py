@@ -221,13 +221,24 @@ class _PlaneSums(_Sums):
 
 class TrigMoments(_PlaneSums):
     """Sums of cos (``x``) and sin (``y``) of reported angles: the mean direction and
-    resultant length."""
+    resultant length; and of cos 2θ (``x2``) and sin 2θ (``y2``), the second
+    trigonometric moments that give the exact sample covariance of the reports' unit
+    vectors (``collector.circular``).
+
+    A state saved before the doubled-angle sums existed has only n, x and y: loaded,
+    ``doubled_known`` is False and stays so through updates and merges (the sums
+    would cover part of the angles only), and ``get()`` gives ``x2 = y2 = None``, for
+    which ``collector.circular`` bounds the covariance instead."""
 
     state_type = TrigState
+    SUMS = ("n", "x", "y", "x2", "y2")
 
     def __init__(self, origin: float, step: float, period: float):
         super().__init__()
         self.origin, self.step, self.period = float(origin), float(step), float(period)
+        self.x2 = 0.0
+        self.y2 = 0.0
+        self.doubled_known = True
 
     def params(self):
         return (self.origin, self.step, self.period)
@@ -236,21 +247,68 @@ class TrigMoments(_PlaneSums):
         return (self.origin + self.step * np.asarray(codes, dtype=np.float64)) * (
             2.0 * math.pi / self.period)
 
-    def summarize(self, batch) -> tuple[int, float, float]:
+    def summarize(self, batch) -> tuple[int, float, float, float, float]:
         theta = self.radians(batch)
-        return theta.size, float(np.cos(theta).sum()), float(np.sin(theta).sum())
+        c, s = np.cos(theta), np.sin(theta)
+        # cos 2θ = c² − s², sin 2θ = 2cs: no further trigonometric call per value.
+        return (theta.size, float(c.sum()), float(s.sum()),
+                float(np.dot(c, c) - np.dot(s, s)), 2.0 * float(np.dot(c, s)))
+
+    def _forget_doubled(self) -> None:
+        self.doubled_known = False
+        self.x2 = self.y2 = 0.0
+
+    def add(self, summary) -> None:
+        super().add(summary)
+        if not self.doubled_known:
+            self.x2 = self.y2 = 0.0
+
+    def merge(self, other):
+        super().merge(other)
+        if not (self.doubled_known and other.doubled_known):
+            self._forget_doubled()
+        return self
+
+    def to_state(self) -> list:
+        state = [self.n, self.x, self.y]
+        return state + [[self.x2, self.y2]] if self.doubled_known else state
 
     def load_state(self, state, where="state") -> None:
-        super().load_state(state, where)
-        if math.hypot(self.x, self.y) > self.n * (1 + 1e-9) + 1e-9:
+        if isinstance(state, TrigState):
+            n, x, y, doubled = state.n, state.x, state.y, state.doubled
+        else:  # to_state()'s plain list, not through a codec
+            n, x, y, doubled = (*state, None)[:4]
+        self.n, self.x, self.y = n, x, y
+        if math.hypot(x, y) > n * (1 + 1e-9) + 1e-9:
             raise StateError(f"{where}: resultant longer than the number of angles")
+        if doubled is None:
+            self._forget_doubled()
+            return
+        self.doubled_known = True
+        self.x2, self.y2 = doubled
+        if math.hypot(self.x2, self.y2) > n * (1 + 1e-9) + 1e-9:
+            raise StateError(f"{where}: doubled-angle resultant longer than the number of "
+                             f"angles")
+        # The angles' second moments about their mean are a covariance: positive
+        # semi-definite (up to rounding of the float sums).
+        if n:
+            xx = (n + self.x2) / 2 - x * x / n
+            yy = (n - self.x2) / 2 - y * y / n
+            xy = self.y2 / 2 - x * y / n
+            tolerance = 1e-9 * (n + 1)
+            if min(xx, yy) < -tolerance or xx * yy - xy * xy < -tolerance * (n + 1):
+                raise StateError(f"{where}: the sums of cos 2θ and sin 2θ are inconsistent "
+                                 f"with those of cos θ and sin θ")
 
     def get(self) -> dict:
+        x2, y2 = (self.x2, self.y2) if self.doubled_known else (None, None)
         if self.n == 0:
-            return {"n": 0, "direction": None, "resultant": None}
+            return {"n": 0, "direction": None, "resultant": None, "x": None, "y": None,
+                    "x2": None, "y2": None}
         direction = math.atan2(self.y, self.x)  # radians, in (-pi, pi]
         return {"n": self.n, "direction": direction,
-                "resultant": math.hypot(self.x, self.y) / self.n}
+                "resultant": math.hypot(self.x, self.y) / self.n,
+                "x": self.x, "y": self.y, "x2": x2, "y2": y2}
 
 
 class BinCounts(Statistic):

@@ -196,8 +196,18 @@ CHANNEL_GAUGES = {
                                   lambda c: (c.get("mean") or {}).get("estimate")),
     "ldp_channel_mean_stderr": ("Standard error of the mean estimate.",
                                 lambda c: (c.get("mean") or {}).get("stderr")),
-    "ldp_channel_resultant_length": ("Corrected mean resultant length (circular channels).",
+    "ldp_channel_resultant_length": ("Estimated mean resultant length (circular channels; "
+                                     "bias-corrected, over rho, may exceed 1 by noise).",
                                      lambda c: (c.get("resultant_length") or {}).get("estimate")),
+    "ldp_channel_resultant_length_stderr": (
+        "Standard error of the mean resultant length estimate (circular channels).",
+        lambda c: (c.get("resultant_length") or {}).get("stderr")),
+    "ldp_channel_circular_mean": ("Mean direction (circular channels), in the channel's unit.",
+                                  lambda c: c.get("circular_mean")),
+    "ldp_channel_circular_mean_half_width": (
+        "Half-width of the mean direction's 95% interval (circular channels; absent where "
+        "the reports give no direction).",
+        lambda c: (c.get("direction") or {}).get("half_width")),
 }
 
 

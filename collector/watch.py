@@ -67,17 +67,36 @@ def _linear_cells(block: dict) -> tuple[str, str]:
     detail = f"[{fmt(low)}, {fmt(high)}]"
     if mean.get("method"):
         detail += f" {mean['method']}"
+    if mean.get("note"):  # data where the mechanism cannot place it (docs/API.md)
+        detail += " !near an end"
     return estimate, detail
 
 
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _circular_cells(block: dict, period: Any) -> tuple[str, str]:
+    """μ ± the 95% half-width (or "any direction"); R with its 95% interval, raw, σ."""
     mean = block.get("circular_mean")
-    estimate = f"μ {fmt(mean)}"
-    if _is_radians(period) and isinstance(mean, (int, float)) and math.isfinite(mean):
-        estimate += f" ({fmt(math.degrees(mean), 3)}°)"
+    direction = _dict(block.get("direction"))
+    half = direction.get("half_width")
+    estimate = f"μ {fmt(mean)}" + (f" ± {fmt(half)}" if _finite(half) else "")
+    if _is_radians(period) and _finite(mean):
+        degrees = f"{fmt(math.degrees(mean), 3)}°"
+        if _finite(half):
+            degrees += f" ± {fmt(math.degrees(half), 3)}°"
+        estimate += f" ({degrees})"
+    if _finite(mean) and not _finite(half) and direction.get("reason"):
+        estimate += " any direction"
     length = _dict(block.get("resultant_length"))
-    detail = (f"R {fmt(length.get('estimate'))} (raw {fmt(length.get('raw'))}) · "
-              f"σ {fmt(block.get('circular_std'))}")
+    ci = length.get("ci95") if isinstance(length.get("ci95"), list) else []
+    interval = f" [{fmt(ci[0])}, {fmt(ci[1])}]" if len(ci) == 2 else ""
+    std = f"σ {fmt(block.get('circular_std'))}"
+    if not _finite(block.get("circular_std")) and _finite(length.get("estimate")) \
+            and length["estimate"] >= 1:
+        std += " (R ≥ 1)"  # null rather than a fake 0 (docs/API.md)
+    detail = f"R {fmt(length.get('estimate'))}{interval} (raw {fmt(length.get('raw'))}) · {std}"
     return estimate, detail
 
 

@@ -209,6 +209,27 @@ def test_range_results_and_snapshots_validate_against_their_definitions():
     assert protocol.decode_range_result(payload) == result
 
 
+def test_range_results_carry_their_error_bound_and_older_ones_still_load():
+    bounded = protocol.RangeResult(v=1, run="r1", coordinator="c", channel="ax", side="min",
+                                   domain=(-1.0, 1.0), started_at=1.0, status="insufficient",
+                                   reason="4 agents: the search's error bound ±1.5 is wider "
+                                          "than the domain [-1, 1]",
+                                   estimate=0.5, error_bound=1.5, interval=(-1.0, 1.0),
+                                   confidence=0.95, rounds=1)
+    payload = protocol.encode(bounded)
+    validator("RangeResult").validate(json.loads(payload))
+    assert protocol.decode_range_result(payload) == bounded
+    # retained by a coordinator from before error bounds: loads, without them
+    older = (b'{"v":1,"run":"r0","coordinator":"c","channel":"ax","side":"min",'
+             b'"domain":[-20.0,20.0],"started_at":1.0,"status":"done","estimate":-3.91,'
+             b'"rounds":9,"participants":1000}')
+    loaded = protocol.decode_range_result(older)
+    assert loaded.estimate == -3.91 and loaded.error_bound is None and loaded.interval is None
+    for bad in ({"error_bound": -0.1}, {"confidence": 1.0}, {"interval": [0.0]}):
+        with pytest.raises(protocol.Rejected):
+            protocol.decode_range_result(json.dumps(json.loads(older) | bad).encode())
+
+
 def test_partition_states_and_checkpoints_are_versioned():
     state = states.IngestorState(
         fleet=FLEET, settings=states.AggregateSettings(bins=10, window_seconds=60.0,

@@ -389,9 +389,18 @@
       if (n === bins) ctx.closePath();  // the histogram wraps around
       ctx.stroke();
 
-      // Mean direction, length = estimated resultant length (1 = all aligned).
+      // Mean direction, length = estimated resultant length (1 = all aligned), and its
+      // 95% interval as an arc on the outer ring.
       const mean = block.circular_mean;
       const length = block.resultant_length && block.resultant_length.estimate;
+      const half = block.direction && block.direction.half_width;
+      if (isNum(mean) && isNum(half)) {
+        ctx.strokeStyle = theme.fg;
+        ctx.lineWidth = 3;
+        ctx.beginPath();
+        ctx.arc(cx, cy, R, -angle(mean + half), -angle(mean - half));
+        ctx.stroke();
+      }
       if (isNum(mean) && isNum(length)) {
         const a = angle(mean);
         const L = R * Math.min(Math.max(length, 0), 1);
@@ -439,11 +448,15 @@
         term("median", value(f, "median")),
         term("5–95%", value(f, "q05"), " … ", value(f, "q95")),
         term("bias bound", value(f, "bias-bound")),
+        term("histogram", value(f, "histogram-method")),
       ]);
       if (withCount) stats.append(term("count", value(f, "axis-count")));
+      // Why the interval is wide when the mechanism cannot place the data (mean.note).
+      this.note = el("p", { class: "caveat", "data-field": "note", hidden: "" });
       this.root = el("div", { class: "block", "data-block": name }, [
         title ? el("h3", {}, title) : "",
         stats,
+        this.note,
         el("div", { class: "chart-label" }, "mean estimate and 95% interval over time"),
         this.trend.canvas,
         el("div", { class: "chart-label" }, "distribution: raw reports (bars), estimate (line)"),
@@ -467,6 +480,11 @@
       setText(f.q05, fmt(q["0.05"]));
       setText(f.q95, fmt(q["0.95"]));
       setText(f["bias-bound"], fmt(mean.bias_bound));
+      const histogram = b.histogram || {};
+      setText(f["histogram-method"], histogram.method === "raw" ? "raw reports"
+        : histogram.method ? `reconstruction, smoothing ${fmt(histogram.smoothing)}` : DASH);
+      setText(this.note, mean.note || "");
+      this.note.hidden = !mean.note;
       if (f["axis-count"]) setText(f["axis-count"], fmtCount(b.count));
       this.trend.add(t, mean);
       this.histogram.set(b.histogram, mean);
@@ -483,18 +501,26 @@
       this.rose = new RoseChart();
       this.period = period;
       const f = this.fields;
+      // Why the direction interval or the circular std is missing (text from the API).
+      this.reason = el("p", { class: "caveat", "data-stat": "circular-reason", hidden: "" });
       this.root = el("div", { class: "block", "data-block": name }, [
         title ? el("h3", {}, title) : "",
         el("dl", { class: "stats" }, [
-          term("circular mean", value(f, "circular-mean", "main"), " ",
+          term("circular mean", value(f, "circular-mean", "main"), " ± ",
+            value(f, "circular-half-width"), " ",
             el("span", { class: "unit" }, isRadians(period) ? "rad" : ""), " ",
             value(f, "circular-mean-deg", "sub")),
-          term("resultant length", value(f, "resultant-estimate", "main"), " ",
+          term("95% CI", "[", value(f, "direction-low"), ", ", value(f, "direction-high"), "]"),
+          term("resultant length", value(f, "resultant-estimate", "main"), " ± ",
+            value(f, "resultant-stderr"), " ",
             el("span", { class: "sub" }, ["(raw ", value(f, "resultant-raw"), ")"])),
+          term("95% CI", "[", value(f, "resultant-low"), ", ", value(f, "resultant-high"), "]"),
           term("circular std", value(f, "circular-std")),
         ]),
+        this.reason,
         el("div", { class: "chart-label" },
-          "rose: raw reports (wedges), estimate (line), mean direction (arrow)"),
+          "rose: raw reports (wedges), estimate (line), mean direction (arrow) and its 95% "
+          + "interval (arc)"),
         this.rose.canvas,
       ]);
     }
@@ -502,12 +528,32 @@
     update(block) {
       const b = block || {};
       const length = b.resultant_length || {};
+      const direction = b.direction || {};
+      const dci = Array.isArray(direction.ci95) ? direction.ci95 : [];
+      const rci = Array.isArray(length.ci95) ? length.ci95 : [];
+      const half = direction.half_width;
       const f = this.fields;
       setText(f["circular-mean"], fmt(b.circular_mean));
-      setText(f["circular-mean-deg"], isRadians(this.period) ? `(${degrees(b.circular_mean)})` : "");
+      setText(f["circular-half-width"], fmt(half));
+      setText(f["circular-mean-deg"], !isRadians(this.period) ? ""
+        : isNum(half) ? `(${degrees(b.circular_mean)} ± ${degrees(half)})`
+          : `(${degrees(b.circular_mean)})`);
+      // The interval runs counter-clockwise from its first end to its second (through
+      // the origin when the first is larger).
+      setText(f["direction-low"], fmt(dci[0]));
+      setText(f["direction-high"], fmt(dci[1]));
       setText(f["resultant-estimate"], fmt(length.estimate));
+      setText(f["resultant-stderr"], fmt(length.stderr));
       setText(f["resultant-raw"], fmt(length.raw));
+      setText(f["resultant-low"], fmt(rci[0]));
+      setText(f["resultant-high"], fmt(rci[1]));
       setText(f["circular-std"], fmt(b.circular_std));
+      // Said only once there are reports: "any direction" and why, or why no circular std.
+      const reasons = isNum(b.circular_mean)
+        ? [direction.reason, b.circular_std_reason].filter((r) => typeof r === "string" && r)
+        : [];
+      setText(this.reason, reasons.join("; "));
+      this.reason.hidden = reasons.length === 0;
       this.rose.set(b);
     }
 
@@ -803,12 +849,34 @@
   }
 
   // Latest private min/max per channel (GET /api/range; also in every document).
+  // A result shows its estimate with the search's own error bound and the interval
+  // that holds the true min (max); an insufficient one shows why, not its numbers.
   function rangeCell(result) {
     if (!result || typeof result !== "object") return DASH;
-    if (result.status !== "done") return `${result.status || DASH}${result.reason ? ": " + result.reason : ""}`;
+    const stat = (key, text) => el("span", { "data-range-stat": key }, text);
+    if (result.status !== "done") {
+      return el("span", { class: "range-insufficient", "data-status": result.status || "unknown" }, [
+        stat("status", result.status || DASH), ": ",
+        stat("reason", result.reason || "no reason given"),
+      ]);
+    }
     const p = result.parameters || {};
-    return `${fmt(result.estimate)} (${fmtCount(result.participants)} agents, ${p.strategy || DASH}, ` +
+    const about = ` (${fmtCount(result.participants)} agents, ${p.strategy || DASH}, ` +
       `ε ${fmt(p.epsilon, 3)}, ${fmtCount(result.rounds)} rounds, ${fmtTime(result.finished_at)})`;
+    const interval = Array.isArray(result.interval) && result.interval.length === 2 ? result.interval : null;
+    if (!isNum(result.error_bound) || !interval) {  // from a coordinator older than error bounds
+      return el("span", { "data-status": "done" }, [
+        stat("estimate", fmt(result.estimate)), " ",
+        el("span", { class: "caveat", "data-range-stat": "no-bound" }, "(no error bound: an older coordinator)"),
+        about,
+      ]);
+    }
+    const level = isNum(result.confidence) ? `${Math.round(result.confidence * 100)}%` : DASH;
+    return el("span", { "data-status": "done" }, [
+      stat("estimate", fmt(result.estimate)), " ± ", stat("bound", fmt(result.error_bound)),
+      ` (${level} in [`, stat("interval-low", fmt(interval[0])), ", ",
+      stat("interval-high", fmt(interval[1])), "])", about,
+    ]);
   }
 
   function renderRange(range) {

@@ -695,6 +695,13 @@ class RangeResult(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_onl
     reason: Text | None = None
     parameters: RangeParameters | None = None
     estimate: Finite | None = None
+    # The search's own error (edge_agent.rangefind.assess); absent in results of older
+    # coordinators and of runs that asked no round.
+    error_bound: Annotated[NonNegative, Meta(
+        description="|estimate - true min (max)| <= error_bound at `confidence`")] | None = None
+    interval: Annotated[tuple[Finite, Finite], Meta(
+        description="[low, high] holding the true min (max) at `confidence`")] | None = None
+    confidence: Annotated[float, Meta(gt=0.0, lt=1.0)] | None = None
     rounds: Annotated[int, Meta(ge=1, le=MAX_ROUNDS)] | None = None
     history: Annotated[list[RoundRecord], Meta(max_length=MAX_ROUNDS)] | None = None
     finished_at: Finite | None = None
@@ -718,19 +725,37 @@ def decode_range_result(payload: bytes) -> RangeResult | None:
 Estimate = float | None  # None where the data cannot tell (or the value is not finite)
 
 
-class MeanEstimate(Struct, forbid_unknown_fields=True):
+# How a linear channel's mean was estimated (docs/API.md "How the mean is estimated");
+# "unbiased", "affine" and "ems" are the names older collectors published.
+MeanMethod = Literal["raw", "inversion", "reconstruction", "unbiased", "affine", "ems"]
+
+
+class MeanCandidate(Struct, forbid_unknown_fields=True):
+    """One estimator the collector considered, and its estimated root mean squared error."""
+
+    estimate: Estimate
+    rmse: Estimate
+
+
+class MeanEstimate(Struct, forbid_unknown_fields=True, kw_only=True):
     raw: Estimate
     estimate: Estimate
     stderr: Estimate
     bias_bound: Estimate
     ci95: tuple[Estimate, Estimate] | None
-    method: Literal["unbiased", "affine", "ems"] | None
+    method: MeanMethod | None
+    candidates: dict[Literal["raw", "inversion", "reconstruction"], MeanCandidate] | None = None
+    note: Text | None = None
 
 
-class Histogram(Struct, forbid_unknown_fields=True):
+class Histogram(Struct, forbid_unknown_fields=True, kw_only=True):
     edges: list[float]
     raw: list[float]
     estimate: list[float] | None
+    # What ``estimate`` is: the EM reconstruction (with ``smoothing``, 1 = EMS, 0 =
+    # maximum likelihood) or the raw histogram where that is expected to be closer.
+    method: Literal["reconstruction", "raw"] | None = None
+    smoothing: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
 
 
 class LinearSummary(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
@@ -740,15 +765,38 @@ class LinearSummary(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_o
     count: Count | None = None  # per axis of a vector channel
 
 
-class ResultantLength(Struct, forbid_unknown_fields=True):
+class ResultantLength(Struct, forbid_unknown_fields=True, kw_only=True):
+    """The reports' mean resultant length (``raw``) and the readings' (``estimate``:
+    bias-corrected, divided by rho(eps), not clipped, so noise can take it above 1),
+    its standard error and 95% interval (within [0, 1]); collector.circular."""
+
     raw: Estimate
     estimate: Estimate
+    stderr: Estimate = None
+    ci95: tuple[Estimate, Estimate] | None = None
+
+
+class DirectionInterval(Struct, forbid_unknown_fields=True, kw_only=True):
+    """The mean direction's standard error and 95% interval, circular_mean ± half_width
+    (``ci95`` runs counter-clockwise from its first end to its second, through the
+    origin where the first is larger); null, with ``reason``, where the reports cannot
+    give a direction."""
+
+    stderr: Estimate
+    half_width: Estimate
+    ci95: tuple[Estimate, Estimate] | None
+    reason: Text | None
 
 
 class CircularSummary(Struct, forbid_unknown_fields=True, kw_only=True):
     circular_mean: Estimate
+    direction: DirectionInterval | None = None  # None: published by an older collector
     resultant_length: ResultantLength
     circular_std: Estimate
+    circular_std_reason: Text | None = None
+    # The covariance behind the intervals: the reports' sample covariance, or a bound
+    # (aggregates restored from a state without the doubled-angle sums).
+    covariance: Literal["sample", "bound"] | None = None
     histogram: Histogram
 
 

@@ -54,7 +54,20 @@ WindowStart = int
 # -- statistics (collector.stats): their sums, without their parameters ------------------------
 CountState = tuple[Count]
 MomentsState = tuple[Count, BigCount, BigCount]  # n, sum of codes, sum of squared codes
-TrigState = tuple[Count, Finite, Finite]  # n, sum of cos, sum of sin
+
+
+class TrigState(Struct, array_like=True, forbid_unknown_fields=True):
+    """n, sum of cos, sum of sin, then [sum of cos 2θ, sum of sin 2θ] (the second
+    trigonometric moments, for the exact covariance of the mean resultant vector).
+    States written before the doubled-angle sums existed are the first three alone
+    (``doubled`` null): collector.circular then bounds the covariance instead."""
+
+    n: Count
+    x: Finite
+    y: Finite
+    doubled: tuple[Finite, Finite] | None = None
+
+
 BinsState = tuple[list[BinCount], Count]  # counts per bin, values outside (drop)
 CrossState = tuple[Count, Finite, Finite]  # n, sum of r cos, sum of r sin
 SupportState = tuple[list[BinCount], Count]  # reports supporting each category, reports

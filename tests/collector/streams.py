@@ -66,10 +66,12 @@ class Publisher:
 
 
 def comparable(channel):
-    """A channel's API entry; the float sums of angles depend on the order of summation."""
+    """A channel's API entry; the float sums of angles depend on the order of summation
+    (and so does everything computed from them: intervals, reasons at a threshold)."""
     channel = dict(channel)
     if channel["kind"] == "circular":
-        for key in ("circular_mean", "resultant_length", "circular_std"):
+        for key in ("circular_mean", "direction", "resultant_length", "circular_std",
+                    "circular_std_reason"):
             channel.pop(key)
     return channel
 

@@ -81,20 +81,24 @@ def test_render_shows_every_channel_and_its_numbers(source):
     linear = row(text, "accel_x")
     mean = channels["accel_x"]["mean"]
     for cell in ("linear", "15,500", "24", f"{fmt(mean['estimate'])} ± {fmt(mean['stderr'])}",
-                 f"[{fmt(mean['ci95'][0])}, {fmt(mean['ci95'][1])}]", "affine"):
+                 f"[{fmt(mean['ci95'][0])}, {fmt(mean['ci95'][1])}]", "inversion"):
         assert cell in linear, cell
 
     circular = row(text, "roll")
     roll = channels["roll"]
-    for cell in ("circular", f"μ {fmt(roll['circular_mean'])}",
-                 f"R {fmt(roll['resultant_length']['estimate'])}",
-                 f"raw {fmt(roll['resultant_length']['raw'])}", f"σ {fmt(roll['circular_std'])}"):
+    length = roll["resultant_length"]
+    for cell in ("circular",
+                 f"μ {fmt(roll['circular_mean'])} ± {fmt(roll['direction']['half_width'])}",
+                 f"R {fmt(length['estimate'])} [{fmt(length['ci95'][0])}, "
+                 f"{fmt(length['ci95'][1])}]",
+                 f"raw {fmt(length['raw'])}", f"σ {fmt(roll['circular_std'])}"):
         assert cell in circular, cell
 
     polar = channels["accel_polar"]
     assert f"|v| {fmt(polar['mean_vector']['magnitude'])}" in row(text, "accel_polar")
     radius = polar["radius"]["mean"]
     assert f"{fmt(radius['estimate'])} ± {fmt(radius['stderr'])}" in row(text, "radius")
+    assert "!near an end" in row(text, "radius") and "!near an end" not in linear
     assert f"μ {fmt(polar['angle']['circular_mean'])}" in row(text, "angle")
 
     vector = channels["accel"]
@@ -103,6 +107,20 @@ def test_render_shows_every_channel_and_its_numbers(source):
         line = [ln for ln in text.splitlines() if ln.startswith(f"    {axis} ")][0]
         assert f"{stats['count']:,}" in line
         assert f"{fmt(stats['mean']['estimate'])} ± {fmt(stats['mean']['stderr'])}" in line
+
+
+def test_render_a_circular_channel_without_a_direction_or_std(source):
+    """Near-uniform angles: "any direction"; a resultant length estimate above 1 (noise on
+    a channel that barely moves): no circular std, rather than 0."""
+    document = source.channels_json()
+    roll = document["channels"]["roll"]
+    roll["direction"] = {"stderr": 2.0, "half_width": None, "ci95": None,
+                         "reason": "any direction: ..."}
+    roll["resultant_length"].update(estimate=1.003, ci95=[0.99, 1.0])
+    roll.update(circular_std=None, circular_std_reason="the resultant length estimate is 1...")
+    line = row(text_of(render(document)), "roll")
+    assert f"μ {fmt(roll['circular_mean'])} (" in line and "any direction" in line
+    assert "R 1.003 [0.99, 1]" in line and "σ – (R ≥ 1)" in line
 
 
 def test_render_is_pure(source):

@@ -6,6 +6,7 @@ collector's lock."""
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import importlib.resources
 import json
@@ -269,7 +270,10 @@ def test_metrics_are_prometheus_text(server):
                    "ldp_agents_online", 'ldp_channel_count{channel="accel_x"}',
                    'ldp_channel_mean_estimate{channel="accel_x"}',
                    'ldp_channel_mean_stderr{channel="accel_x"}',
-                   'ldp_channel_resultant_length{channel="roll"}'):
+                   'ldp_channel_resultant_length{channel="roll"}',
+                   'ldp_channel_resultant_length_stderr{channel="roll"}',
+                   'ldp_channel_circular_mean{channel="roll"}',
+                   'ldp_channel_circular_mean_half_width{channel="roll"}'):
         assert re.search(rf"^{re.escape(metric)} \S+$", text, re.M), metric
 
 
@@ -281,7 +285,9 @@ def test_metrics_parse_and_have_every_family(server, source):
         "ldp_ingest_messages", "ldp_ingest_values", "ldp_ingest_duplicates",
         "ldp_ingest_rejects", "ldp_broker_connected", "ldp_agents_online",
         "ldp_channel_count", "ldp_channel_mean_estimate", "ldp_channel_mean_stderr",
-        "ldp_channel_resultant_length", "ldp_http_connections", "ldp_http_event_streams",
+        "ldp_channel_resultant_length", "ldp_channel_resultant_length_stderr",
+        "ldp_channel_circular_mean", "ldp_channel_circular_mean_half_width",
+        "ldp_http_connections", "ldp_http_event_streams",
         "ldp_http_refused", "ldp_snapshot_errors", "ldp_snapshot_age_seconds",
         "ldp_snapshot_seconds", "ldp_snapshot_lock_seconds"}
     document = source.channels_json()
@@ -987,12 +993,28 @@ def test_dashboard_numbers_match_the_api(dashboard, server):
         assert_shows(board, card(name, "bias-bound", block), mean["bias_bound"])
         assert_shows(board, card(name, "median", block), stats["quantiles"]["0.5"])
         assert board.text(card(name, "method", block)) == mean["method"]
+        note = board.page.locator(f'[data-channel="{name}"]'
+                                  + (f' [data-block="{block}"]' if block else "")
+                                  + ' [data-field="note"]')
+        assert note.is_visible() == bool(mean["note"])
+        if mean["note"]:
+            assert note.inner_text() == mean["note"]
+        histogram = stats["histogram"]
+        assert board.text(card(name, "histogram-method", block)) == (
+            "raw reports" if histogram["method"] == "raw"
+            else f"reconstruction, smoothing {histogram['smoothing']:g}")
 
     def circular(name, block, stats):
         assert_shows(board, card(name, "circular-mean", block), stats["circular_mean"])
-        assert_shows(board, card(name, "resultant-estimate", block),
-                     stats["resultant_length"]["estimate"])
-        assert_shows(board, card(name, "resultant-raw", block), stats["resultant_length"]["raw"])
+        direction, length = stats["direction"], stats["resultant_length"]
+        assert_shows(board, card(name, "circular-half-width", block), direction["half_width"])
+        assert_shows(board, card(name, "direction-low", block), direction["ci95"][0])
+        assert_shows(board, card(name, "direction-high", block), direction["ci95"][1])
+        assert_shows(board, card(name, "resultant-estimate", block), length["estimate"])
+        assert_shows(board, card(name, "resultant-stderr", block), length["stderr"])
+        assert_shows(board, card(name, "resultant-low", block), length["ci95"][0])
+        assert_shows(board, card(name, "resultant-high", block), length["ci95"][1])
+        assert_shows(board, card(name, "resultant-raw", block), length["raw"])
         assert_shows(board, card(name, "circular-std", block), stats["circular_std"])
 
     linear("accel_x", None, channels["accel_x"])
@@ -1047,6 +1069,85 @@ def test_a_channel_appearing_later_with_null_statistics(dashboard, source):
     assert_shows(dashboard, card("humidity", "count"), 0)
     assert dashboard.page.locator("[data-channel]").count() == 5
     assert dashboard.problems == []
+
+
+# -- range discovery on the dashboard --------------------------------------------------------------
+
+RANGE_PARAMETERS = {"strategy": "split", "epsilon": 4.0, "rounds": 9, "h": 3.45,
+                    "participants": 1000, "alpha_min": None, "answer_epsilon": 4.0,
+                    "window_seconds": 300.0}
+RANGE_CHANNELS = {
+    "accel_x": {  # a trustworthy min with its bound; a max contradicting it
+        "min": {"v": 1, "run": "accel_x-min-1", "coordinator": "c", "channel": "accel_x",
+                "side": "min", "domain": [-20.0, 20.0], "started_at": 1763780000.0,
+                "finished_at": 1763780021.3, "status": "done", "estimate": -3.906,
+                "error_bound": 1.172, "interval": [-5.078, -3.125], "confidence": 0.95,
+                "rounds": 9, "participants": 1000, "parameters": RANGE_PARAMETERS},
+        "max": {"v": 1, "run": "accel_x-max-1", "coordinator": "c", "channel": "accel_x",
+                "side": "max", "domain": [-20.0, 20.0], "started_at": 1763780030.0,
+                "status": "insufficient", "published_status": "done",
+                "reason": "min -3.91 exceeds max -7.5", "estimate": -7.5, "error_bound": 2.5,
+                "interval": [-10.0, -5.0], "confidence": 0.95, "participants": 1000}},
+    "roll": {  # too few agents for any round; an old coordinator's result without a bound
+        "min": {"v": 1, "run": "roll-min-1", "coordinator": "c", "channel": "roll",
+                "side": "min", "domain": [-1.0, 1.0], "started_at": 1763780000.0,
+                "status": "insufficient", "participants": 4,
+                "reason": "4 agents joined: too few for even one informative round "
+                          "(4 answers at \u03b5 0.0833 each cannot be told from noise at "
+                          "95% confidence)"},
+        "max": {"v": 1, "run": "roll-max-0", "coordinator": "c", "channel": "roll",
+                "side": "max", "domain": [-1.0, 1.0], "started_at": 1763770000.0,
+                "status": "done", "estimate": 0.75, "rounds": 2, "participants": 24}},
+}
+
+
+class RangeSource(FakeSource):
+    """FakeSource with range results in /api/range and every channels document."""
+
+    def documents(self, capture: Capture) -> Documents:
+        documents = super().documents(capture)
+        documents.channels["range"] = json.loads(json.dumps(RANGE_CHANNELS))
+        return dataclasses.replace(documents, range={"t": capture.t,
+                                                     "channels": RANGE_CHANNELS,
+                                                     "ignored": {}})
+
+
+def test_dashboard_shows_range_bounds_and_why_a_result_is_insufficient(browser):
+    web = serve(RangeSource())
+    board = Dashboard(browser, web)
+    try:
+        served = strict_json(request(web, "GET", "/api/range")[2])["channels"]
+        assert served["accel_x"]["min"]["error_bound"] == 1.172
+        page = board.page
+        page.wait_for_selector("#range:not([hidden])", timeout=5000)
+
+        def cell(channel, side, stat=None):
+            inner = f' [data-range-stat="{stat}"]' if stat else ""
+            return f'[data-range="{channel}"] [data-side="{side}"]{inner}'
+
+        ok = RANGE_CHANNELS["accel_x"]["min"]
+        assert_shows(board, cell("accel_x", "min", "estimate"), ok["estimate"])
+        assert_shows(board, cell("accel_x", "min", "bound"), ok["error_bound"])
+        assert_shows(board, cell("accel_x", "min", "interval-low"), ok["interval"][0])
+        assert_shows(board, cell("accel_x", "min", "interval-high"), ok["interval"][1])
+        assert "95% in [" in board.text(cell("accel_x", "min"))
+        assert "1,000 agents" in board.text(cell("accel_x", "min"))
+        # insufficient: the reason, and none of the numbers as if they could be trusted
+        for channel, side in (("accel_x", "max"), ("roll", "min")):
+            result = RANGE_CHANNELS[channel][side]
+            assert board.text(cell(channel, side, "status")) == "insufficient"
+            assert board.text(cell(channel, side, "reason")) == result["reason"]
+            assert page.locator(cell(channel, side, "estimate")).count() == 0
+            assert page.locator(cell(channel, side, "bound")).count() == 0
+            assert board.text(cell(channel, side)) == f"insufficient: {result['reason']}"
+        # an old coordinator's result: its number, said to be without a bound
+        assert_shows(board, cell("roll", "max", "estimate"), 0.75)
+        assert board.text(cell("roll", "max", "no-bound")) == (
+            "(no error bound: an older coordinator)")
+        assert board.problems == []
+    finally:
+        board.close()
+        web.stop()
 
 
 # Pixels are read from a copy: reading the page's own canvases back would make

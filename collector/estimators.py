@@ -1,0 +1,274 @@
+"""A linear channel's mean and histogram, each from the estimator with the smallest
+estimated error (the math only: ``collector.series`` feeds it sums and serves the result).
+
+The mean's candidates, all computed from the same reports:
+
+* ``raw``: the average of the reports.  Unbiased where the mechanism is
+  (OGPM-U, PTT, Duchi); otherwise pulled towards the middle of the domain, which
+  costs nothing when the data sits there and a lot when it does not.
+* ``inversion``: the raw average with the mechanism's bias removed.  Where
+  E[M(x)] = a x + b (PM, SW, their compressed forms, OGPM away from its ends)
+  this is (raw - b) / a exactly; elsewhere one Newton step on E[M(x)] from the
+  maximum-likelihood reconstruction (the Laplace variants, OGPM near an end).
+  It is the reference: unbiased wherever the mechanism lets any estimator be.
+* ``reconstruction``: the mean of the displayed histogram (the EM
+  reconstruction, or the raw histogram where that is closer), so the mean, the
+  quantiles and the histogram agree.
+
+Each candidate's mean squared error is estimated as its variance plus its
+squared bias, the bias measured against the inversion and corrected for the
+noise in that measurement (E[d^2] = bias^2 + Var d, so d^2 - Var d is unbiased
+for bias^2).  Variances come from a bootstrap over the reports: the output-bin
+counts are resampled (multinomial) and the raw average moves with them, so
+every candidate's replicate is computed from the same resample and their
+covariances are kept.  The smallest estimated error wins.  No estimator is
+better than the raw average for every distribution of the data (the raw
+average is a fixed shrinkage towards the middle, which is admissible), so the
+choice can only be as good as the error estimates; docs/BENCHMARKS.md shows
+how it does on real recordings.
+
+The 95% interval is estimate +- (1.96 sd + bias bound), clipped to the domain,
+with sd the inversion's standard error and the bias bound the chosen
+estimate's distance from the inversion plus what no estimator can know:
+classical OGPM reports the same distribution for every x within C of an end
+(Theorem 3.7), so the data's position inside those regions is unidentifiable
+(``LinearModel.placed`` puts it in the middle, and the bound allows half the
+region's width for it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from edge_agent.mechanisms import Mechanism
+
+from . import ems
+
+Z95 = 1.959963984540054
+BOOTSTRAP_REPLICATES = 30
+# A bootstrap refit starts from the full fit, so a few accelerated steps suffice.
+REFIT_STEPS = 60
+# The fits join output bins beyond this many per input bin (see LinearModel).
+OUTPUT_BINS_PER_INPUT_BIN = 2
+# Say so in the summary when more than this share of the data is unidentifiable.
+NOTE_SHARE = 0.05
+
+
+@dataclass(eq=False)
+class LinearModel:
+    """What stays fixed for one mechanism and one set of bins."""
+
+    mechanism: Mechanism
+    in_edges: np.ndarray
+    out_edges: np.ndarray
+    matrix: np.ndarray  # M[j, i] = P(report in out bin j | true value in in bin i)
+    centres: np.ndarray = field(init=False)
+    out_centres: np.ndarray = field(init=False)
+    mean_output: np.ndarray = field(init=False)  # E[M(x)] at the centres
+    mean_slope: np.ndarray = field(init=False)  # its derivative there
+
+    def __post_init__(self):
+        m = self.mechanism
+        centres = 0.5 * (self.in_edges[:-1] + self.in_edges[1:])
+        out_centres = 0.5 * (self.out_edges[:-1] + self.out_edges[1:])
+        if m.name == "duchi":  # two atoms, one per output "bin"
+            out_centres = np.array([m.output_low, m.output_high])
+        h = 1e-4 * (m.high - m.low)
+        slope = (m.mean_output(centres + h) - m.mean_output(centres - h)) / (2 * h)
+        self.centres, self.out_centres = centres, out_centres
+        self.mean_output, self.mean_slope = m.mean_output(centres), slope
+        # Enlarged output domains (PM, SW, OGPM-U at small eps: up to 17 times the input
+        # domain) make hundreds of output bins and EM slow; the fits join neighbouring
+        # output bins so that there are at most OUTPUT_BINS_PER_INPUT_BIN per input bin.
+        # (Only the fits: the kept counts, and so every saved state, stay as they are.)
+        k_out, k_in = self.matrix.shape
+        self.joined = None
+        if k_out > OUTPUT_BINS_PER_INPUT_BIN * k_in:
+            group = math.ceil(k_out / (OUTPUT_BINS_PER_INPUT_BIN * k_in))
+            self.joined = np.arange(0, k_out, group)
+            sizes = np.diff(np.append(self.joined, k_out))
+            self.matrix = np.add.reduceat(self.matrix, self.joined, axis=0)
+            self.out_centres = np.add.reduceat(out_centres, self.joined) / sizes
+
+    def fit_counts(self, out_counts: np.ndarray) -> np.ndarray:
+        """The output-bin counts as the fits see them (joined like ``matrix``)."""
+        counts = np.asarray(out_counts, dtype=np.int64)
+        return counts if self.joined is None else np.add.reduceat(counts, self.joined)
+
+    @property
+    def raw_is_a_histogram(self) -> bool:
+        """Whether the reports' own histogram is over the input bins (the output
+        domain is the input domain), so it can stand for the data's."""
+        return self.out_edges.shape == self.in_edges.shape and bool(
+            np.allclose(self.out_edges, self.in_edges))
+
+    def inversion(self, p: np.ndarray, raw: float) -> tuple[float, float]:
+        """(estimate, slope): the raw mean inverted through E[M(x)] by one Newton step
+        from the reconstruction p; exactly (raw - b) / a where p lies where E[M(x)] is
+        affine, and exactly the raw mean for an unbiased mechanism."""
+        # Shifting the values that E[M(x)] responds to by d moves the mean by (their
+        # mass) d and E[M] by (p @ slope) d: the step divides by their average slope.
+        # (Mass where E[M(x)] is flat cannot move it; ``placed`` has put it.)
+        movable = float(p[self.mean_slope > 0].sum())
+        slope = max(float(p @ self.mean_slope) / max(movable, 1e-12), 1e-3)
+        return float(p @ self.centres) + (raw - float(p @ self.mean_output)) / slope, slope
+
+    @cached_property
+    def flat_ends(self) -> list[tuple[np.ndarray, np.ndarray, float]]:
+        """Per end where E[M(x)] is flat (classical OGPM, Theorem 3.7): the input bins a
+        fit cannot tell from that region (every bin reaching into it), the bins inside
+        it, and how far a value placed at its middle can be from the truth."""
+        affine = self.mechanism.affine_mean()
+        if affine is None:
+            return []
+        m, (_, _, lo, hi) = self.mechanism, affine
+        left, right = self.in_edges[:-1], self.in_edges[1:]
+        width = float(right[0] - left[0])
+        ends = []
+        for touching, inside, span in ((left < lo, right <= lo, lo - m.low),
+                                       (right > hi, left >= hi, m.high - hi)):
+            if span > 0 and inside.any():
+                ends.append((touching, inside, span / 2 + width))
+        return ends
+
+    def placed(self, p: np.ndarray) -> np.ndarray:
+        """p with the mass it cannot locate spread evenly over the region it may be in.
+
+        Inside a flat region every value gives the same reports, so a fit puts that
+        mass anywhere there, or in the bin where the region ends; its middle is the
+        choice whose error is smallest in the worst case."""
+        if not self.flat_ends:
+            return p
+        p = p.copy()
+        for touching, inside, _ in self.flat_ends:
+            mass = p[touching].sum()
+            p[touching] = 0.0
+            p[inside] = mass / np.count_nonzero(inside)
+        return p
+
+    def unidentifiable(self, p: np.ndarray) -> tuple[float, float]:
+        """(mass, bias bound): how much of p the mechanism cannot locate, and how far
+        that can move the mean (``placed`` puts it in the middle of its region)."""
+        mass = bound = 0.0
+        for touching, _, reach in self.flat_ends:
+            share = float(p[touching].sum())
+            mass += share
+            bound += share * reach
+        return mass, bound
+
+
+@dataclass
+class _Fits:
+    """One set of reports' fits: the maximum likelihood and the displayed histogram."""
+
+    raw: float
+    ml: np.ndarray
+    shown: np.ndarray
+
+    def candidates(self, model: LinearModel) -> dict[str, float]:
+        out = {"raw": self.raw,
+               "reconstruction": float(self.shown @ model.centres)}
+        if not model.mechanism.unbiased:
+            out["inversion"] = model.inversion(self.ml, self.raw)[0]
+        return out
+
+
+def _seed(counts: np.ndarray) -> np.random.Generator:
+    """Randomness for the bootstrap and the cross-validation, from the counts: a given
+    state always gives the same answer."""
+    return np.random.default_rng(np.frombuffer(np.ascontiguousarray(counts, np.int64).tobytes(),
+                                               dtype=np.uint32))
+
+
+def linear_estimates(model: LinearModel, *, out_counts: np.ndarray, raw_mean: float,
+                     report_variance: float, n: int) -> dict:
+    """The mean (with its candidates and interval) and the histogram to show.
+
+    ``out_counts``: reports per output bin; ``raw_mean`` and ``report_variance``:
+    the reports' exact mean and variance (from sums of codes); ``n`` reports."""
+    rng = _seed(out_counts)
+    counts = model.fit_counts(out_counts)
+    smoothing = ems.choose_smoothing(counts, model.matrix, seed=int(rng.integers(2**32)))
+    ml = ems.reconstruct(counts, model.matrix, smoothing=0.0)
+    fitted = ems.reconstruct(counts, model.matrix, smoothing=smoothing)
+    ml = model.placed(ml)
+    replicates = []
+    for _ in range(BOOTSTRAP_REPLICATES):
+        resampled = rng.multinomial(n, counts / n)
+        # The raw mean moves with the resample (each report at its bin's centre).
+        raw_star = raw_mean + float((resampled - counts) @ model.out_centres) / n
+        ml_star = ems.reconstruct(resampled, model.matrix, smoothing=0.0, start=ml,
+                                  max_steps=REFIT_STEPS)
+        fitted_star = ems.reconstruct(resampled, model.matrix, smoothing=smoothing,
+                                      start=fitted, max_steps=REFIT_STEPS)
+        replicates.append((resampled, raw_star, model.placed(ml_star), fitted_star))
+
+    # The histogram: the reconstruction, or the raw one where its blur is smaller than
+    # the reconstruction's spread over the resamples.  The blur, M p - p, is measured
+    # on the smoothest fit (EMS): a sharper one carries its own noise into it.
+    shown, method = fitted, "reconstruction"
+    if model.raw_is_a_histogram:
+        smooth = fitted if smoothing == 1.0 else ems.reconstruct(counts, model.matrix)
+        blur = float(np.abs(model.matrix @ smooth - smooth).sum())
+        spread = float(np.mean([np.abs(f - fitted).sum() for *_, f in replicates]))
+        if blur < spread:
+            shown, method = counts / n, "raw"
+    fits = _Fits(raw_mean, ml, shown)
+    boots = [_Fits(raw_star, ml_star, resampled / n if method == "raw" else fitted_star)
+             for resampled, raw_star, ml_star, fitted_star in replicates]
+    mean = _choose_mean(model, fits, boots, report_variance, n)
+    return {"mean": mean, "histogram": shown, "histogram_method": method,
+            "smoothing": smoothing}
+
+
+def _choose_mean(model: LinearModel, fits: _Fits, boots: list[_Fits], report_variance: float,
+                 n: int) -> dict:
+    m = model.mechanism
+    estimates = fits.candidates(model)
+    replicate = {name: np.array([b.candidates(model)[name] for b in boots])
+                 for name in estimates}
+    reference = "raw" if m.unbiased else "inversion"
+    slope = 1.0 if m.unbiased else model.inversion(fits.ml, fits.raw)[1]
+    # The reference's variance: the bootstrap's, or the exact report variance carried
+    # through the slope if larger (the bootstrap places reports at bin centres).
+    ref_var = max(float(np.var(replicate[reference], ddof=1)), report_variance / n / slope**2)
+    mse = {}
+    for name, value in estimates.items():
+        if name == reference:
+            mse[name] = ref_var
+            continue
+        variance = float(np.var(replicate[name], ddof=1))
+        gap = value - estimates[reference]
+        gap_var = float(np.var(replicate[name] - replicate[reference], ddof=1))
+        mse[name] = variance + max(0.0, gap * gap - gap_var)
+    chosen = min(mse, key=lambda name: (mse[name], name != reference))
+    mass, bias = model.unidentifiable(fits.ml)
+    if model.flat_ends:
+        # Next to a flat region the reports change only slowly with x, so a fit can
+        # move mass between the region and its neighbourhood almost freely; the
+        # smoothed and the maximum-likelihood fits then disagree, and their
+        # disagreement counts as possible bias too.
+        bias += abs(estimates["reconstruction"] - estimates[reference])
+    # The interval: the reference's, widened by the chosen estimate's distance from it,
+    # so that estimate +- (1.96 stderr + bias bound) holds the reference's interval.
+    sd = math.sqrt(ref_var)
+    unknowable = bias
+    bias += abs(estimates[chosen] - estimates[reference])
+    estimate = float(np.clip(estimates[chosen], m.low, m.high))  # the truth is in the domain
+    half = Z95 * sd + bias
+    note = None
+    if mass > NOTE_SHARE:
+        note = (f"{mass:.0%} of the data lies where {m.name} at epsilon {m.epsilon:g} "
+                f"reports the same distribution for every value (near an end of "
+                f"[{m.low:g}, {m.high:g}]); the interval allows {unknowable:.3g} for where it is "
+                f"there (docs/API.md, 'Data near an end')")
+    return {"raw": fits.raw, "estimate": estimate, "stderr": sd, "bias_bound": bias,
+            "ci95": [max(m.low, estimate - half), min(m.high, estimate + half)],
+            "method": chosen,
+            "candidates": {name: {"estimate": value, "rmse": math.sqrt(mse[name])}
+                           for name, value in estimates.items()},
+            "note": note}
