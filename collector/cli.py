@@ -251,14 +251,15 @@ def replay(file: str, out: str, config_path: str | None) -> None:
 def export(config_path: str, out: str) -> None:
     """Write the collector's journal as a recording for `replay`, one message per line.
 
-    Only part of the history: the journal holds the messages received since the last
-    checkpoint (every [storage] checkpoint_seconds, and at a clean stop), since a
+    By default only part of the history: the journal holds the messages received since
+    the last checkpoint (every [storage] checkpoint_seconds, and at a clean stop), since a
     checkpoint keeps the aggregates and deletes the messages they include.  So an export
     is the recent tail of the stream (seconds, by default), empty after a clean stop;
-    the summary on stderr says since when.  The file is opened read-only and read as of
-    one instant: a running collector goes on meanwhile.  Payloads that are not a JSON
-    object (the journal keeps refused messages too) are written losslessly, as
-    "payload_base64".
+    the summary on stderr says since when.  With [storage] keep_journal = true the
+    journal keeps every message, and an export is the whole stream.  The file is opened
+    read-only and read as of one instant: a running collector goes on meanwhile.
+    Payloads that are not a JSON object (the journal keeps refused messages too) are
+    written losslessly, as "payload_base64".
 
     Exit 0, 2 if the journal cannot be read or --out written, 78 if --config is invalid.
     """
@@ -277,7 +278,8 @@ def export(config_path: str, out: str) -> None:
         store = CollectorStore(path, read_only=True)
         try:
             with store.reading():  # the checkpoint and the journal as of one instant
-                trimmed, written = store.checkpoint_position()
+                upto, written = store.checkpoint_position()
+                first = store.first_journal_id()
                 with _output(out) as stream:
                     for line in journal_lines(store, counts):
                         stream.write(line)
@@ -293,13 +295,17 @@ def export(config_path: str, out: str) -> None:
     if counts["too_long"]:
         summary += (f"; left out {counts['too_long']:,} longer than a replay reads (far "
                     f"past the protocol's size limit, so refused by any collector)")
+    # Journal ids count from 1; an empty journal after a checkpoint lost all up to it.
+    trimmed = upto if first is None else first - 1
     if written is None:
         summary += "; no checkpoint yet, so the journal holds every message received"
+    elif trimmed == 0:
+        summary += "; the journal holds every message received ([storage] keep_journal)"
     else:
         when = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(written))
         summary += (f"; only those received since the checkpoint of {when}: the "
                     f"{trimmed:,} messages journaled before it are in its aggregates and "
-                    f"no longer in the journal")
+                    f"no longer in the journal ([storage] keep_journal keeps them)")
     click.echo(summary + ".", err=True)
 
 

@@ -65,6 +65,11 @@ class StorageConfig(Model):
     # are durably counted (retained, ldp/v1/<fleet>/_confirm/<agent>): agents with
     # [delivery] confirm = "collector" keep each report until then.
     confirmations: bool = True
+    # Keep every journaled message after checkpoints, so that `edge-collector export`
+    # writes the whole stream since the store was created (to re-analyse a study with
+    # `edge-collector replay`).  The file then grows with the stream: about the size of
+    # the reports received (a 500-value report is about 1-3 KB).
+    keep_journal: bool = False
 
 
 class AggregatesConfig(Model):

@@ -52,6 +52,8 @@ Z95 = 1.959963984540054
 BOOTSTRAP_REPLICATES = 30
 # A bootstrap refit starts from the full fit, so a few accelerated steps suffice.
 REFIT_STEPS = 60
+# Resamples that measure a circular reconstruction's spread (it needs no mean).
+CIRCULAR_REFITS = 12
 # The fits join output bins beyond this many per input bin (see LinearModel).
 OUTPUT_BINS_PER_INPUT_BIN = 2
 # Say so in the summary when more than this share of the data is unidentifiable.
@@ -207,22 +209,49 @@ def linear_estimates(model: LinearModel, *, out_counts: np.ndarray, raw_mean: fl
                                       start=fitted, max_steps=REFIT_STEPS)
         replicates.append((resampled, raw_star, model.placed(ml_star), fitted_star))
 
-    # The histogram: the reconstruction, or the raw one where its blur is smaller than
-    # the reconstruction's spread over the resamples.  The blur, M p - p, is measured
-    # on the smoothest fit (EMS): a sharper one carries its own noise into it.
-    shown, method = fitted, "reconstruction"
-    if model.raw_is_a_histogram:
-        smooth = fitted if smoothing == 1.0 else ems.reconstruct(counts, model.matrix)
-        blur = float(np.abs(model.matrix @ smooth - smooth).sum())
-        spread = float(np.mean([np.abs(f - fitted).sum() for *_, f in replicates]))
-        if blur < spread:
-            shown, method = counts / n, "raw"
+    shown, method = _raw_or_fit(counts, model.matrix, fitted, smoothing,
+                                [f for *_, f in replicates], raw_is_a_histogram=
+                                model.raw_is_a_histogram)
     fits = _Fits(raw_mean, ml, shown)
     boots = [_Fits(raw_star, ml_star, resampled / n if method == "raw" else fitted_star)
              for resampled, raw_star, ml_star, fitted_star in replicates]
     mean = _choose_mean(model, fits, boots, report_variance, n)
     return {"mean": mean, "histogram": shown, "histogram_method": method,
             "smoothing": smoothing}
+
+
+def _raw_or_fit(counts: np.ndarray, matrix: np.ndarray, fitted: np.ndarray, smoothing: float,
+                refits: list[np.ndarray], *, raw_is_a_histogram: bool,
+                circular: bool = False) -> tuple[np.ndarray, str]:
+    """The histogram to show: the reconstruction, or the raw one where its blur is
+    smaller than the reconstruction's spread over the resamples (``refits``).  The blur,
+    M p - p, is measured on the smoothest fit (EMS): a sharper one carries its own
+    noise into it."""
+    if not raw_is_a_histogram:
+        return fitted, "reconstruction"
+    smooth = fitted if smoothing == 1.0 else ems.reconstruct(counts, matrix, circular=circular)
+    blur = float(np.abs(matrix @ smooth - smooth).sum())
+    spread = float(np.mean([np.abs(refit - fitted).sum() for refit in refits]))
+    if blur < spread:
+        return counts / counts.sum(), "raw"
+    return fitted, "reconstruction"
+
+
+def circular_histogram(counts, matrix: np.ndarray) -> dict:
+    """A circular channel's histogram (its output bins are its input bins): the
+    reconstruction with smoothing chosen from the data, or the raw histogram."""
+    rng = _seed(counts)
+    counts = np.asarray(counts, dtype=np.int64)
+    n = int(counts.sum())
+    smoothing = ems.choose_smoothing(counts, matrix, circular=True,
+                                     seed=int(rng.integers(2**32)))
+    fitted = ems.reconstruct(counts, matrix, smoothing=smoothing, circular=True)
+    refits = [ems.reconstruct(rng.multinomial(n, counts / n), matrix, smoothing=smoothing,
+                              circular=True, start=fitted, max_steps=REFIT_STEPS)
+              for _ in range(CIRCULAR_REFITS)]
+    shown, method = _raw_or_fit(counts, matrix, fitted, smoothing, refits,
+                                raw_is_a_histogram=True, circular=True)
+    return {"estimate": shown, "method": method, "smoothing": smoothing}
 
 
 def _choose_mean(model: LinearModel, fits: _Fits, boots: list[_Fits], report_variance: float,

@@ -39,7 +39,7 @@ from edge_agent.protocol.states import (
 )
 
 from . import circular, ems
-from .estimators import LinearModel, linear_estimates
+from .estimators import LinearModel, circular_histogram, linear_estimates
 from .frequencies import frequency_summary
 from .stats import (
     BinCounts,
@@ -252,10 +252,10 @@ class CircularBlock(_Block):
         counts = self.hist.get()
         histogram = {"edges": self.edges.tolist(),
                      "raw": (counts / n).tolist() if n else [0.0] * self.bins,
-                     "estimate": None}
+                     "estimate": None, "method": None, "smoothing": None}
         if n:
-            matrix = self._transition(self.edges, self.edges, True)
-            histogram["estimate"] = ems.ems(counts, matrix, circular=True).tolist()
+            shown = circular_histogram(counts, self._transition(self.edges, self.edges, True))
+            histogram.update(shown, estimate=shown["estimate"].tolist())
         trig = self.trig.get()
         stats = circular.summary(n, trig["x"], trig["y"], trig["x2"], trig["y2"],
                                  rho=m.mean_resultant_length(),

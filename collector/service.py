@@ -149,7 +149,7 @@ class CollectorService:
             confirmations = self.ingestor.confirmations(self.clock()) \
                 if self.config.storage.confirmations else {}
         try:
-            self.store.checkpoint(state, position)
+            self.store.checkpoint(state, position, trim=not self.config.storage.keep_journal)
         except Exception as exc:  # e.g. a full disk: the journal keeps everything meanwhile
             log.error("checkpoint of %d bytes failed (%s: %s); retrying in %.0f s",
                       len(state), type(exc).__name__, exc, CHECKPOINT_RETRY_SECONDS)

@@ -123,6 +123,11 @@ class CollectorStore:
                 .fetchone()
         return (row[0], row[1]) if row else (0, None)
 
+    def first_journal_id(self) -> int | None:
+        """The oldest journal row's id (1 if nothing was ever trimmed), None if empty."""
+        with self._lock:
+            return self._db.execute("SELECT MIN(id) FROM journal").fetchone()[0]
+
     def set_progress(self, position: int) -> None:
         with self._lock:
             self._db.execute("INSERT INTO progress VALUES (1, ?) ON CONFLICT (id) DO UPDATE "
@@ -180,14 +185,17 @@ class CollectorStore:
             self._buffer = []
             return True
 
-    def checkpoint(self, state: bytes, upto: int) -> None:
-        """Store ``state`` (which includes journal rows up to ``upto``) and trim the journal:
-        all of it, or (raising) nothing."""
+    def checkpoint(self, state: bytes, upto: int, *, trim: bool = True) -> None:
+        """Store ``state`` (which includes journal rows up to ``upto``) and, with ``trim``,
+        delete those rows: all of it, or (raising) nothing.  Without ``trim`` (``[storage]
+        keep_journal``) the journal keeps the whole stream; a restart still replays only
+        the rows after ``upto``."""
         with self._lock, self._transaction("BEGIN IMMEDIATE"):
             self._db.execute("INSERT INTO checkpoint VALUES (1, ?, ?, ?) ON CONFLICT (id) DO "
                              "UPDATE SET state=excluded.state, journal_upto=excluded.journal_upto,"
                              " written=excluded.written", (state, upto, time.time()))
-            self._db.execute("DELETE FROM journal WHERE id <= ?", (upto,))
+            if trim:
+                self._db.execute("DELETE FROM journal WHERE id <= ?", (upto,))
             self._db.execute("INSERT INTO progress VALUES (1, ?) ON CONFLICT (id) DO UPDATE "
                              "SET position = MAX(position, excluded.position)", (upto,))
 

@@ -278,3 +278,21 @@ def test_model_placement_moves_only_what_the_mechanism_cannot_locate():
     mass, bound = model.unidentifiable(p)
     assert mass == pytest.approx(0.5)
     assert bound == pytest.approx(0.5 * ((1 - hi) / 2 + 0.04))
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 2.0, 8.0])
+@pytest.mark.parametrize("kappa", [0.5, 20.0])
+def test_the_shown_circular_histogram_is_not_worse_than_the_raw_one(epsilon, kappa):
+    from edge_agent.mechanisms import CircularOGPM
+
+    mechanism = CircularOGPM(epsilon=epsilon, origin=-math.pi)
+    shown, raw = [], []
+    for seed in range(6):
+        rng = np.random.default_rng([seed, int(epsilon * 10), int(kappa)])
+        theta = rng.vonmises(1.0, kappa, 6000)
+        histogram = summarise(mechanism, theta, rng, kind="circular")["histogram"]
+        truth = np.histogram(theta, histogram["edges"])[0] / theta.size
+        shown.append(np.abs(np.array(histogram["estimate"]) - truth).sum())
+        raw.append(np.abs(np.array(histogram["raw"]) - truth).sum())
+        assert histogram["method"] in ("raw", "reconstruction")
+    assert np.mean(shown) <= 1.02 * np.mean(raw)

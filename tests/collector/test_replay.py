@@ -395,6 +395,43 @@ def test_export_of_the_journal_the_collector_wrote_replays_to_its_document(tmp_p
         service.store.close()
 
 
+def test_a_collector_keeping_its_journal_exports_the_whole_stream(tmp_path):
+    """[storage] keep_journal: checkpoints no longer delete what they include, so an
+    export after checkpoints (and a restart) is still everything, and replays to the
+    live document; the restarted collector does not apply any message twice."""
+    config_path = write_toml(tmp_path / "collector.toml", {
+        "fleet": FLEET, "storage": {"path": str(tmp_path / "state.sqlite"),
+                                    "checkpoint_seconds": 3600, "keep_journal": True},
+        "aggregates": {"histogram_bins": 20, "window_seconds": 5}})
+    config = load_collector_config(config_path)
+    now = time.time()
+    first, later = stream(t=now - 100), stream(agents=("w5",), seqs=range(3), t=now - 50)
+    service = CollectorService(config, web=False)
+    try:
+        for batch in (first, later):
+            for topic, payload, received in batch:
+                service.store.append(topic, payload, received)
+            service.store.commit()
+            while service.catch_up():
+                pass
+            assert service.checkpoint()
+    finally:
+        service.store.close()
+    restarted = CollectorService(config, web=False)  # loads the checkpoint
+    try:
+        while restarted.catch_up():
+            pass
+        live = json_safe(restarted.views.channels_json())
+    finally:
+        restarted.store.close()
+    assert live["ingest"]["messages"] == len(first) + len(later)  # nothing applied twice
+    summary = export(config_path, tmp_path / "all.jsonl")
+    assert f"exported {len(first) + len(later)} messages" in summary
+    assert "the journal holds every message received" in summary
+    replayed, _ = replay(tmp_path / "all.jsonl", "--config", config_path)
+    same_aggregates(live, replayed)
+
+
 def test_replay_exit_codes_and_messages(tmp_path):
     recording = tmp_path / "recording.jsonl"
     recording.write_text("\n".join(lines_of(stream()) + ["not json"]) + "\n")
