@@ -727,7 +727,8 @@ Estimate = float | None  # None where the data cannot tell (or the value is not 
 
 # How a linear channel's mean was estimated (docs/API.md "How the mean is estimated");
 # "unbiased", "affine" and "ems" are the names older collectors published.
-MeanMethod = Literal["raw", "inversion", "reconstruction", "unbiased", "affine", "ems"]
+MeanMethod = Literal["raw", "inversion", "reconstruction", "shrinkage", "unbiased", "affine",
+                     "ems"]
 
 
 class MeanCandidate(Struct, forbid_unknown_fields=True):
@@ -744,7 +745,8 @@ class MeanEstimate(Struct, forbid_unknown_fields=True, kw_only=True):
     bias_bound: Estimate
     ci95: tuple[Estimate, Estimate] | None
     method: MeanMethod | None
-    candidates: dict[Literal["raw", "inversion", "reconstruction"], MeanCandidate] | None = None
+    candidates: dict[Literal["raw", "inversion", "reconstruction", "shrinkage"],
+                     MeanCandidate] | None = None
     note: Text | None = None
 
 

@@ -69,7 +69,8 @@ def test_agents_and_collector_estimates_match_the_truth(tmp_path, mosquitto):
         assert agent.wait(120) == 0, agent.output()
     x_all = np.concatenate([t[0] for t in truths])
     theta_all = np.concatenate([t[1] for t in truths])
-    assert wait_until(lambda: collector.api()["channels"]["theta"]["count"] == x_all.size, 30)
+    assert wait_until(lambda: collector.api()["channels"].get("theta", {}).get("count")
+                      == x_all.size, 30)
     document = collector.api()
     assert document["agents_online"] == 0  # all three said "offline" when they finished
     assert set(document["agents"]) == {"w0", "w1", "w2"}
