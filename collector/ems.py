@@ -70,8 +70,10 @@ def smooth(p: np.ndarray, circular: bool) -> np.ndarray:
 
 
 # -- kernels --------------------------------------------------------------------------------
+# nogil: the API's snapshots compute these in their own thread; holding the GIL for the
+# tens of milliseconds a fit takes would stall the ingest thread meanwhile.
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _log_likelihood(weights, matrix, p):
     total = 0.0
     for j in range(matrix.shape[0]):
@@ -83,7 +85,7 @@ def _log_likelihood(weights, matrix, p):
     return total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _em_step(weights, matrix, p, smoothing, circular, out, ratio, scratch):
     """One EM step then the smoothing, from p into out (no allocation)."""
     k_out, k_in = matrix.shape
@@ -118,7 +120,7 @@ def _em_step(weights, matrix, p, smoothing, circular, out, ratio, scratch):
         out[i] /= total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _squarem(weights, matrix, p, smoothing, circular, tolerance, max_steps):
     """SQUAREM (S3) iterations of ``_em_step`` from p, in place; returns the steps taken.
 
