@@ -282,9 +282,11 @@ def _choose_mean(model: LinearModel, fits: _Fits, boots: list[_Fits], report_var
                  for name in estimates}
     reference = "raw" if m.unbiased else "inversion"
     slope = 1.0 if m.unbiased else model.inversion(fits.ml, fits.raw)[1]
-    # The reference's variance: the bootstrap's, or the exact report variance carried
-    # through the slope if larger (the bootstrap places reports at bin centres).
-    ref_var = max(float(np.var(replicate[reference], ddof=1)), report_variance / n / slope**2)
+    # The reference's variance: for an unbiased mechanism the raw average's, exactly; else
+    # the bootstrap's, or the exact report variance carried through the slope if larger
+    # (the bootstrap places reports at bin centres).
+    ref_var = report_variance / n if m.unbiased else max(
+        float(np.var(replicate[reference], ddof=1)), report_variance / n / slope**2)
     mse = {}
     for name, value in estimates.items():
         if name == reference:
