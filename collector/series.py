@@ -6,11 +6,10 @@ series are never mixed.  Each series keeps cumulative statistics and the
 most recent tumbling windows, all mergeable (``merge``) and picklable, and
 turns them into estimates with the mechanism's closed forms:
 
-* linear: the raw and reconstructed histograms and the mean, each from the
-  estimator with the smallest estimated error, with an interval
-  (``collector.estimators``);
-* circular: mean direction, resultant length raw and corrected by rho(eps),
-  circular standard deviation, histograms (wrapping);
+* linear: the raw and reconstructed histograms and the mean, chosen by
+  estimated error, with an interval (``collector.estimators``);
+* circular: mean direction and resultant length with their intervals
+  (``collector.circular``), circular standard deviation, histograms (wrapping);
 * polar: both components and the mean vector; vector: one linear block per axis;
 * categorical: how many reports support each category, turned into unbiased
   shares with standard errors and 95% intervals, and consistent shares
