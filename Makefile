@@ -27,7 +27,7 @@ system-deps:
 	@scripts/install-system-deps.sh
 
 test: $(STAMP) system-deps lint
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

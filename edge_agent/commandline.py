@@ -60,3 +60,24 @@ def load_or_exit(load: Callable[[str], Config], path: str, exit_code: int = 2) -
         for line in str(exc).splitlines():
             click.echo(f"  {line}", err=True)
         sys.exit(exit_code)
+
+
+def require_writable_dir(config_path: str, key: str, directory, exit_code: int = EXIT_CONFIG,
+                         example: str = "") -> None:
+    """Exit ``exit_code`` with one line naming ``key`` unless ``directory`` exists (or can be
+    made) and takes a new file: a service should say which setting is wrong at start-up,
+    not fail with a traceback at its first write."""
+    import tempfile
+    from pathlib import Path
+
+    path = Path(directory).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        hint = f"; set it to a directory this user can write{example}" if example else ""
+        click.echo(f"{config_path}: invalid configuration: {key}: cannot write {path} "
+                   f"({reason}){hint}", err=True)
+        sys.exit(exit_code)

@@ -144,6 +144,11 @@ class PrivacyConfig(Model):
         parse_period(value)
         return value
 
+    @field_validator("state_dir")
+    @classmethod
+    def _home(cls, value: Path) -> Path:
+        return value.expanduser()  # "~/..." for a user without root
+
     @property
     def period_seconds(self) -> float:
         return parse_period(self.budget_period)

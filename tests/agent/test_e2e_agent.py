@@ -7,6 +7,7 @@ import math
 import sqlite3
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -285,6 +286,31 @@ def test_check_config_prints_effective_config_and_rejects_bad_ones(tmp_path):
     assert run_cli("run", "--config", str(bad)).returncode == 78  # EX_CONFIG: no restart loop
     missing = run_cli("check-config", str(tmp_path / "nope.toml"))
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+@pytest.mark.parametrize("command", [("run",), ("fleet", "--count", "2")])
+def test_an_unwritable_state_dir_is_one_line_naming_the_key_and_exit_78(tmp_path, command):
+    """A state_dir the agent cannot write (here: under a file, which fails even for
+    root) is refused at start-up with the key and a way out, not a traceback."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    config = tmp_path / "agent.toml"
+    sample = (REPO / "configs" / "agent.toml").read_text()
+    assert sample.count('state_dir = "/var/lib/edge-agent"') == 1
+    config.write_text(sample.replace('state_dir = "/var/lib/edge-agent"',
+                                     f'state_dir = "{blocker}/state"'))
+    result = run_cli(command[0], "--config", str(config), *command[1:])
+    assert result.returncode == 78, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"privacy.state_dir: cannot write {blocker}/state" in lines[0]
+    assert "~/.local/state/edge-agent" in lines[0]
+
+
+def test_a_state_dir_under_home_is_expanded():
+    from edge_agent.config import PrivacyConfig
+
+    assert PrivacyConfig(budget_epsilon=1, state_dir="~/x").state_dir == Path.home() / "x"
 
 
 def test_budget_shows_delta_spent_and_remaining(tmp_path):
