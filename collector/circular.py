@@ -79,7 +79,9 @@ import math
 import numpy as np
 from scipy import special
 
-Z95 = 1.959963984540054
+from .estimators import Z95
+from .jsonsafe import finite
+
 # The 0.95 quantile of chi-square with 2 degrees of freedom: -2 ln 0.05.
 CHI2_2_95 = -2.0 * math.log(0.05)
 # Below this many standard errors of true length, the length's acceptance region is
@@ -105,10 +107,6 @@ def wrap(value: float, origin: float, period: float) -> float:
     """``value`` on [origin, origin + period)."""
     wrapped = origin + (value - origin) % period
     return origin if wrapped >= origin + period else wrapped  # % can round up to period
-
-
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else float(value)
 
 
 def _empty(reason: str) -> dict:
@@ -212,8 +210,8 @@ def summary(n: int, x: float, y: float, x2: float | None, y2: float | None, *, r
     theta = math.atan2(y, x)
     raw = min(math.hypot(x, y) / n, 1.0)  # rounding can exceed 1 by an ulp
     out = _empty(TOO_FEW if n < 2 else NO_SHRINK)
-    out["circular_mean"] = _finite(wrap(theta * unit, origin, period))
-    out["resultant_length"]["raw"] = _finite(raw)
+    out["circular_mean"] = finite(wrap(theta * unit, origin, period))
+    out["resultant_length"]["raw"] = finite(raw)
     if n < 2 or not rho > 0:
         return out
 
@@ -228,26 +226,26 @@ def summary(n: int, x: float, y: float, x2: float | None, y2: float | None, *, r
     else:
         low = high = raw / rho
     low, high = min(max(low, 0.0), 1.0), min(max(high, 0.0), 1.0)
-    out["resultant_length"].update(estimate=_finite(estimate), stderr=_finite(sigma / rho),
-                                   ci95=[_finite(low), _finite(high)])
+    out["resultant_length"].update(estimate=finite(estimate), stderr=finite(sigma / rho),
+                                   ci95=[finite(low), finite(high)])
 
     # Direction: delta method, Fisher's arcsin interval, null where it cannot be told.
     direction = out["direction"]
     stderr = math.sqrt(perpendicular / n) / raw if raw > 0 else math.inf
-    direction["stderr"] = _finite(stderr * unit)
+    direction["stderr"] = finite(stderr * unit)
     if origin_statistic(n, raw, parallel, perpendicular, cross) <= CHI2_2_95:
         direction["reason"] = NOT_FROM_ZERO
     elif Z95 * stderr >= 1.0:
         direction["reason"] = HALF_CIRCLE
     else:
         half = math.asin(Z95 * stderr) * unit
-        direction.update(half_width=_finite(half), reason=None,
-                         ci95=[_finite(wrap(theta * unit - half, origin, period)),
-                               _finite(wrap(theta * unit + half, origin, period))])
+        direction.update(half_width=finite(half), reason=None,
+                         ci95=[finite(wrap(theta * unit - half, origin, period)),
+                               finite(wrap(theta * unit + half, origin, period))])
 
     # Circular standard deviation from the corrected length, where it is one.
     if 0.0 < estimate < 1.0:
-        out["circular_std"] = _finite(math.sqrt(-2.0 * math.log(estimate)) * unit)
+        out["circular_std"] = finite(math.sqrt(-2.0 * math.log(estimate)) * unit)
         out["circular_std_reason"] = None
     else:
         out["circular_std_reason"] = STD_ABOVE_ONE if estimate >= 1.0 else STD_ZERO

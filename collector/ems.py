@@ -58,17 +58,6 @@ def transition_matrix(mechanism, in_edges: np.ndarray, out_edges: np.ndarray, *,
     return matrix / matrix.sum(axis=0, keepdims=True)
 
 
-def smooth(p: np.ndarray, circular: bool) -> np.ndarray:
-    """Binomial (1, 2, 1) / 4 smoothing; the ends reflect, a circle wraps."""
-    if circular:
-        left, right = np.roll(p, 1), np.roll(p, -1)
-    else:
-        left = np.concatenate([p[:1], p[:-1]])
-        right = np.concatenate([p[1:], p[-1:]])
-    out = 0.25 * left + 0.5 * p + 0.25 * right
-    return out / out.sum()
-
-
 # -- kernels --------------------------------------------------------------------------------
 # nogil: the API's snapshots compute these in their own thread; holding the GIL for the
 # tens of milliseconds a fit takes would stall the ingest thread meanwhile.
@@ -195,11 +184,6 @@ def reconstruct(counts, matrix: np.ndarray, *, smoothing: float = 1.0, circular:
     return p
 
 
-def ems(counts, matrix: np.ndarray, *, circular: bool = False, **options) -> np.ndarray:
-    """Li et al.'s EMS: ``reconstruct`` with full smoothing."""
-    return reconstruct(counts, matrix, smoothing=1.0, circular=circular, **options)
-
-
 def halves(counts, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Split report counts in two at random (binomial thinning): each report lands in the
     first half with probability 1/2.  Seeded from the counts by the caller, so a state
@@ -225,18 +209,18 @@ def choose_smoothing(counts, matrix: np.ndarray, *, circular: bool = False,
         return max(choices)
     # From the strongest smoothing down, each fit starting from the previous one's:
     # neighbouring smoothings have nearby fits, and the choice needs no tight convergence.
+    ordered = sorted(choices, reverse=True)
     starts = [None] * len(folds)
     scores = []
-    for smoothing in sorted(choices, reverse=True):
+    for smoothing in ordered:
         score = 0.0
         for f, (fit, held) in enumerate(folds):
             starts[f] = reconstruct(fit, matrix, smoothing=smoothing, circular=circular,
                                     start=starts[f], tolerance=1e-7, max_steps=300)
             score += _log_likelihood(held / held.sum(), matrix, starts[f])
         scores.append(score)
-    choices = sorted(choices, reverse=True)
     best = max(scores)
-    return max(s for s, score in zip(choices, scores) if score >= best - 1e-12)
+    return max(s for s, score in zip(ordered, scores) if score >= best - 1e-12)
 
 
 def quantiles(edges: np.ndarray, probabilities: np.ndarray, levels) -> dict[str, float]:

@@ -63,9 +63,9 @@ Z95 = 1.959963984540054
 BOOTSTRAP_REPLICATES = 30
 # A bootstrap refit starts from the full fit, so a few accelerated steps suffice.
 REFIT_STEPS = 60
-# The raw average is kept until its distance from the inversion is SHRINK_FROM of that
-# distance's standard errors, then shrunk towards the best other estimate, entirely
-# from SHRINK_TO on (see _choose_mean).
+# The raw average is kept until both other estimates are SHRINK_FROM standard errors of
+# their distance from it away, then shrunk towards the better of them, entirely from
+# SHRINK_TO on (see _choose_mean).
 SHRINK_FROM, SHRINK_TO = 3.0, 5.0
 # Resamples that measure a circular reconstruction's spread (it needs no mean).
 CIRCULAR_REFITS = 12
@@ -287,24 +287,25 @@ def _choose_mean(model: LinearModel, fits: _Fits, boots: list[_Fits], report_var
     # (the bootstrap places reports at bin centres).
     ref_var = report_variance / n if m.unbiased else max(
         float(np.var(replicate[reference], ddof=1)), report_variance / n / slope**2)
-    mse = {}
-    for name, value in estimates.items():
+
+    def mse(name: str) -> float:
+        """Variance plus squared bias, the bias measured against the reference less the
+        noise of that measurement (E[d^2] = bias^2 + Var d)."""
         if name == reference:
-            mse[name] = ref_var
-            continue
-        variance = float(np.var(replicate[name], ddof=1))
-        gap = value - estimates[reference]
+            return ref_var
+        gap = estimates[name] - estimates[reference]
         gap_var = float(np.var(replicate[name] - replicate[reference], ddof=1))
-        mse[name] = variance + max(0.0, gap * gap - gap_var)
+        return float(np.var(replicate[name], ddof=1)) + max(0.0, gap * gap - gap_var)
+
+    errors = {name: mse(name) for name in estimates}
     # From the raw average towards the better of the others, as the evidence that the
-    # raw average is biased grows (its distance from the inversion, in standard errors).
+    # raw average is biased grows: each other estimate's distance from it, in its own
+    # standard errors; both must show it (the reconstruction's spread is understated
+    # when reports are few and eps small, the inversion's is not).
     raw, toward = estimates["raw"], min((name for name in estimates if name != "raw"),
-                                        key=mse.get, default="raw")
+                                        key=errors.get, default="raw")
     weight = 0.0
     if not m.unbiased:
-        # Each other estimate's distance from the raw average, in its own standard
-        # errors; both must show it (the reconstruction's spread is understated when
-        # reports are few and eps small, the inversion's is not).
         evidence = min(abs(raw - estimates[name]) / max(float(np.std(
             replicate["raw"] - replicate[name], ddof=1)), 1e-300)
             for name in estimates if name != "raw")
@@ -313,10 +314,7 @@ def _choose_mean(model: LinearModel, fits: _Fits, boots: list[_Fits], report_var
         estimates["shrinkage"] = raw + weight * (estimates[toward] - raw)
         replicate["shrinkage"] = replicate["raw"] + weight * (replicate[toward]
                                                              - replicate["raw"])
-        variance = float(np.var(replicate["shrinkage"], ddof=1))
-        gap = estimates["shrinkage"] - estimates[reference]
-        gap_var = float(np.var(replicate["shrinkage"] - replicate[reference], ddof=1))
-        mse["shrinkage"] = variance + max(0.0, gap * gap - gap_var)
+        errors["shrinkage"] = mse("shrinkage")
     chosen = "raw" if weight == 0.0 else toward if weight == 1.0 else "shrinkage"
     mass, bias = model.unidentifiable(fits.ml)
     if model.flat_ends:
@@ -341,6 +339,6 @@ def _choose_mean(model: LinearModel, fits: _Fits, boots: list[_Fits], report_var
     return {"raw": fits.raw, "estimate": estimate, "stderr": sd, "bias_bound": bias,
             "ci95": [max(m.low, estimate - half), min(m.high, estimate + half)],
             "method": chosen,
-            "candidates": {name: {"estimate": value, "rmse": math.sqrt(mse[name])}
+            "candidates": {name: {"estimate": value, "rmse": math.sqrt(errors[name])}
                            for name, value in estimates.items()},
             "note": note}

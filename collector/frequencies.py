@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-Z95 = 1.959963984540054
+from .estimators import Z95
 
 
 def norm_sub(estimates: Any) -> np.ndarray:

@@ -8,6 +8,11 @@ from typing import Any
 import msgspec
 
 
+def finite(value: float | None) -> float | None:
+    """``value`` as a float, or None where it is None or not finite (JSON has no NaN)."""
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
 def json_safe(value: Any) -> Any:
     """``value`` with NaN and ±inf as None: JSON has no such numbers and
     browsers' JSON.parse rejects Python's ``NaN`` extension.

@@ -94,16 +94,6 @@ def _line_problem(error: msgspec.ValidationError) -> str:
     return "wrong_type"  # a key of the wrong type (or a number out of range)
 
 
-def topic_fleet(topic: str) -> str | None:
-    """The fleet a protocol topic names (``ldp/v1/<fleet>/...``, as ``protocol.classify``
-    reads it), or None."""
-    levels = topic.split("/", 3)
-    if len(levels) < 4 or "/".join(levels[:2]) != protocol.TOPIC_ROOT \
-            or not protocol.is_name(levels[2]):
-        return None
-    return levels[2]
-
-
 @dataclass(frozen=True)
 class ReplayResult:
     """What a replay gave: the ``GET /api/channels`` document and the count of every
@@ -240,7 +230,7 @@ class Replay:
             return self._count(f"line:{payload}")
         if message.received is not None and not math.isfinite(message.received):
             return self._count("line:wrong_type")
-        fleet = topic_fleet(message.topic)
+        fleet = protocol.topic_fleet(message.topic)
         if self.ingestor is None:
             if fleet is None:  # not a topic of any fleet: every ingestor ignores it
                 return self._count("ignored")

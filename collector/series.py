@@ -40,6 +40,7 @@ from edge_agent.protocol.states import (
 from . import circular, ems
 from .estimators import LinearModel, circular_histogram, linear_estimates
 from .frequencies import frequency_summary
+from .jsonsafe import finite, json_safe
 from .stats import (
     BinCounts,
     CodeMoments,
@@ -71,10 +72,6 @@ def _transition(description, component: int | None, in_edges: tuple, out_edges: 
 def _component(mechanism: Mechanism, component: int | None) -> Mechanism:
     """The mechanism itself, or one component of a pair (polar: 0 radius, 1 angle)."""
     return mechanism if component is None else mechanism.components[component]
-
-
-def _finite(value):
-    return None if value is None or not math.isfinite(value) else float(value)
 
 
 class _Block:
@@ -212,13 +209,7 @@ class LinearBlock(_Block):
         shown = found["histogram"]
         histogram.update(estimate=shown.tolist(), method=found["histogram_method"],
                          smoothing=found["smoothing"])
-        mean = found["mean"]
-        mean.update({key: _finite(mean[key]) for key in ("raw", "estimate", "stderr",
-                                                         "bias_bound")})
-        mean["ci95"] = [_finite(bound) for bound in mean["ci95"]]
-        mean["candidates"] = {name: {key: _finite(value) for key, value in entry.items()}
-                              for name, entry in mean["candidates"].items()}
-        return {"count": n, "mean": mean, "histogram": histogram,
+        return {"count": n, "mean": json_safe(found["mean"]), "histogram": histogram,
                 "quantiles": ems.quantiles(self.in_edges, shown, QUANTILES)}
 
 
@@ -612,6 +603,6 @@ class _CrossBlock:
         x = (cross["x"] / rho - b * mean_cos / rho) / a
         y = (cross["y"] / rho - b * mean_sin / rho) / a
         unit = a_mech.period / (2.0 * math.pi)
-        direction = a_mech.origin + (math.atan2(y, x) * unit - a_mech.origin) % a_mech.period
-        return {"x": _finite(x), "y": _finite(y), "magnitude": _finite(math.hypot(x, y)),
-                "direction": _finite(direction)}
+        direction = circular.wrap(math.atan2(y, x) * unit, a_mech.origin, a_mech.period)
+        return {"x": finite(x), "y": finite(y), "magnitude": finite(math.hypot(x, y)),
+                "direction": finite(direction)}

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import click
@@ -67,9 +69,6 @@ def require_writable_dir(config_path: str, key: str, directory, exit_code: int =
     """Exit ``exit_code`` with one line naming ``key`` unless ``directory`` exists (or can be
     made) and takes a new file: a service should say which setting is wrong at start-up,
     not fail with a traceback at its first write."""
-    import tempfile
-    from pathlib import Path
-
     path = Path(directory).expanduser()
     try:
         path.mkdir(parents=True, exist_ok=True)

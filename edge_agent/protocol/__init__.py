@@ -76,6 +76,7 @@ from .topics import (
     status_agent,
     status_subscription,
     status_topic,
+    topic_fleet,
 )
 
 __all__ = [
@@ -91,5 +92,5 @@ __all__ = [
     "range_reply_subscription", "range_reply_topic", "range_result_levels",
     "range_result_subscription", "range_result_topic", "report", "report_levels",
     "shared_subscription", "snapshot", "status", "status_agent", "status_subscription",
-    "status_topic", "terms_of",
+    "status_topic", "terms_of", "topic_fleet",
 ]

@@ -70,6 +70,14 @@ def confirm_agent(topic: str, fleet: str) -> str | None:
     return topic[len(prefix):]
 
 
+def topic_fleet(topic: str) -> str | None:
+    """The fleet a protocol topic names (``ldp/v1/<fleet>/...``), or None."""
+    levels = topic.split("/", 3)
+    if len(levels) < 4 or "/".join(levels[:2]) != TOPIC_ROOT or not is_name(levels[2]):
+        return None
+    return levels[2]
+
+
 def classify(topic: str, fleet: str) -> str:
     """'report', 'status', or 'ignore' (reserved levels, other fleets, other roots)."""
     levels = topic.split("/")

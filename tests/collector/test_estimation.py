@@ -155,7 +155,7 @@ def test_ems_recovers_a_known_distribution_and_quantiles():
     truth = np.zeros(20)
     truth[4:8] = 0.25
     counts = 1e6 * (matrix @ truth)  # noiseless expected report counts
-    p = ems.ems(counts, matrix)
+    p = ems.reconstruct(counts, matrix)  # EMS
     reports = counts / counts.sum()
     # Smoothing blurs the box's edges, but the mass lands where it belongs and
     # far more of it than in the raw reports.

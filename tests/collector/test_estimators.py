@@ -59,6 +59,17 @@ def rms(values) -> float:
 
 # -- the reconstruction kernel ------------------------------------------------------------------
 
+def smooth(p, circular):
+    """Binomial (1, 2, 1) / 4 smoothing; the ends reflect, a circle wraps."""
+    if circular:
+        left, right = np.roll(p, 1), np.roll(p, -1)
+    else:
+        left = np.concatenate([p[:1], p[:-1]])
+        right = np.concatenate([p[1:], p[-1:]])
+    out = 0.25 * left + 0.5 * p + 0.25 * right
+    return out / out.sum()
+
+
 def slow_em(counts, matrix, smoothing, circular, steps):
     """Plain EM (and smoothing) iterations, written the obvious way."""
     weights = counts / counts.sum()
@@ -66,7 +77,7 @@ def slow_em(counts, matrix, smoothing, circular, steps):
     for _ in range(steps):
         p = p * (matrix.T @ (weights / (matrix @ p)))
         p /= p.sum()
-        p = (1 - smoothing) * p + smoothing * ems.smooth(p, circular)
+        p = (1 - smoothing) * p + smoothing * smooth(p, circular)
     return p
 
 
