@@ -14,6 +14,8 @@ import ssl
 from dataclasses import dataclass
 
 import nats
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     DiscardPolicy,
@@ -22,7 +24,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 
 from ..config import ConfigError, ScaleOutConfig
@@ -110,16 +112,19 @@ def stream_config(config: ScaleOutConfig) -> StreamConfig:
         description="edge-ldp: every fleet message, by partition of its agent")
 
 
-async def _ready(js: JetStreamContext, timeout: float) -> None:
-    """JetStream answers once the cluster has a meta leader (seconds after a start)."""
-    deadline = asyncio.get_running_loop().time() + timeout
+# What a cluster answers while it elects a leader (after a start, or a node's death).
+_NOT_YET = (NatsTimeoutError, NoRespondersError, ServiceUnavailableError)
+
+
+async def _until_ready(step, deadline: float, what: str, not_yet=_NOT_YET):
+    """``await step()``, again every half second while it raises ``not_yet`` (the
+    cluster is not ready yet), until ``deadline`` (the loop's time)."""
     while True:
         try:
-            await js.account_info()
-            return
-        except Exception as exc:  # no responders, timeout: not yet
+            return await step()
+        except not_yet as exc:
             if asyncio.get_running_loop().time() > deadline:
-                raise EngineError(f"JetStream is not available: {exc!r}") from None
+                raise EngineError(f"{what} is not available: {exc!r}") from None
             await asyncio.sleep(0.5)
 
 
@@ -165,8 +170,12 @@ async def open_engine(config: ScaleOutConfig, name: str,
             raise EngineError(f"nats-server {version} is too old: members read with batch "
                               f"direct gets, which need {'.'.join(map(str, MIN_SERVER))} or "
                               f"later (docs/SCALE_OUT.md)")
-        await _ready(js, ready_timeout)
-        await _ensure_stream(js, config)
+        # JetStream answers once the cluster has a meta leader, the stream once it has
+        # its own (seconds after a start, or after the node that led it died).
+        deadline = asyncio.get_running_loop().time() + ready_timeout
+        await _until_ready(js.account_info, deadline, "JetStream", not_yet=Exception)
+        await _until_ready(lambda: _ensure_stream(js, config), deadline,
+                           f"stream {config.stream}")
         leases = await _bucket(js, KeyValueConfig(
             bucket=f"{config.stream}_leases", ttl=config.lease_seconds,
             replicas=config.replicas, history=1, storage=StorageType.FILE,

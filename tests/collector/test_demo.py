@@ -38,9 +38,11 @@ CHANNELS = {"accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw", "accel_pola
 # tolerance is 5 standard errors + bias_bound + 0.02; at 2,500 reports the mechanisms'
 # noise (per report, measured: sd 2.4 for accel_x, eps 1; 8.7 for accel_y, eps 1 and
 # unbiased, the noisiest; 1.2 for accel_z, eps 2) puts it at about 0.26, 0.89 and 0.14.
-# The caps leave ~15% over that.
+# The caps leave ~15% over that; accel_x's also the allowance classical OGPM's bias
+# bound makes next to its flat ends (the reconstruction's distance from the inversion,
+# 0.01-0.06 in the runs seen; docs/API.md "Data near an end").
 REPORTS = 2500  # per channel: ~29 s of 24 agents at 4 reports/s, within --duration 40
-TOLERANCE_MAX = {"accel_x": 0.3, "accel_y": 1.0, "accel_z": 0.17}
+TOLERANCE_MAX = {"accel_x": 0.36, "accel_y": 1.0, "accel_z": 0.17}
 # Activity shares (GRR over 3 categories at eps 1): a standard error of about 0.025 at
 # 2,500 reports, so 5 of them + 0.02 is about 0.14.
 SHARE_TOLERANCE_MAX = 0.17
