@@ -72,10 +72,39 @@ class StorageConfig(Model):
     keep_journal: bool = False
 
 
+MAX_WINDOWS = 10_000  # kept per series: bounds a channel's memory and its history
+
+
 class AggregatesConfig(Model):
     window_seconds: Annotated[float, Field(ge=1, le=86400)] = 60.0
     histogram_bins: Annotated[int, Field(ge=4, le=1000)] = 50
-    keep_windows: Annotated[int, Field(ge=1, le=10_000)] = 60
+    # How far back each channel's windowed estimates go: the windows kept, served as
+    # the channel's time series (GET /api/channels/<name>/history) that the dashboard
+    # draws, so a page opened now shows the past hour.
+    history_seconds: Annotated[float, Field(gt=0, le=366 * 86400)] = 3600.0
+    # The same as a number of windows (history_seconds = keep_windows x window_seconds),
+    # as configurations before history_seconds said it: one or the other.
+    keep_windows: Annotated[int, Field(ge=1, le=MAX_WINDOWS)] | None = None
+
+    @model_validator(mode="after")
+    def _history(self):
+        if self.keep_windows is not None and "history_seconds" in self.model_fields_set:
+            raise ValueError("aggregates.keep_windows: give history_seconds or keep_windows, "
+                             "not both "
+                             "(history_seconds = keep_windows x window_seconds)")
+        if self.kept_windows > MAX_WINDOWS:
+            raise ValueError(f"aggregates.history_seconds: at most {MAX_WINDOWS} windows of "
+                             f"window_seconds = {self.window_seconds:g}, i.e. "
+                             f"{MAX_WINDOWS * self.window_seconds:g} s, got "
+                             f"{self.history_seconds:g}")
+        return self
+
+    @property
+    def kept_windows(self) -> int:
+        """Windows kept per series: the whole history (the window under way included)."""
+        if self.keep_windows is not None:
+            return self.keep_windows
+        return max(1, math.ceil(self.history_seconds / self.window_seconds - 1e-9)) + 1
 
 
 class LimitsConfig(Model):
@@ -226,7 +255,7 @@ class CollectorConfig(Model):
         aggregates = self.aggregates
         return AggregateSettings(bins=aggregates.histogram_bins,
                                  window_seconds=aggregates.window_seconds,
-                                 keep_windows=aggregates.keep_windows)
+                                 keep_windows=aggregates.kept_windows)
 
     @property
     def member_name(self) -> str:

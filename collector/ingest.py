@@ -280,7 +280,7 @@ class Ingestor:
         """The message's series; a new one is made if ``create``, and refused (``Rejected``)
         if the channel or its series are at their limit.  None: new, not made."""
         identity = series_identity(message.channel, message.kind, message.mechanism,
-                                   message.fields, message.strategy)
+                                   message.fields, message.strategy, message.unit)
         by_identity = self.series.get(message.channel)
         if by_identity is None:
             self._within("limit_channels", len(self.series), self.limits.channels)
@@ -296,7 +296,8 @@ class Ingestor:
         series = self.series.setdefault(message.channel, {})[identity] = Series(
             channel=message.channel, kind=message.kind, description=message.mechanism,
             bins=self.bins, window_seconds=self.window_seconds,
-            keep_windows=self.keep_windows, fields=message.fields, strategy=message.strategy)
+            keep_windows=self.keep_windows, fields=message.fields, strategy=message.strategy,
+            unit=message.unit)
         return series
 
     def _reject(self, topic: str, payload: bytes, rejection: Rejected, now: float) -> str:

@@ -55,10 +55,11 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
 def series_identity(channel: str, kind: str, description, fields: tuple | None,
-                    strategy) -> tuple:
+                    strategy, unit: str | None) -> tuple:
     """What makes two reports belong to one aggregation series (hashable, cheap): the
-    channel, its kind and the typed mechanism description, fields and strategy."""
-    return (channel, kind, description, fields, strategy)
+    channel, its kind and the typed mechanism description, fields, strategy and unit
+    (values in g and in m/s² are never averaged together)."""
+    return (channel, kind, description, fields, strategy, unit)
 
 
 @lru_cache(maxsize=256)
@@ -317,15 +318,17 @@ class Series:
 
     def __init__(self, *, channel: str, kind: str, description, bins: int = 50,
                  window_seconds: float = 60.0, keep_windows: int = 60,
-                 fields: tuple[str, ...] | None = None, strategy=None):
+                 fields: tuple[str, ...] | None = None, strategy=None,
+                 unit: str | None = None):
         """``description``: the typed mechanism description its reports carry
-        (``edge_agent.protocol``); ``fields`` and ``strategy``: a vector channel's."""
+        (``edge_agent.protocol``); ``fields`` and ``strategy``: a vector channel's;
+        ``unit``: the reports' (``Report.unit``)."""
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}")
         self.channel, self.kind = channel, kind
         self.description = description
         self.bins, self.window_seconds, self.keep_windows = bins, window_seconds, keep_windows
-        self.fields, self.strategy = fields, strategy
+        self.fields, self.strategy, self.unit = fields, strategy, unit
         self.messages = 0
         self.agents: set[str] = set()
         self.total = self._new_blocks()
@@ -338,7 +341,7 @@ class Series:
     @property
     def identity(self) -> tuple:
         return series_identity(self.channel, self.kind, self.description, self.fields,
-                               self.strategy)
+                               self.strategy, self.unit)
 
     def _new_blocks(self) -> dict[str, _Block]:
         if self.kind == "linear":
@@ -443,7 +446,8 @@ class Series:
 
         return SERIES_STATES[self.kind](
             channel=self.channel, mechanism=self.description, fields=self.fields,
-            strategy=self.strategy, messages=self.messages, agents=sorted(self.agents),
+            strategy=self.strategy, unit=self.unit, messages=self.messages,
+            agents=sorted(self.agents),
             total=blocks(self.total),
             windows=[(start, blocks(of)) for start, of in sorted(self.windows.items())])
 
@@ -467,7 +471,7 @@ class Series:
             raise StateError(f"{where}: {problem[1]}")
         series = cls(channel=state.channel, kind=kind, description=state.mechanism, bins=bins,
                      window_seconds=window_seconds, keep_windows=keep_windows,
-                     fields=state.fields, strategy=state.strategy)
+                     fields=state.fields, strategy=state.strategy, unit=state.unit)
         series.messages = state.messages
         series.agents = set(state.agents)
         series._load_blocks(series.total, state.total, f"{where}.total")
@@ -514,20 +518,35 @@ class Series:
 
     def get(self, *, windows: bool = False) -> dict:
         out = {"kind": self.kind, "mechanism": as_dict(self.description), "count": self.count(),
-               "messages": self.messages, "agents": len(self.agents)}
+               "messages": self.messages, "agents": len(self.agents), **self.units()}
         out.update(self._view(self.total))
         if self.kind == "vector":
             out["strategy"] = as_dict(self.strategy)
         if windows:
-            out["windows"] = [
-                {"start": start * self.window_seconds,
-                 "end": (start + 1) * self.window_seconds,
-                 "count": sum(b.count.get() for n, b in blocks.items() if n != "cross")
-                 if self.kind == "vector" else blocks[
-                     "radius" if self.kind == "polar" else "value"].count.get(),
-                 **self._view(blocks)}
-                for start, blocks in sorted(self.windows.items())]
+            out["windows"] = [self.window_view(start) for start in sorted(self.windows)]
         return out
+
+    def window_view(self, start: int) -> dict:
+        """The window numbered ``start`` (its span in seconds, count and statistics)."""
+        blocks = self.windows[start]
+        count = sum(block.count.get() for block in blocks.values()) \
+            if self.kind == "vector" else blocks[
+                "radius" if self.kind == "polar" else "value"].count.get()
+        return {"start": start * self.window_seconds, "end": (start + 1) * self.window_seconds,
+                "count": count, **self._view(blocks)}
+
+    def units(self) -> dict:
+        """``unit``: the values' unit (a circular channel's: its angle's); a polar
+        channel's ``unit`` is its radius's and ``angle_unit`` its angle's.  An angle's
+        unit is its mechanism's period: 360 degrees, 2 pi radians (any other period a
+        sender may choose: null)."""
+        if self.kind not in ("circular", "polar"):
+            return {"unit": self.unit}
+        period = self.mechanism.period if self.kind == "circular" \
+            else self.mechanism.components[1].period
+        angle = {360.0: "deg", 2.0 * math.pi: "rad"}.get(period)
+        return {"unit": angle} if self.kind == "circular" \
+            else {"unit": self.unit, "angle_unit": angle}
 
     def _view(self, blocks: dict) -> dict:
         if self.kind in _ONE_BLOCK:

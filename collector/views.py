@@ -60,6 +60,7 @@ class Documents:
 
     channels: dict  # GET /api/channels
     channel_details: dict[str, dict]  # GET /api/channels/<name>: the entry plus "windows"
+    histories: dict[str, dict]  # GET /api/channels/<name>/history
     range: dict  # GET /api/range
     dead_letters: list[dict]  # GET /api/rejects, as "recent"
 
@@ -82,6 +83,52 @@ def range_document(results: dict, ignored: dict, t: float) -> dict:
     return {"t": t, "channels": {name: {side: sides.get(side) for side in ("min", "max")}
                                  for name, sides in sorted(results.items())},
             "ignored": dict(sorted(ignored.items()))}
+
+
+# -- the history: each kept window's estimates, reduced to what a chart over time draws ---------
+
+def _mean_point(view: dict) -> dict:
+    mean = view.get("mean") or {}
+    return {"mean": {key: mean.get(key) for key in ("estimate", "stderr", "ci95")}}
+
+
+def _direction_point(view: dict) -> dict:
+    direction = view.get("direction") or {}
+    return {"circular_mean": view.get("circular_mean"),
+            "half_width": direction.get("half_width"), "ci95": direction.get("ci95"),
+            "resultant_length": (view.get("resultant_length") or {}).get("estimate")}
+
+
+def history_point(kind: str, window: dict) -> dict:
+    """One window of GET /api/channels/<name>: its span, count and estimates with their
+    intervals (no histograms), in the shape the channel's entry has them."""
+    point = {"start": window["start"], "end": window["end"], "count": window["count"]}
+    if kind == "linear":
+        point.update(_mean_point(window))
+    elif kind == "circular":
+        point.update(_direction_point(window))
+    elif kind == "polar":
+        point["radius"] = _mean_point(window["radius"])
+        point["angle"] = _direction_point(window["angle"])
+    elif kind == "vector":
+        point["axes"] = {axis: {"count": view["count"], **_mean_point(view)}
+                         for axis, view in window["axes"].items()}
+    else:
+        frequencies = window.get("frequencies") or {}
+        point["frequencies"] = {key: frequencies.get(key)
+                                for key in ("shares", "estimate", "ci95")}
+    return point
+
+
+def history_document(name: str, detail: dict, window_seconds: float, t: float) -> dict:
+    """GET /api/channels/<name>/history: the channel's windowed estimates over the kept
+    windows (``[aggregates] history_seconds``), oldest first."""
+    units = {key: detail[key] for key in ("unit", "angle_unit") if key in detail}
+    extra = {"labels": (detail.get("frequencies") or {}).get("labels")} \
+        if detail["kind"] == "categorical" else {}
+    return {"channel": name, "kind": detail["kind"], **units, **extra, "t": t,
+            "window_seconds": window_seconds,
+            "points": [history_point(detail["kind"], window) for window in detail["windows"]]}
 
 
 class Views:
@@ -128,14 +175,16 @@ class Views:
                 one.adopt_computed(earlier)
         details = {name: self._channel(ingestor, name, windows=True)
                    for name in sorted(ingestor.series)}
+        histories = {name: history_document(name, detail, ingestor.window_seconds, capture.t)
+                     for name, detail in details.items()}
         # An entry of /api/channels is its detail without the windows (computed once).
         entries = {name: {key: value for key, value in detail.items() if key != "windows"}
                    for name, detail in details.items()}
         self._earlier = series
         return Documents(
             channels=self._document(ingestor, capture.t, broker, ranges, extra, entries),
-            channel_details=details, range=range_document(*ranges, capture.t),
-            dead_letters=list(ingestor.dead_letters))
+            channel_details=details, histories=histories,
+            range=range_document(*ranges, capture.t), dead_letters=list(ingestor.dead_letters))
 
     # -- documents at once, under the lock --------------------------------------------------------
     def channels_json(self) -> dict:
@@ -182,9 +231,14 @@ class Views:
     def _channel(ingestor: Ingestor, name: str, *, windows: bool) -> dict:
         by_identity = ingestor.series[name]
         latest = ingestor.latest[name]
-        view = by_identity[latest].get(windows=windows)
+        series = by_identity[latest]
+        view = series.get(windows=windows)
         view["other_series"] = [{"mechanism": as_dict(s.description), "count": s.count()}
                                 for identity, s in by_identity.items() if identity != latest]
+        # The latest point of the channel's history: the dashboard extends its chart with it.
+        newest = view["windows"][-1:] if windows else \
+            [series.window_view(max(series.windows))] if series.windows else []
+        view["window"] = history_point(series.kind, newest[0]) if newest else None
         return view
 
 
@@ -208,6 +262,29 @@ CHANNEL_GAUGES = {
         "Half-width of the mean direction's 95% interval (circular channels; absent where "
         "the reports give no direction).",
         lambda c: (c.get("direction") or {}).get("half_width")),
+    # A polar channel's two components: the radius as a linear channel, the angle as a
+    # circular one.
+    "ldp_channel_radius_mean_estimate": (
+        "Estimated true mean of the radius (polar channels).",
+        lambda c: ((c.get("radius") or {}).get("mean") or {}).get("estimate")),
+    "ldp_channel_radius_mean_stderr": (
+        "Standard error of the radius mean estimate (polar channels).",
+        lambda c: ((c.get("radius") or {}).get("mean") or {}).get("stderr")),
+    "ldp_channel_angle_circular_mean": (
+        "Mean direction of the angle (polar channels), in its unit.",
+        lambda c: (c.get("angle") or {}).get("circular_mean")),
+    "ldp_channel_angle_circular_mean_half_width": (
+        "Half-width of the angle's mean direction 95% interval (polar channels).",
+        lambda c: ((c.get("angle") or {}).get("direction") or {}).get("half_width")),
+    "ldp_channel_angle_resultant_length": (
+        "Estimated mean resultant length of the angle (polar channels).",
+        lambda c: ((c.get("angle") or {}).get("resultant_length") or {}).get("estimate")),
+}
+# A vector channel's axes: (help, the key in the axis's "mean").
+AXIS_GAUGES = {
+    "ldp_channel_axis_mean_estimate": ("Estimated true mean of each axis (vector channels).",
+                                       "estimate"),
+    "ldp_channel_axis_mean_stderr": ("Standard error of each axis's mean estimate.", "stderr"),
 }
 
 
@@ -253,6 +330,32 @@ def document_metrics(document: dict) -> list[Metric]:
                                   {name: extract(channel)
                                    for name, channel in document["channels"].items()}))
     families += category_metrics(document["channels"])
+    families += axis_metrics(document["channels"])
+    families.append(info_metric(document["channels"]))
+    return families
+
+
+def info_metric(channels: dict) -> Metric:
+    """``ldp_channel_info{channel,kind,unit,angle_unit} 1``: what each channel's values
+    are measured in, to join on (label values: bounded names and units from reports)."""
+    family = GaugeMetricFamily("ldp_channel_info", "Each channel's kind and units (always 1).",
+                               labels=["channel", "kind", "unit", "angle_unit"])
+    for name, channel in sorted(channels.items()):
+        family.add_metric([name, channel["kind"], channel.get("unit") or "",
+                           channel.get("angle_unit") or ""], 1)
+    return family
+
+
+def axis_metrics(channels: dict) -> list[Metric]:
+    families = []
+    for metric, (help_text, key) in AXIS_GAUGES.items():
+        family = GaugeMetricFamily(metric, help_text, labels=["channel", "axis"])
+        for name, channel in sorted(channels.items()):
+            for axis, view in sorted((channel.get("axes") or {}).items()):
+                value = (view.get("mean") or {}).get(key)
+                if value is not None:
+                    family.add_metric([name, axis], value)
+        families.append(family)
     return families
 
 
@@ -301,6 +404,7 @@ class Snapshot:
     t: float  # the aggregates' time (the source's clock)
     channels: bytes  # JSON of GET /api/channels
     channel_details: dict[str, bytes]  # JSON of GET /api/channels/<name>, by name
+    histories: dict[str, bytes]  # JSON of GET /api/channels/<name>/history, by name
     range: bytes  # JSON of GET /api/range
     rejects: bytes  # JSON of GET /api/rejects
     metrics: tuple[Metric, ...]  # the documents' families for /metrics
@@ -364,6 +468,8 @@ class Snapshots:
                     t=capture.t, channels=to_json(documents.channels),
                     channel_details={name: to_json(detail)
                                      for name, detail in documents.channel_details.items()},
+                    histories={name: to_json(history)
+                               for name, history in documents.histories.items()},
                     range=to_json(documents.range),
                     rejects=to_json({"recent": documents.dead_letters}),
                     metrics=tuple(document_metrics(documents.channels)),

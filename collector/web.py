@@ -570,6 +570,7 @@ class WebServer:
         routes = [
             Route("/api/channels", self._channels, methods=get),
             Route("/api/channels/", self._channels, methods=get),
+            Route("/api/channels/{name}/history", self._history, methods=get),
             Route("/api/channels/{name:path}", self._channel, methods=get),
             Route("/api/range", self._range, methods=get),
             Route("/api/rejects", self._rejects, methods=get),
@@ -586,8 +587,15 @@ class WebServer:
         return _json((await self._snapshot()).channels)
 
     async def _channel(self, request: Request) -> Response:
+        return await self._of_channel(request, "channel_details")
+
+    async def _history(self, request: Request) -> Response:
+        return await self._of_channel(request, "histories")
+
+    async def _of_channel(self, request: Request, documents: str) -> Response:
+        """The snapshot's document of the channel the path names (``documents``: which)."""
         name = request.path_params["name"]
-        body = (await self._snapshot()).channel_details.get(name)
+        body = getattr(await self._snapshot(), documents).get(name)
         if body is None:
             raise HTTPException(404, f"no channel named {name!r}")
         return _json(body)

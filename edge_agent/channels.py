@@ -114,6 +114,11 @@ class Channel:
     def describe(self) -> dict[str, Any]:
         return self.mechanism.describe()
 
+    @property
+    def unit(self) -> str | None:
+        """The reported values' unit (``Report.unit``): the channel's ``unit`` key."""
+        return self.config.unit
+
     # -- the privacy map -------------------------------------------------------------------
     # Mechanism reports per reading (a vector channel: its k axes).
     reports_per_reading = 1
@@ -183,7 +188,7 @@ class Channel:
             codes = extra.pop("codes")
         payload = protocol.report(agent=self.agent_id, channel=self.name, kind=self.kind,
                                   seq=seq, t=t, dt=dt, mechanism=self.describe(), codes=codes,
-                                  **extra)
+                                  unit=self.unit, **extra)
         return self.topic, payload
 
     def _perturb(self, values: tuple[np.ndarray, ...], source: RandomSource):
@@ -237,6 +242,7 @@ class LinearChannel(Channel):
 
 class CircularChannel(Channel):
     kind = "circular"
+    unit = None  # the mechanism's period says it (config unit "rad" or "deg")
 
     def __init__(self, config: CircularChannelConfig, **kw):
         super().__init__(config, **kw)
@@ -257,6 +263,11 @@ class PolarChannel(Channel):
         (radius, angle), clipped = self.mechanism.perturb_codes(values[0], values[1], source,
                                                                 return_clipped=True)
         return [radius.tolist(), angle.tolist()], clipped
+
+    @property
+    def unit(self) -> str | None:
+        """The radius's (the angle's is the period's)."""
+        return self.config.radius_unit
 
 
 def vector_plan(config: VectorChannelConfig) -> tuple[int, float]:

@@ -30,16 +30,41 @@ def _load(path: str, exit_code: int = 2) -> AgentConfig:
 
 
 main = command_group("Local-differential-privacy agent for sensor streams.")
-add_check_config(main, load_config, lambda config: {"mechanisms": describe_channels(config)})
 
 
-def describe_channels(config: AgentConfig) -> dict:
-    """Each channel's mechanism as the protocol will announce it (polar splits, vector plans)."""
+def implied(config: AgentConfig) -> dict:
+    """What ``check-config`` adds to the configuration: each channel's mechanism as the
+    protocol will announce it (polar splits, vector plans), and how long the budget
+    lasts at the configured rates (edge_agent.spending)."""
     from .channels import build_channel
+    from .spending import ChannelSpending, budget_plan, reports_per_second
+    from .state import DELTA_UNIT, NANO
 
+    channels = [build_channel(c, agent_id=config.agent_id, fleet=config.fleet)
+                for c in config.channels]
+    sources = {source.name: source for source in config.sources}
+    spending = [ChannelSpending(channel.name,
+                                *reports_per_second(channel.config, sources[channel.source]),
+                                epsilon_per_report=channel.charge_nano / NANO,
+                                delta_per_report=channel.charge_delta / DELTA_UNIT)
+                for channel in channels]
+    return {"mechanisms": describe_channels(channels),
+            "budget": budget_plan(config, spending)}
+
+
+def budget_advice(config: AgentConfig, effective: dict) -> list[str]:
+    from .spending import budget_lines
+
+    return budget_lines(config, effective["budget"])
+
+
+add_check_config(main, load_config, implied, budget_advice)
+
+
+def describe_channels(channels: list) -> dict:
+    """Each channel's mechanism, topic and charge, by name."""
     described = {}
-    for channel_config in config.channels:
-        channel = build_channel(channel_config, agent_id=config.agent_id, fleet=config.fleet)
+    for channel in channels:
         entry = {"topic": channel.topic, "epsilon_per_report": channel.epsilon,
                  "mechanism": channel.describe()}
         if channel.kind == "vector":

@@ -35,9 +35,11 @@ def command_group(help_text: str) -> click.Group:
 
 
 def add_check_config(group: click.Group, load: Callable[[str], Config],
-                     more: Callable[[Config], dict] | None = None) -> None:
+                     more: Callable[[Config], dict] | None = None,
+                     advice: Callable[[Config, dict], list[str]] | None = None) -> None:
     """``check-config FILE``: validate and print the effective configuration (exit 2 if
-    invalid); ``more`` adds what else the configuration implies."""
+    invalid); ``more`` adds what else the configuration implies, ``advice`` lines for a
+    person (on stderr, so that stdout stays JSON) from the printed document."""
 
     @group.command("check-config")
     @click.argument("file", type=click.Path(dir_okay=False))
@@ -49,7 +51,9 @@ def add_check_config(group: click.Group, load: Callable[[str], Config],
             effective["broker"]["password"] = "********"
         if more is not None:
             effective.update(more(config))
-        click.echo(json.dumps(effective, indent=2))
+        click.echo(json.dumps(effective, indent=2, ensure_ascii=False))
+        for line in advice(config, effective) if advice is not None else ():
+            click.echo(line, err=True)
 
 
 def load_or_exit(load: Callable[[str], Config], path: str, exit_code: int = 2) -> Config:

@@ -35,7 +35,7 @@ from .mechanisms import (
     linear_mechanism,
     split_epsilon,
 )
-from .mechanisms.categorical import LABEL, MAX_LABELS, ORACLES, best_oracle
+from .mechanisms.categorical import LABEL, MAX_LABELS, ORACLES, UNIT, best_oracle
 from .mechanisms.registry import KIND_CONFIG_NAMES
 from .mqtt_client import Endpoint, TlsFiles
 from .protocol.messages import MAX_AGENT_CHANNELS
@@ -71,6 +71,8 @@ class Model(BaseModel):
 
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+# A unit of measurement shown with every value ("g", "m/s²", "°C", "bpm"): free text.
+Unit = Annotated[str, Field(pattern=f"^{UNIT.pattern}$")]
 def _epsilon_range(value: float) -> float:
     if not EPSILON_MIN <= value <= EPSILON_MAX:
         raise ValueError(f"must be in [{EPSILON_MIN:g}, {EPSILON_MAX:g}], got {value:g}")
@@ -300,6 +302,7 @@ class LinearChannelConfig(_ChannelBase):
     field: str
     mechanism: LinearMechanism = "ogpm"
     domain: tuple[float, float] | Literal["auto"]
+    unit: Unit | None = None  # of the readings (and domain); the collector shows it
     # domain = "auto": report over initial_domain until the fleet's range has been
     # discovered (range discovery), then, from the next budget period on, over the
     # discovered [min, max] widened by domain_margin x its width on each side
@@ -342,8 +345,9 @@ class PolarChannelConfig(_ChannelBase):
     mechanism: OgpmOnly = "ogpm"
     radius_max: Annotated[float, Field(gt=0)]
     weight: Annotated[float, Field(gt=0)] = 1.0  # radius accuracy vs angle accuracy
-    unit: Literal["rad", "deg"] = "rad"
+    unit: Literal["rad", "deg"] = "rad"  # the angle's
     origin: float = 0.0
+    radius_unit: Unit | None = None  # the magnitude's ("g", "m/s"); the collector shows it
 
 
 class VectorChannelConfig(_ChannelBase):
@@ -351,6 +355,7 @@ class VectorChannelConfig(_ChannelBase):
     fields: Annotated[list[str], Field(min_length=2, max_length=64)]
     mechanism: LinearMechanism = "ogpm"
     domain: tuple[float, float]
+    unit: Unit | None = None  # of every axis
     # split: every reading reports all d axes at epsilon/d each;
     # sample: every reading reports k random axes at epsilon/k each;
     # auto: the k (k = d is split) with the smallest worst-case variance of the
@@ -394,6 +399,7 @@ class CategoricalChannelConfig(_ChannelBase):
     field: str
     categories: list[CategoryLabel] | list[int] | None = None
     bin_edges: list[float] | None = None
+    unit: Unit | None = None  # of the field (its bin_edges), shown with the bins
     # grr | oue | sue | olh, or auto: the one of least variance for this domain size and
     # epsilon (GRR for small domains, OLH for large ones; edge_agent.mechanisms.categorical).
     oracle: Oracle = "auto"
@@ -567,6 +573,14 @@ _TAGS = {"synthetic", "csv", "jsonl", "mqtt", "i2c", "linear", "circular", "pola
          "function-after", "function-before", "function-plain"}
 
 
+_PATTERN_TEXT = {
+    NAME_PATTERN: "must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
+                  "digit",
+    f"^{UNIT.pattern}$": "must be 1-16 characters, none a control character or a brace",
+    f"^{LABEL.pattern}$": "must be 1-40 characters, none a control character or a brace",
+}
+
+
 def _location(loc: tuple[Any, ...]) -> str:
     text = ""
     for part in loc:
@@ -593,12 +607,11 @@ def _describe(error: dict[str, Any]) -> str:
     elif kind == "literal_error":
         text = f"must be one of {ctx.get('expected')}"
     elif kind == "union_tag_invalid":
-        text = f"must be one of {ctx.get('expected_tags')}"
+        return f"must be one of {ctx.get('expected_tags')}, got {ctx.get('tag')!r}"
     elif kind == "union_tag_not_found":
         return f"needs a '{ctx.get('discriminator', '').strip(chr(39))}' key"
     elif kind == "string_pattern_mismatch":
-        text = ("must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
-                "digit")
+        text = _PATTERN_TEXT.get(ctx.get("pattern"), f"must match {ctx.get('pattern')}")
     elif kind in ("value_error", "assertion_error"):
         return str(ctx.get("error", error["msg"]))
     else:
@@ -614,9 +627,13 @@ def format_validation_error(exc: ValidationError) -> str:
     lines = []
     for error in exc.errors():
         where = _location(error["loc"])
+        if error["type"] == "union_tag_invalid":  # name the key whose value picks the type
+            where += "." + error.get("ctx", {}).get("discriminator", "").strip("'")
         message = _describe(error)
-        # Model-level validators already name their own location.
-        lines.append(message if re.match(r"^\w+\[\d+\]", message) else f"{where}: {message}")
+        # Model-level validators already name their own location ("channels[2]: ...",
+        # "aggregates.history_seconds: ...").
+        lines.append(message if re.match(r"^\w+(\[\d+\]|\.\w)", message)
+                     else f"{where}: {message}")
     return "\n".join(dict.fromkeys(lines))
 
 

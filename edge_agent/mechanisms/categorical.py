@@ -58,8 +58,12 @@ TOTAL = 1 << TOTAL_BITS
 MAX_CATEGORIES = 1 << 16
 MAX_UNARY_CATEGORIES = 1 << 10  # OUE sends k bits per value
 MAX_LABELS = 1 << 10
-# A category label: 1-40 characters, none of them a control character.
-LABEL = re.compile(r"[^\x00-\x1f\x7f-\x9f]{1,40}")
+# A category label: 1-40 characters, none of them a control character or a brace (a
+# collector refuses a report whose braces do not pair up before decoding it:
+# edge_agent.protocol.messages._braces_pair_up).
+LABEL = re.compile(r"[^\x00-\x1f\x7f-\x9f{}]{1,40}")
+# A unit of measurement ("g", "m/s²", "°C", "bpm"): free text of 1-16 such characters.
+UNIT = re.compile(r"[^\x00-\x1f\x7f-\x9f{}]{1,16}")
 
 
 def _within_delta(excess_numerator: int, epsilon_weight: int, denominator: int,

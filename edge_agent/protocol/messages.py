@@ -52,6 +52,7 @@ from ..mechanisms.categorical import (
     MAX_CATEGORIES,
     MAX_LABELS,
     ORACLES,
+    UNIT,
     FrequencyOracle,
 )
 from ..rangefind import MAX_ROUNDS
@@ -91,6 +92,9 @@ Label = Annotated[str, Meta(max_length=40)]  # a refusal reason or similar short
 CategoryLabel = Annotated[str, Meta(pattern=f"^{LABEL.pattern}(?!\\n)$",
                                     description="a category's name: 1-40 characters, "
                                                 "no control characters")]
+Unit = Annotated[str, Meta(pattern=f"^{UNIT.pattern}(?!\\n)$",
+                           description="a unit of measurement, free text: 1-16 characters, "
+                                       "no control characters or braces")]
 Seed = Annotated[int, Meta(ge=0, lt=1 << 32)]
 Text = Annotated[str, Meta(max_length=1024)]
 Finite = Annotated[float, Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]
@@ -251,6 +255,11 @@ class Report(Struct, forbid_unknown_fields=True, omit_defaults=True):
     strategy: Strategy | None = None
     seeds: Annotated[list[Seed], Meta(max_length=MAX_CODES, description=(
         "categorical olh: the hash seed of each value, one per bucket in codes"))] | None = None
+    unit: Annotated[Unit, Meta(description=(
+        "the unit of the reported values as the agent's configuration names it: linear, "
+        "vector (every axis), categorical (its bin edges), polar (the radius; the angle's "
+        "unit is its mechanism's period: 360 degrees or 2 pi radians); never on circular "
+        "reports, whose period is their unit"))] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,11 +279,12 @@ class ValidReport:
 
 def report(*, agent: str, channel: str, kind: str, seq: int, t: float, dt: float,
            mechanism: dict | Struct, codes: list, fields: list[str] | None = None,
-           strategy: dict | Strategy | None = None, seeds: list[int] | None = None) -> bytes:
+           strategy: dict | Strategy | None = None, seeds: list[int] | None = None,
+           unit: str | None = None) -> bytes:
     """One report message.  ``codes``: a list of ints (linear, circular, categorical grr
     and olh), two lists (polar: radius, angle), one list per field (vector) or one list
     per value (categorical oue and sue); ``seeds``: olh's; ``t`` is the batch start and
-    ``dt`` its length, in seconds."""
+    ``dt`` its length, in seconds; ``unit``: the values' unit (``Report.unit``)."""
     if isinstance(mechanism, dict):
         mechanism = describe(mechanism)
     if isinstance(strategy, dict):
@@ -282,7 +292,7 @@ def report(*, agent: str, channel: str, kind: str, seq: int, t: float, dt: float
     return encode(Report(v=PROTOCOL_VERSION, agent=agent, channel=channel, kind=kind, seq=seq,
                          t=round(t, 3), dt=round(dt, 3), mechanism=mechanism, codes=codes,
                          fields=tuple(fields) if fields is not None else None,
-                         strategy=strategy, seeds=seeds))
+                         strategy=strategy, seeds=seeds, unit=unit))
 
 
 _report_decoder = msgspec.json.Decoder(Report)
@@ -327,6 +337,8 @@ def check_report(message: Report) -> ValidReport:
     problem = kind_problem(message.kind, mechanism, message.fields, message.strategy)
     if problem is not None:
         raise Rejected(*problem)
+    if message.kind == "circular" and message.unit is not None:
+        raise Rejected("schema", "a circular report's unit is its mechanism's period")
     if message.kind == "categorical":
         return ValidReport(message, mechanism, _oracle_reports(message, mechanism))
     if message.seeds is not None:
@@ -846,7 +858,8 @@ class OtherSeries(Struct, forbid_unknown_fields=True):
 # kind's summary, side by side in one object.
 _SNAPSHOT_HEADER = [("channel", Name), ("t", Finite), ("mechanism", MechanismDescription),
                     ("count", Count), ("messages", Count), ("agents", Count),
-                    ("other_series", list[OtherSeries])]
+                    ("other_series", list[OtherSeries]), ("unit", Unit | None, None),
+                    ("angle_unit", Literal["rad", "deg"] | None, None)]
 SNAPSHOTS: dict[str, type[Struct]] = {
     kind: define(__name__, f"{kind.title()}Snapshot", summary, kind, _SNAPSHOT_HEADER,
                  tag_field="kind")
@@ -857,8 +870,10 @@ ChannelSnapshot = Union[tuple(SNAPSHOTS.values())]  # noqa: UP007
 
 
 def snapshot(view: dict, *, channel: str, t: float) -> bytes:
-    """A channel's API entry (``Views``) as its typed snapshot message."""
-    return encode(msgspec.convert({**view, "channel": channel, "t": t}, ChannelSnapshot))
+    """A channel's API entry (``Views``) as its typed snapshot message: the cumulative
+    aggregates (the entry's latest ``window`` is the API's, for charts, left out)."""
+    summary = {key: value for key, value in view.items() if key != "window"}
+    return encode(msgspec.convert({**summary, "channel": channel, "t": t}, ChannelSnapshot))
 
 
 # -- encoding and decoding ---------------------------------------------------------------------

@@ -34,6 +34,7 @@ from .messages import (
     Seq,
     Strategy,
     Text,
+    Unit,
     decode_checked,
     define,
     encode,
@@ -124,6 +125,7 @@ class _SeriesState(Struct, forbid_unknown_fields=True, tag_field="kind", kw_only
     mechanism: MechanismDescription
     fields: Fields | None = None
     strategy: Strategy | None = None
+    unit: Unit | None = None  # the reports' (absent from states written before units)
     messages: Count
     agents: list[Name]
 

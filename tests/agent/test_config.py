@@ -65,7 +65,8 @@ def error_for(mutate) -> str:
     (lambda d: d["channels"][0].update(domain=[2, 1]),
      "channels[0].domain: must be [low, high] with finite low < high, got [2.0, 1.0]"),
     (lambda d: d["channels"][1].update(kind="spiral"),
-     "channels[1]: must be one of 'linear', 'circular', 'polar', 'vector'"),
+     "channels[1].kind: must be one of 'linear', 'circular', 'polar', 'vector', 'categorical', "
+     "got 'spiral'"),
     (lambda d: d["channels"][0].update(mechanism="gauss"), "channels[0].mechanism: must be one of"),
     (lambda d: d["channels"][1].update(unit="grad"),
      "channels[1].unit: must be one of 'rad' or 'deg', got 'grad'"),
@@ -83,7 +84,7 @@ def error_for(mutate) -> str:
     (lambda d: d["privacy"].update(budget_period="10s"), "must be at least 1 minute"),
     (lambda d: d.update(colour="red"), "colour: is not a known key"),
     (lambda d: d["sources"][0].update(rate_hz=-5), "sources[0].rate_hz: must be > 0, got -5"),
-    (lambda d: d["sources"][0].update(type="gps"), "sources[0]: must be one of"),
+    (lambda d: d["sources"][0].update(type="gps"), "sources[0].type: must be one of"),
     (lambda d: d.pop("privacy"), "privacy: is required"),
     (lambda d: d["channels"].append({"name": "v", "source": "imu", "kind": "vector",
                                      "fields": ["accel_x", "accel_y"], "epsilon": 1,

@@ -20,7 +20,7 @@ import math
 import random
 import threading
 
-from collector.views import Capture, Documents
+from collector.views import Capture, Documents, history_document, history_point
 
 FLEET = "demo"
 T0 = 1763780000.0
@@ -28,6 +28,10 @@ LINEAR_BINS = 50
 CIRCULAR_BINS = 36
 WINDOWS_KEPT = 6
 WINDOW_SECONDS = 10.0
+# What each kind's entry says of its units (collector.series.Series.units).
+UNITS = {"linear": {"unit": "g"}, "circular": {"unit": "rad"},
+         "polar": {"unit": "g", "angle_unit": "rad"}, "vector": {"unit": "g"},
+         "categorical": {"unit": None}}
 TAU = 2 * math.pi
 Z95 = 1.959964
 
@@ -130,13 +134,20 @@ def circular_block(rng: random.Random, *, mu: float, kappa: float, count: int = 
     }
 
 
+def with_latest_windows(document: dict, windows: dict[str, list[dict]]) -> None:
+    """Each channel's entry gets its latest window as a history point (``window``)."""
+    for name, channel in document["channels"].items():
+        kept = windows.get(name)
+        channel["window"] = history_point(channel["kind"], kept[-1]) if kept else None
+
+
 def empty_linear_channel(*, low: float = 0.0, high: float = 100.0) -> dict:
     """A channel the engine knows (configured) but has no report for yet."""
     edges = _edges(low, high, LINEAR_BINS)
     return {
         "kind": "linear",
         "mechanism": {"name": "ogpm", "epsilon": 0.5, "low": low, "high": high, "grid_bits": 16},
-        "count": 0, "messages": 0, "agents": 0,
+        "count": 0, "messages": 0, "agents": 0, "unit": None,
         "mean": {"raw": None, "estimate": None, "stderr": None, "ci95": [None, None],
                  "method": None, "bias_bound": None},
         "histogram": {"edges": edges, "raw": [0.0] * LINEAR_BINS,
@@ -174,7 +185,9 @@ class FakeSource:
 
     def channels_json(self) -> dict:
         with self._lock:
-            return copy.deepcopy(self._doc)
+            document = copy.deepcopy(self._doc)
+            with_latest_windows(document, self._windows)
+            return document
 
     def channel_json(self, name: str) -> dict | None:
         with self._lock:
@@ -182,6 +195,7 @@ class FakeSource:
             if channel is None:
                 return None
             entry = copy.deepcopy(channel)
+            with_latest_windows({"channels": {name: entry}}, self._windows)
             entry["windows"] = copy.deepcopy(self._windows.get(name, []))
             return entry
 
@@ -195,9 +209,12 @@ class FakeSource:
         with self._lock:
             self.computes += 1
         document, windows = capture.content
+        with_latest_windows(document, windows)
         details = {name: {**channel, "windows": windows.get(name, [])}
                    for name, channel in document["channels"].items()}
-        return Documents(channels=document, channel_details=details,
+        histories = {name: history_document(name, detail, WINDOW_SECONDS, capture.t)
+                     for name, detail in details.items()}
+        return Documents(channels=document, channel_details=details, histories=histories,
                          range={"t": capture.t, "channels": {}}, dead_letters=[])
 
     # -- test controls ----------------------------------------------------
@@ -258,7 +275,7 @@ class FakeSource:
     def _meta(self, kind: str, name: str, mechanism: dict, n_agents: int) -> dict:
         count = self._counts[name]
         return {"kind": kind, "mechanism": dict(mechanism), "count": count,
-                "messages": count // 50, "agents": n_agents}
+                "messages": count // 50, "agents": n_agents, **UNITS[kind]}
 
     def _linear_channel(self, rng: random.Random, n_agents: int) -> dict:
         channel = self._meta("linear", "accel_x", LINEAR_MECHANISM, n_agents)
@@ -310,7 +327,7 @@ class FakeSource:
         for name, channel in self._doc["channels"].items():
             stats = {key: copy.deepcopy(value) for key, value in channel.items()
                      if key not in ("kind", "mechanism", "messages", "agents", "other_series",
-                                    "strategy")}
+                                    "strategy", "unit", "angle_unit", "window")}
             stats["count"] = min(channel["count"], 480)
             windows = self._windows.setdefault(name, [])
             windows.append({"start": start, "end": self._doc["t"], **stats})

@@ -71,7 +71,7 @@ def comparable(channel):
     channel = dict(channel)
     if channel["kind"] == "circular":
         for key in ("circular_mean", "direction", "resultant_length", "circular_std",
-                    "circular_std_reason"):
+                    "circular_std_reason", "window"):
             channel.pop(key)
     return channel
 

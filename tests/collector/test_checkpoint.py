@@ -30,12 +30,16 @@ FLEET = "demo"
 
 # Keys the API gained after commit 482e47e that are not the ingestor's state.
 NEWER_THAN_LEGACY = ("range_ignored",)
+NEWER_IN_CHANNELS = ("unit", "angle_unit", "window")
 
 
 def document(ingestor: Ingestor) -> dict:
     said = json.loads(json.dumps(Views(lambda: ingestor, clock=lambda: 1000.0).channels_json()))
     for key in NEWER_THAN_LEGACY:
         said.pop(key)
+    for channel in said["channels"].values():
+        for key in NEWER_IN_CHANNELS:
+            channel.pop(key, None)
     return said
 
 

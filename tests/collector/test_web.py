@@ -142,7 +142,8 @@ class NanSource:
                     "ingest": {"messages": 0, "values": 0, "duplicates": 0, "rejects": {}},
                     "channels": {"a": channel}}
         return Documents(channels=document, channel_details={"a": {**channel, "windows": []}},
-                         range={"t": float("nan"), "channels": {}}, dead_letters=[])
+                         histories={}, range={"t": float("nan"), "channels": {}},
+                         dead_letters=[])
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -1282,7 +1283,8 @@ class DocumentSource:
         return Documents(channels=document,
                          channel_details={n: {**c, "windows": []}
                                           for n, c in capture.content.items()},
-                         range={"t": capture.t, "channels": {}}, dead_letters=[])
+                         histories={}, range={"t": capture.t, "channels": {}},
+                         dead_letters=[])
 
 
 def categorical_channel(labels: list[str], shares: list[float] | None, *, delta: float = 0.0,
