@@ -330,7 +330,17 @@ def _output(out: str) -> Iterator[BinaryIO]:
 @click.option("--interval", default=2.0, show_default=True, help="seconds between refreshes")
 @click.option("--once", is_flag=True, help="print one snapshot and exit")
 def watch(url: str, interval: float, once: bool) -> None:
-    """A live terminal table of a running collector's aggregates."""
+    """A live terminal table of a running collector's aggregates.
+
+    URL is the collector's HTTP address, where its dashboard is served: the
+    [http] host and port of its configuration (default: http://127.0.0.1:8080).
+    A bare HOST:PORT is taken as http://HOST:PORT; behind a reverse proxy, give
+    the prefix the dashboard is served under (e.g. https://proxy/ldp/).  The
+    table is read from URL/api/channels.
+
+    Values are in each channel's unit; a mean's ± is its standard error (s.e.),
+    a circular mean's ± the half-width of its 95% interval.
+    """
     from .watch import watch as run_watch
 
     sys.exit(run_watch(url, interval=interval, once=once))

@@ -1,7 +1,12 @@
 """``edge-collector watch URL``: a collector's live aggregates in the terminal.
 
-Polls ``URL/api/channels`` (docs/API.md) with urllib and redraws a ``rich``
-table: one row per channel, plus one per axis (vector) or component (polar).
+``URL`` is the collector's HTTP address, where its dashboard is served (its
+``[http]`` host and port; default ``http://127.0.0.1:8080``).  Polls
+``URL/api/channels`` (docs/API.md) with urllib and redraws a ``rich`` table:
+one row per channel, plus one per axis (vector) or component (polar).  Values
+are shown with their channel's unit; a mean's ± is its standard error
+("(s.e.)"), a circular mean's ± the half-width of its 95% interval; numbers are
+plain decimals, never in exponent form.
 ``render()`` turns a document into the table and does nothing else, so it is
 testable without a server or a terminal.  Errors reaching the collector are
 shown under the last table received and retried; ``watch`` never raises them.
@@ -16,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from rich import box
@@ -32,15 +38,20 @@ COLUMNS = ("channel", "kind", "count", "agents", "estimate", "95% CI / detail", 
 # -- formatting (the dashboard's rules: 4 significant digits, "–" for none) --
 
 def fmt(x: Any, digits: int = 4) -> str:
+    """``digits`` significant digits in plain decimal, never in exponent form
+    (-0.0006788, 12,000,000), trailing zeros dropped, thousands grouped."""
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
         return DASH
     if x == 0:
         return "0"
-    text = f"{x:.{digits}g}"
-    if "e" in text and 1e-3 <= abs(x) < 1e6:
-        # Python's g switches to an exponent from 10**digits on; write 12350, not 1.235e+04.
-        text = f"{float(text):f}".rstrip("0").rstrip(".")
-    return text
+    rounded = Decimal(f"{x:.{digits - 1}e}").normalize()  # the digits, exactly
+    return f"{rounded:,f}"
+
+
+def with_unit(text: str, unit: Any) -> str:
+    """``text`` followed by the unit, if the channel names one (and there is a value)."""
+    return f"{text} {unit}" if isinstance(unit, str) and unit.strip() and text != DASH \
+        else text
 
 
 def fmt_count(n: Any) -> str:
@@ -59,12 +70,17 @@ def _is_radians(period: Any) -> bool:
 
 # -- the cells of one statistics block --
 
-def _linear_cells(block: dict) -> tuple[str, str]:
+def _unit(unit: Any) -> str:
+    return f" {unit.strip()}" if isinstance(unit, str) and unit.strip() else ""
+
+
+def _linear_cells(block: dict, unit: Any = None) -> tuple[str, str]:
+    """mean ± its standard error, in the unit; the 95% interval, the method."""
     mean = _dict(block.get("mean"))
     ci = mean.get("ci95") if isinstance(mean.get("ci95"), list) else [None, None]
     low, high = (ci + [None, None])[:2]
-    estimate = f"{fmt(mean.get('estimate'))} ± {fmt(mean.get('stderr'))}"
-    detail = f"[{fmt(low)}, {fmt(high)}]"
+    estimate = f"{fmt(mean.get('estimate'))} ± {fmt(mean.get('stderr'))}{_unit(unit)} (s.e.)"
+    detail = f"[{fmt(low)}, {fmt(high)}]{_unit(unit)}"
     if mean.get("method"):
         detail += f" {mean['method']}"
     if mean.get("note"):  # data where the mechanism cannot place it (docs/API.md)
@@ -76,13 +92,17 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _circular_cells(block: dict, period: Any) -> tuple[str, str]:
-    """μ ± the 95% half-width (or "any direction"); R with its 95% interval, raw, σ."""
+def _circular_cells(block: dict, period: Any, unit: Any = None) -> tuple[str, str]:
+    """μ ± the 95% half-width (or "any direction"), in the unit; R with its 95% interval,
+    raw, σ."""
     mean = block.get("circular_mean")
     direction = _dict(block.get("direction"))
     half = direction.get("half_width")
     estimate = f"μ {fmt(mean)}" + (f" ± {fmt(half)}" if _finite(half) else "")
-    if _is_radians(period) and _finite(mean):
+    if _finite(mean):
+        estimate += _unit(unit) + (" (95% half-width)" if _finite(half) else "")
+    in_radians = unit == "rad" or (not _unit(unit) and _is_radians(period))
+    if in_radians and _finite(mean):
         degrees = f"{fmt(math.degrees(mean), 3)}°"
         if _finite(half):
             degrees += f" ± {fmt(math.degrees(half), 3)}°"
@@ -92,7 +112,7 @@ def _circular_cells(block: dict, period: Any) -> tuple[str, str]:
     length = _dict(block.get("resultant_length"))
     ci = length.get("ci95") if isinstance(length.get("ci95"), list) else []
     interval = f" [{fmt(ci[0])}, {fmt(ci[1])}]" if len(ci) == 2 else ""
-    std = f"σ {fmt(block.get('circular_std'))}"
+    std = f"σ {with_unit(fmt(block.get('circular_std')), unit)}"
     if not _finite(block.get("circular_std")) and _finite(length.get("estimate")) \
             and length["estimate"] >= 1:
         std += " (R ≥ 1)"  # null rather than a fake 0 (docs/API.md)
@@ -113,20 +133,24 @@ def _rows(name: str, channel: dict) -> list[tuple[str, ...]]:
     """The table rows of one channel: its own, then one per axis or component."""
     kind = channel.get("kind")
     mechanism = _dict(channel.get("mechanism"))
+    unit = channel.get("unit")
     head = [name, str(kind), fmt_count(channel.get("count")), fmt_count(channel.get("agents"))]
     epsilon = fmt(mechanism.get("epsilon"))
     if kind == "linear":
-        return [(*head, *_linear_cells(channel), epsilon)]
+        return [(*head, *_linear_cells(channel, unit), epsilon)]
     if kind == "circular":
-        return [(*head, *_circular_cells(channel, _period(channel, mechanism)), epsilon)]
+        return [(*head, *_circular_cells(channel, _period(channel, mechanism), unit), epsilon)]
     if kind == "polar":
         vector = _dict(channel.get("mean_vector"))
         radius, angle = _dict(channel.get("radius")), _dict(channel.get("angle"))
+        angle_unit = channel.get("angle_unit")
         return [
-            (*head, f"|v| {fmt(vector.get('magnitude'))} ∠ {fmt(vector.get('direction'))}",
-             f"x {fmt(vector.get('x'))}, y {fmt(vector.get('y'))}", epsilon),
-            ("  radius", "", "", "", *_linear_cells(radius), ""),
-            ("  angle", "", "", "", *_circular_cells(angle, _period(angle, mechanism)), ""),
+            (*head, f"|v| {with_unit(fmt(vector.get('magnitude')), unit)} ∠ "
+             f"{with_unit(fmt(vector.get('direction')), angle_unit)}",
+             f"x {fmt(vector.get('x'))}, y {fmt(vector.get('y'))}{_unit(unit)}", epsilon),
+            ("  radius", "", "", "", *_linear_cells(radius, unit), ""),
+            ("  angle", "", "", "",
+             *_circular_cells(angle, _period(angle, mechanism), angle_unit), ""),
         ]
     if kind == "vector":
         strategy = _dict(channel.get("strategy"))
@@ -135,11 +159,12 @@ def _rows(name: str, channel: dict) -> list[tuple[str, ...]]:
         for axis, block in _dict(channel.get("axes")).items():
             block = _dict(block)
             rows.append((f"  {axis}", "", fmt_count(block.get("count")), "",
-                         *_linear_cells(block), epsilon))
+                         *_linear_cells(block, unit), epsilon))
         return rows
     if kind == "categorical":
+        bins = f" (bin edges in {unit.strip()})" if _unit(unit) else ""
         return [(*head, "", f"{mechanism.get('name')} over "
-                 f"{fmt_count(mechanism.get('categories'))} categories", epsilon),
+                 f"{fmt_count(mechanism.get('categories'))} categories{bins}", epsilon),
                 *_category_rows(_dict(channel.get("frequencies")))]
     return [(*head, "", f"kind {kind!r} not shown", epsilon)]
 

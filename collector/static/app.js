@@ -1,42 +1,85 @@
 // edge-ldp collector dashboard: live fleet aggregates from /api/events
 // (server-sent events), falling back to polling /api/channels.
 //
-// The DOM of a channel card is built once and then only its text changes, and
-// each trend keeps at most HISTORY_POINTS points: the page may stay open for
-// days without growing.  Canvases are drawn by hand (no libraries, no CDN).
+// Each channel's charts over time are drawn from the server's history
+// (/api/channels/<name>/history, fetched when the channel first appears) and
+// extended with the latest window of every event; they keep at most what the
+// server's history holds, so the page may stay open for days without growing.
+// The DOM of a channel card is built once and then only its text changes.
+// Canvases are drawn by hand (no libraries, no CDN).
+//
+// `?static=1`: a static view (printing, screenshots, tests): /api/channels and
+// each channel's history are fetched once, no event stream is opened and no
+// timer is left running; <html data-state> says "ready" (or "error") when done.
 (() => {
   "use strict";
 
-  const HISTORY_POINTS = 300;   // points per trend chart, kept client-side
   const POLL_MS = 2000;         // polling period when the event stream fails
   const STREAM_RETRY_MS = 30000; // while polling, try the event stream again this often
+  const MAX_POINTS = 10000;     // points per channel history at most (the server's own cap)
+  const DEFAULT_HISTORY_SECONDS = 3600; // kept when the server's history cannot be read
+  const EPS = 1e-6;             // seconds: slack when comparing window times
   const DASH = "–";
+  const MINUS = "−";            // U+2212, for every negative number shown
   const TAU = 2 * Math.PI;
   const MAX_BARS = 64;          // categories drawn at most (the largest shares)
+  const STATIC = (() => {
+    const value = new URLSearchParams(window.location.search).get("static");
+    return value !== null && value !== "0" && value !== "false";
+  })();
 
   // ---- formatting -------------------------------------------------------
 
   const isNum = (x) => typeof x === "number" && Number.isFinite(x);
   const countFormat = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
+  const sigFormats = new Map();
 
-  // 4 significant digits, trailing zeros dropped; exponent form only for very
-  // large or small magnitudes.  null, NaN and missing values show as a dash.
+  // `digits` significant digits in plain decimal, never in exponent form
+  // (-6.788e-4 is "−0.0006788", 1.2e7 is "12,000,000"), trailing zeros dropped,
+  // digits grouped by thousands, a true minus sign.  null, NaN and missing
+  // values show as a dash.
   function fmt(x, digits = 4) {
     if (!isNum(x)) return DASH;
     if (x === 0) return "0";
-    const a = Math.abs(x);
-    if (a >= 1e6 || a < 1e-3) return x.toExponential(digits - 1).replace(/\.?0+e/, "e");
-    return String(Number(x.toPrecision(digits)));
+    let format = sigFormats.get(digits);
+    if (!format) {
+      format = new Intl.NumberFormat("en-US", { maximumSignificantDigits: digits });
+      sigFormats.set(digits, format);
+    }
+    return format.format(x).replace("-", MINUS);
   }
 
-  const fmtCount = (n) => (isNum(n) ? countFormat.format(n) : DASH);
+  const fmtCount = (n) => (isNum(n) ? countFormat.format(n).replace("-", MINUS) : DASH);
   // A share in [0, 1] as a percentage with one decimal.
-  const fmtShare = (x) => (isNum(x) ? `${(x * 100).toFixed(1)}%` : DASH);
+  const fmtShare = (x) => (isNum(x) ? `${(x * 100).toFixed(1)}%`.replace("-", MINUS) : DASH);
 
   function fmtTime(t) {
     if (!isNum(t)) return DASH;
     return new Date(t * 1000).toLocaleTimeString([], { hour12: false });
   }
+
+  // Local date and time, e.g. "2025-11-22 03:53:20" (the static view's "as of").
+  function fmtDateTime(t) {
+    if (!isNum(t)) return DASH;
+    const d = new Date(t * 1000);
+    const pad = (n) => String(n).padStart(2, "0");
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} `
+      + `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+
+  // A duration in the largest unit that keeps it readable: 40 s, 59 min, 3 h, 2 d.
+  function fmtDuration(seconds) {
+    if (!isNum(seconds)) return DASH;
+    if (seconds < 120) return `${fmt(seconds, 3)} s`;
+    if (seconds < 7200) return `${fmt(seconds / 60, 3)} min`;
+    if (seconds < 172800) return `${fmt(seconds / 3600, 3)} h`;
+    return `${fmt(seconds / 86400, 3)} d`;
+  }
+
+  // A channel's unit as the API gives it (a string, else none).
+  const unitOf = (unit) => (typeof unit === "string" && unit.trim() ? unit.trim() : "");
+  // A number with its unit, for text drawn on canvases and tooltips.
+  const withUnit = (text, unit) => (unit && text !== DASH ? `${text} ${unit}` : text);
 
   // Radian domains also in degrees; others (e.g. hour of day) stay as they are.
   const isRadians = (period) => isNum(period) && Math.abs(period - TAU) < 1e-6;
@@ -78,13 +121,51 @@
     return node;
   }
 
+  // The unit after a value (nothing when the channel names none).
+  function unitNode(unit) {
+    return unit ? el("span", { class: "unit", "data-unit": unit }, ` ${unit}`) : "";
+  }
+
+  // "±" with what it means, for the eye (a label) and the pointer (a tooltip).
+  function plusMinus(meaning) {
+    return el("span", { class: "pm", title: meaning }, " ± ");
+  }
+  const standardError = () => el("span", { class: "sub", "data-label": "stderr",
+    title: "± one standard error" }, " (s.e.)");
+  const halfWidth = () => el("span", { class: "sub", "data-label": "half-width",
+    title: "± the half-width of the 95% interval" }, " (95% half-width)");
+
   function term(label, ...parts) {
     return el("div", {}, [el("dt", {}, label), el("dd", {}, parts)]);
+  }
+
+  // A term on a row of its own: an estimate with its ± and what the ± is.
+  function wideTerm(label, ...parts) {
+    const node = term(label, ...parts);
+    node.className = "wide";
+    return node;
   }
 
   const qs = (selector) => document.querySelector(selector);
   // Header statistics: scoped, since cards have stats of the same names (count, messages).
   const headerStat = (key) => document.querySelector(`#fleet [data-stat="${key}"]`);
+
+  // GET a JSON document; an HTTP error throws with its status and the server's message.
+  async function getJSON(url) {
+    const response = await fetch(url, { cache: "no-store" });
+    const text = await response.text();
+    if (!response.ok) {
+      let message = "";
+      try {
+        const body = JSON.parse(text);
+        if (body && typeof body.error === "string") message = ` ${body.error}`;
+      } catch (err) {
+        message = response.statusText ? ` ${response.statusText}` : "";
+      }
+      throw new Error(`HTTP ${response.status}${message}`);
+    }
+    return JSON.parse(text);
+  }
 
   // ---- theme (chart colours come from style.css) --------------------------
 
@@ -115,11 +196,11 @@
     return { ctx, w, h };
   }
 
-  function noData(ctx, w, h) {
+  function noData(ctx, w, h, text = "no data yet") {
     ctx.fillStyle = theme.muted;
     ctx.textAlign = "center";
     ctx.textBaseline = "middle";
-    ctx.fillText("no data yet", w / 2, h / 2);
+    ctx.fillText(text, w / 2, h / 2);
   }
 
   function finiteRange(values) {
@@ -136,29 +217,55 @@
 
   // ---- charts ---------------------------------------------------------------
 
-  // Estimate over time with its 95% interval as a band.
-  class TrendChart {
-    constructor() {
-      this.canvas = el("canvas", { class: "trend", "data-chart": "trend" });
-      this.points = [];
+  // An estimate over time, one point per window of the channel's history, with
+  // its 95% interval as a band.  `set` takes samples {start, end, value, y, lo,
+  // hi}: `value` the estimate as served, `y` where it is drawn (a circular mean
+  // may be unwrapped), `lo`/`hi` the interval's ends.  The canvas carries what
+  // it shows for tests and tools: data-points (windows), data-first/data-last
+  // (their starts), data-last-value, data-y-low/data-y-high; its label says the
+  // span covered.
+  class SeriesChart {
+    constructor(chart, title, unit) {
+      this.canvas = el("canvas", { class: "trend", "data-chart": chart, "data-points": "0" });
+      this.unit = unit;
+      this.samples = [];
+      this.span = el("span", { class: "span", "data-span": "0" }, "");
+      this.label = el("div", { class: "chart-label", "data-label": chart }, [title, this.span]);
     }
 
-    add(t, mean) {
-      const m = mean || {};
-      const ci = Array.isArray(m.ci95) ? m.ci95 : [];
-      const point = { t, est: m.estimate, lo: ci[0], hi: ci[1] };
-      const last = this.points[this.points.length - 1];
-      if (last && last.t === t) this.points[this.points.length - 1] = point;
-      else this.points.push(point);
-      if (this.points.length > HISTORY_POINTS) {
-        this.points.splice(0, this.points.length - HISTORY_POINTS);
+    // `info`: {windowSeconds, loading, error} of the history.
+    set(samples, info) {
+      this.samples = samples;
+      const n = samples.length;
+      const first = samples[0];
+      const last = samples[n - 1];
+      const span = n ? last.end - first.start : 0;
+      setAttr(this.canvas, "data-points", String(n));
+      setAttr(this.canvas, "data-first", n ? String(first.start) : "");
+      setAttr(this.canvas, "data-last", n ? String(last.start) : "");
+      setAttr(this.canvas, "data-last-value", n && isNum(last.value) ? String(last.value) : "");
+      // What the y axis spans (before its margins): a circular mean's, unwrapped.
+      const range = finiteRange(samples.flatMap((p) => [p.y, p.lo, p.hi]));
+      setAttr(this.canvas, "data-y-low", range ? String(range[0]) : "");
+      setAttr(this.canvas, "data-y-high", range ? String(range[1]) : "");
+      setAttr(this.span, "data-span", String(span));
+      let text;
+      if (n) {
+        const windows = `${fmtCount(n)} window${n === 1 ? "" : "s"}`;
+        text = isNum(info.windowSeconds)
+          ? `, last ${fmtDuration(span)} (${windows} of ${fmtDuration(info.windowSeconds)})`
+          : `, last ${fmtDuration(span)} (${windows})`;
+      } else {
+        text = info.loading ? " (loading the history…)" : "";
       }
+      if (info.error) text += ` (${info.error})`;
+      setText(this.span, text);
     }
 
     draw() {
       const { ctx, w, h } = prepare(this.canvas);
-      const pts = this.points;
-      const yr = finiteRange(pts.flatMap((p) => [p.est, p.lo, p.hi]));
+      const pts = this.samples;
+      const yr = finiteRange(pts.flatMap((p) => [p.y, p.lo, p.hi]));
       if (!yr) return noData(ctx, w, h);
       let [y0, y1] = yr;
       const pad = (y1 - y0) * 0.1 || Math.abs(y0) * 0.1 || 1;
@@ -168,9 +275,10 @@
       const right = w - 4;
       const top = 12;
       const bottom = h - 12;
-      const t0 = pts[0].t;
-      const span = pts[pts.length - 1].t - t0;
-      const x = (t) => (span > 0 ? left + ((t - t0) / span) * (right - left) : right);
+      const mid = (p) => (p.start + p.end) / 2;
+      const t0 = mid(pts[0]);
+      const width = mid(pts[pts.length - 1]) - t0;
+      const x = (p) => (width > 0 ? left + ((mid(p) - t0) / width) * (right - left) : right);
       const y = (v) => bottom - ((v - y0) / (y1 - y0)) * (bottom - top);
 
       // Interval band, one polygon per run of points that have both ends.
@@ -178,10 +286,10 @@
       ctx.globalAlpha = 0.18;
       for (const run of runs(pts, (p) => isNum(p.lo) && isNum(p.hi))) {
         ctx.beginPath();
-        run.forEach((p, i) => (i ? ctx.lineTo(x(p.t), y(p.hi)) : ctx.moveTo(x(p.t), y(p.hi))));
-        for (let i = run.length - 1; i >= 0; i--) ctx.lineTo(x(run[i].t), y(run[i].lo));
+        run.forEach((p, i) => (i ? ctx.lineTo(x(p), y(p.hi)) : ctx.moveTo(x(p), y(p.hi))));
+        for (let i = run.length - 1; i >= 0; i--) ctx.lineTo(x(run[i]), y(run[i].lo));
         ctx.closePath();
-        if (run.length === 1) ctx.fillRect(x(run[0].t) - 2, y(run[0].hi), 4, y(run[0].lo) - y(run[0].hi));
+        if (run.length === 1) ctx.fillRect(x(run[0]) - 2, y(run[0].hi), 4, y(run[0].lo) - y(run[0].hi));
         else ctx.fill();
       }
       ctx.globalAlpha = 1;
@@ -189,34 +297,41 @@
       ctx.strokeStyle = theme.accent;
       ctx.fillStyle = theme.accent;
       ctx.lineWidth = 1.5;
-      for (const run of runs(pts, (p) => isNum(p.est))) {
+      for (const run of runs(pts, (p) => isNum(p.y))) {
         if (run.length === 1) {
           ctx.beginPath();
-          ctx.arc(x(run[0].t), y(run[0].est), 2.5, 0, TAU);
+          ctx.arc(x(run[0]), y(run[0].y), 2.5, 0, TAU);
           ctx.fill();
           continue;
         }
         ctx.beginPath();
-        run.forEach((p, i) => (i ? ctx.lineTo(x(p.t), y(p.est)) : ctx.moveTo(x(p.t), y(p.est))));
+        run.forEach((p, i) => (i ? ctx.lineTo(x(p), y(p.y)) : ctx.moveTo(x(p), y(p.y))));
         ctx.stroke();
       }
 
       ctx.fillStyle = theme.muted;
       ctx.textAlign = "left";
       ctx.textBaseline = "top";
-      ctx.fillText(fmt(y1, 3), left, 0);
+      ctx.fillText(withUnit(fmt(y1, 3), this.unit), left, 0);
       ctx.textBaseline = "bottom";
-      ctx.fillText(fmt(y0, 3), left, h);
+      ctx.fillText(withUnit(fmt(y0, 3), this.unit), left, h);
       ctx.textAlign = "right";
-      ctx.fillText(span > 0 ? `last ${fmt(span, 3)} s` : "", right, h);
+      const span = pts[pts.length - 1].end - pts[0].start;
+      ctx.fillText(`last ${fmtDuration(span)}`, right, h);
     }
   }
 
-  // Consecutive stretches of points satisfying `ok` (gaps break the line).
+  // Consecutive stretches of points satisfying `ok`; a missing point or a gap
+  // between windows (no reports for a while) breaks the line.
   function runs(points, ok) {
     const out = [];
     let current = [];
     for (const p of points) {
+      const prev = current[current.length - 1];
+      if (prev && !(p.start <= prev.end + EPS)) {
+        out.push(current);
+        current = [];
+      }
       if (ok(p)) current.push(p);
       else if (current.length) {
         out.push(current);
@@ -227,10 +342,40 @@
     return out;
   }
 
+  // Linear samples: a history point's mean estimate and its 95% interval.
+  function meanSamples(points, pick) {
+    return points.map((p) => {
+      const m = ((pick(p) || {}).mean) || {};
+      const ci = Array.isArray(m.ci95) ? m.ci95 : [];
+      return { start: p.start, end: p.end, value: m.estimate, y: m.estimate, lo: ci[0], hi: ci[1] };
+    });
+  }
+
+  // Circular samples: the mean direction ± the 95% half-width, unwrapped around
+  // the latest mean (each drawn within half a period of it), so that a mean
+  // moving across the domain's ends is not drawn as a jump across the chart.
+  function directionSamples(points, pick, period) {
+    const views = points.map((p) => pick(p) || {});
+    let ref = null;
+    for (let i = views.length - 1; i >= 0 && ref === null; i--) {
+      if (isNum(views[i].circular_mean)) ref = views[i].circular_mean;
+    }
+    const P = isNum(period) && period > 0 ? period : TAU;
+    return points.map((p, i) => {
+      const mean = views[i].circular_mean;
+      const half = views[i].half_width;
+      const y = isNum(mean) ? mean - P * Math.round((mean - ref) / P) : null;
+      const band = isNum(y) && isNum(half);
+      return { start: p.start, end: p.end, value: mean, y,
+        lo: band ? y - half : null, hi: band ? y + half : null };
+    });
+  }
+
   // Raw report shares as bars, the reconstructed distribution as a line.
   class HistogramChart {
-    constructor() {
+    constructor(unit) {
       this.canvas = el("canvas", { class: "histogram", "data-chart": "histogram" });
+      this.unit = unit;
       this.histogram = null;
       this.mean = null;
     }
@@ -306,17 +451,17 @@
       ctx.fillStyle = theme.muted;
       ctx.textBaseline = "bottom";
       ctx.textAlign = "left";
-      ctx.fillText(fmt(x0, 3), 0, h);
+      ctx.fillText(edges ? withUnit(fmt(x0, 3), this.unit) : fmt(x0, 3), 0, h);
       ctx.textAlign = "right";
-      ctx.fillText(fmt(x1, 3), w, h);
+      ctx.fillText(edges ? withUnit(fmt(x1, 3), this.unit) : fmt(x1, 3), w, h);
     }
   }
-
   // Polar bar chart of a circular histogram.  Radius ∝ √share so that wedge
   // area is proportional to the share; angle 0 to the right, counter-clockwise.
   class RoseChart {
-    constructor() {
+    constructor(unit) {
       this.canvas = el("canvas", { class: "rose", "data-chart": "rose" });
+      this.unit = unit;
       this.block = null;
     }
 
@@ -422,32 +567,37 @@
       }
     }
 
-    // Label of spoke q (0..3, counter-clockwise from the right) in domain units.
+    // Label of spoke q (0..3, counter-clockwise from the right) in the domain's unit.
     label(q, period, origin) {
       if (isRadians(period)) return ["0°", "90°", "180°", "−90°"][q];
       let v = (q * period) / 4;
       while (v >= origin + period) v -= period;
       while (v < origin) v += period;
-      return fmt(v, 3);
+      return this.unit === "deg" ? `${fmt(v, 3)}°` : withUnit(fmt(v, 3), this.unit);
     }
   }
 
   // ---- blocks: the statistics of one value (linear) or angle (circular) -----
+  // A block with a chart over time has `setHistory(points, info)`: the channel's
+  // history points, from which it picks its own (`point(p)`, e.g. a vector axis).
 
   class LinearBlock {
-    constructor(name, title, { withCount = false } = {}) {
+    constructor(name, title, { withCount = false, unit = "" } = {}) {
       this.fields = {};
-      this.trend = new TrendChart();
-      this.histogram = new HistogramChart();
+      const trendTitle = `mean estimate${unit ? ` (${unit})` : ""} and 95% interval per window`;
+      this.trend = new SeriesChart("trend", trendTitle, unit);
+      this.histogram = new HistogramChart(unit);
       const f = this.fields;
+      const u = () => unitNode(unit);
       const stats = el("dl", { class: "stats" }, [
-        term("mean", value(f, "mean-estimate", "main"), " ± ", value(f, "stderr")),
-        term("95% CI", "[", value(f, "ci-low"), ", ", value(f, "ci-high"), "]"),
+        wideTerm("mean", value(f, "mean-estimate", "main"), plusMinus("standard error"),
+          value(f, "stderr"), u(), standardError()),
+        wideTerm("95% CI", "[", value(f, "ci-low"), ", ", value(f, "ci-high"), "]", u()),
         term("method", value(f, "method")),
-        term("raw mean", value(f, "mean-raw")),
-        term("median", value(f, "median")),
-        term("5–95%", value(f, "q05"), " … ", value(f, "q95")),
-        term("bias bound", value(f, "bias-bound")),
+        term("raw mean", value(f, "mean-raw"), u()),
+        term("median", value(f, "median"), u()),
+        term("5–95%", value(f, "q05"), " … ", value(f, "q95"), u()),
+        term("bias bound", value(f, "bias-bound"), u()),
         term("histogram", value(f, "histogram-method")),
       ]);
       if (withCount) stats.append(term("count", value(f, "axis-count")));
@@ -457,14 +607,15 @@
         title ? el("h3", {}, title) : "",
         stats,
         this.note,
-        el("div", { class: "chart-label" }, "mean estimate and 95% interval over time"),
+        this.trend.label,
         this.trend.canvas,
-        el("div", { class: "chart-label" }, "distribution: raw reports (bars), estimate (line)"),
+        el("div", { class: "chart-label" },
+          `distribution${unit ? ` (${unit})` : ""}: raw reports (bars), estimate (line)`),
         this.histogram.canvas,
       ]);
     }
 
-    update(block, t) {
+    update(block) {
       const b = block || {};
       const mean = b.mean || {};
       const ci = Array.isArray(mean.ci95) ? mean.ci95 : [];
@@ -486,8 +637,11 @@
       setText(this.note, mean.note || "");
       this.note.hidden = !mean.note;
       if (f["axis-count"]) setText(f["axis-count"], fmtCount(b.count));
-      this.trend.add(t, mean);
       this.histogram.set(b.histogram, mean);
+    }
+
+    setHistory(points, info, pick) {
+      this.trend.set(meanSamples(points, pick), info);
     }
 
     charts() {
@@ -496,28 +650,35 @@
   }
 
   class CircularBlock {
-    constructor(name, title, period) {
+    constructor(name, title, period, unit) {
       this.fields = {};
-      this.rose = new RoseChart();
+      this.rose = new RoseChart(unit);
       this.period = period;
+      // The degrees beside radians (also when an older collector names no unit).
+      this.inDegrees = unit === "rad" || (!unit && isRadians(period));
+      const trendTitle = `circular mean${unit ? ` (${unit})` : ""} and 95% interval per window, `
+        + "unwrapped around the latest";
+      this.trend = new SeriesChart("direction-trend", trendTitle, unit);
       const f = this.fields;
+      const u = () => unitNode(unit);
       // Why the direction interval or the circular std is missing (text from the API).
       this.reason = el("p", { class: "caveat", "data-stat": "circular-reason", hidden: "" });
       this.root = el("div", { class: "block", "data-block": name }, [
         title ? el("h3", {}, title) : "",
         el("dl", { class: "stats" }, [
-          term("circular mean", value(f, "circular-mean", "main"), " ± ",
-            value(f, "circular-half-width"), " ",
-            el("span", { class: "unit" }, isRadians(period) ? "rad" : ""), " ",
-            value(f, "circular-mean-deg", "sub")),
-          term("95% CI", "[", value(f, "direction-low"), ", ", value(f, "direction-high"), "]"),
-          term("resultant length", value(f, "resultant-estimate", "main"), " ± ",
-            value(f, "resultant-stderr"), " ",
+          wideTerm("circular mean", value(f, "circular-mean", "main"),
+            plusMinus("half-width of the 95% interval"), value(f, "circular-half-width"), u(),
+            halfWidth(), " ", value(f, "circular-mean-deg", "sub")),
+          term("95% CI", "[", value(f, "direction-low"), ", ", value(f, "direction-high"), "]", u()),
+          wideTerm("resultant length", value(f, "resultant-estimate", "main"),
+            plusMinus("standard error"), value(f, "resultant-stderr"), standardError(), " ",
             el("span", { class: "sub" }, ["(raw ", value(f, "resultant-raw"), ")"])),
           term("95% CI", "[", value(f, "resultant-low"), ", ", value(f, "resultant-high"), "]"),
-          term("circular std", value(f, "circular-std")),
+          term("circular std", value(f, "circular-std"), u()),
         ]),
         this.reason,
+        this.trend.label,
+        this.trend.canvas,
         el("div", { class: "chart-label" },
           "rose: raw reports (wedges), estimate (line), mean direction (arrow) and its 95% "
           + "interval (arc)"),
@@ -535,7 +696,7 @@
       const f = this.fields;
       setText(f["circular-mean"], fmt(b.circular_mean));
       setText(f["circular-half-width"], fmt(half));
-      setText(f["circular-mean-deg"], !isRadians(this.period) ? ""
+      setText(f["circular-mean-deg"], !this.inDegrees || !isNum(b.circular_mean) ? ""
         : isNum(half) ? `(${degrees(b.circular_mean)} ± ${degrees(half)})`
           : `(${degrees(b.circular_mean)})`);
       // The interval runs counter-clockwise from its first end to its second (through
@@ -557,11 +718,14 @@
       this.rose.set(b);
     }
 
+    setHistory(points, info, pick) {
+      this.trend.set(directionSamples(points, pick, this.period), info);
+    }
+
     charts() {
-      return [this.rose];
+      return [this.trend, this.rose];
     }
   }
-
   // Frequencies of a categorical channel as horizontal bars, one per category:
   // length = consistent share (non-negative, summing to 1), whisker = 95%
   // interval of the unbiased share.  DOM, not canvas: labels come from the
@@ -569,7 +733,7 @@
   // The rows are built once; at most MAX_BARS, the largest shares, when there
   // are more categories.
   class CategoricalBlock {
-    constructor(name, labels) {
+    constructor(name, labels, unit) {
       this.labels = labels;
       this.fields = {};
       this.rows = [];
@@ -592,6 +756,7 @@
           capped ? `top ${MAX_BARS} of ${fmtCount(labels.length)} categories by share; ` : "",
           "consistent share (bars), 95% interval of the unbiased share (whiskers); axis 0–",
           value(f, "bars-scale"),
+          unit ? `; bin edges in ${unit}` : "",
         ]),
         this.chart,
       ]);
@@ -638,7 +803,7 @@
         }
         setAttr(row.root, "title", isNum(share) || isNum(estimate[i])
           ? `${label}: share ${fmtShare(share)}\n` +
-            `unbiased estimate ${fmt(estimate[i])} ± ${fmt(stderr[i])} (stderr)\n` +
+            `unbiased estimate ${fmt(estimate[i])} ± ${fmt(stderr[i])} (standard error)\n` +
             `95% interval [${fmt(lo)}, ${fmt(hi)}]\nraw reports ${fmtShare(raw[i])}`
           : `${label}: no data yet`);
       });
@@ -679,21 +844,110 @@
     return mechanism && isNum(mechanism.period) ? mechanism.period : TAU;
   }
 
+  // ---- channel histories ------------------------------------------------------
+
+  const validPoint = (p) => p && typeof p === "object" && isNum(p.start) && isNum(p.end);
+  const spanOf = (points) => (points.length ? points[points.length - 1].end - points[0].start : 0);
+
+  // A channel's windowed estimates, oldest first: the server's history, extended
+  // with the `window` of every event (same start: the window under way, replaced;
+  // a later start: appended).  The server keeps a fixed number of windows, which
+  // the page does not know: it learns the span it covers from the history, and
+  // while the page's points span more than the server's did (a young history
+  // growing, or the server dropping its oldest window), it fetches the history
+  // again; once that shows the server's span no longer grows, points older than
+  // it are dropped at once.  At most MAX_POINTS in any case.
+  class History {
+    constructor(name) {
+      this.url = `api/channels/${encodeURIComponent(name)}/history`;
+      this.points = [];
+      this.windowSeconds = null;
+      this.horizon = null;     // the span of the server's history when last fetched
+      this.full = false;       // the server's history has stopped growing at `horizon`
+      this.error = "";
+      this.loading = null;     // the fetch under way (a promise)
+      this.onChange = () => {};
+    }
+
+    info() {
+      return { windowSeconds: this.windowSeconds, loading: this.loading !== null,
+        error: this.error };
+    }
+
+    load() {
+      if (this.loading) return this.loading;
+      this.loading = getJSON(this.url)
+        .then((doc) => this.merge(doc), (err) => this.failed(err))
+        .finally(() => {
+          this.loading = null;
+          this.onChange();
+        });
+      return this.loading;
+    }
+
+    merge(doc) {
+      const served = (doc && Array.isArray(doc.points) ? doc.points : []).filter(validPoint);
+      if (doc && isNum(doc.window_seconds) && doc.window_seconds > 0) {
+        this.windowSeconds = doc.window_seconds;
+      }
+      const span = spanOf(served);
+      if (this.horizon !== null && span <= this.horizon + EPS) this.full = true;
+      this.horizon = span;
+      const lastStart = served.length ? served[served.length - 1].start : -Infinity;
+      this.points = served.concat(this.points.filter((p) => p.start > lastStart));
+      this.error = "";
+      this.trim();
+    }
+
+    failed(err) {
+      this.error = `history unavailable: ${err && err.message ? err.message : err}`;
+      if (this.horizon === null) {  // never read: keep what a default history would
+        this.horizon = DEFAULT_HISTORY_SECONDS;
+        this.full = true;
+      }
+    }
+
+    extend(point) {
+      if (!validPoint(point)) return;
+      const pts = this.points;
+      const last = pts[pts.length - 1];
+      if (last && Math.abs(point.start - last.start) <= EPS) pts[pts.length - 1] = point;
+      else if (!last || point.start > last.start) pts.push(point);
+      else return;  // older than the latest: already superseded
+      if (!this.full && this.horizon !== null && spanOf(pts) > this.horizon + EPS) this.load();
+      this.trim();
+    }
+
+    trim() {
+      const pts = this.points;
+      if (this.full) {
+        let drop = 0;
+        while (drop < pts.length - 1 && pts[pts.length - 1].end - pts[drop].start > this.horizon + EPS) {
+          drop++;
+        }
+        if (drop) pts.splice(0, drop);
+      }
+      if (pts.length > MAX_POINTS) pts.splice(0, pts.length - MAX_POINTS);
+    }
+  }
+
   // ---- channel cards ----------------------------------------------------------
 
-  // Cards are rebuilt only when this changes (kind, a vector's axes, or a
-  // categorical channel's labels).
+  // Cards are rebuilt only when this changes (kind, mechanism, units, a vector's
+  // axes, or a categorical channel's labels): a new series, with its own history.
   function signature(ch) {
     const axes = ch.kind === "vector" && ch.axes ? Object.keys(ch.axes).join(",") : "";
     const labels = ch.kind === "categorical" ? JSON.stringify(categoryLabels(ch)) : "";
-    return `${ch.kind}:${axes}:${labels}`;
+    return JSON.stringify([ch.kind, ch.mechanism || null, unitOf(ch.unit), unitOf(ch.angle_unit),
+      axes, labels]);
   }
 
   class Card {
     constructor(name, ch) {
       this.signature = signature(ch);
       this.fields = {};
-      this.blocks = [];  // [block, pick(channel) -> its statistics]
+      this.blocks = [];  // {block, pick(channel) -> its statistics, point(history point) -> its}
+      this.removed = false;
       const f = this.fields;
       const meta = el("dl", { class: "meta" }, [
         term(ch.kind === "categorical" ? "oracle" : "mechanism", value(f, "mechanism")),
@@ -710,32 +964,44 @@
       this.addBlocks(ch, meta);
       f["other-series"] = el("p", { class: "other", "data-stat": "other-series" });
       this.root.append(f["other-series"]);
+      this.history = new History(name);
+      this.history.onChange = () => {
+        if (this.removed) return;
+        this.showHistory();
+        if (!document.hidden) this.draw();
+      };
+      // Channels with charts over time draw the past from the server's history.
+      this.historyLoaded = this.blocks.some((b) => b.point)
+        ? this.history.load() : Promise.resolve();
     }
 
     addBlocks(ch, meta) {
       const f = this.fields;
-      const add = (block, pick) => {
-        this.blocks.push([block, pick]);
+      const add = (block, pick, point = null) => {
+        this.blocks.push({ block, pick, point });
         this.root.append(block.root);
       };
       const mech = ch.mechanism;
+      const unit = unitOf(ch.unit);
       switch (ch.kind) {
         case "linear":
-          add(new LinearBlock("value", ""), (c) => c);
+          add(new LinearBlock("value", "", { unit }), (c) => c, (p) => p);
           break;
         case "circular":
-          add(new CircularBlock("value", "", periodOf(ch, mech)), (c) => c);
+          add(new CircularBlock("value", "", periodOf(ch, mech), unit), (c) => c, (p) => p);
           break;
         case "polar": {
-          add(new LinearBlock("radius", "radius"), (c) => c.radius);
-          add(new CircularBlock("angle", "angle", periodOf(ch.angle, mech)), (c) => c.angle);
+          const angleUnit = unitOf(ch.angle_unit);
+          add(new LinearBlock("radius", "radius", { unit }), (c) => c.radius, (p) => p.radius);
+          add(new CircularBlock("angle", "angle", periodOf(ch.angle, mech), angleUnit),
+            (c) => c.angle, (p) => p.angle);
           const vec = el("div", { class: "block", "data-block": "mean-vector" }, [
             el("h3", {}, "mean vector"),
             el("dl", { class: "stats" }, [
-              term("x", value(f, "mean-vector-x")),
-              term("y", value(f, "mean-vector-y")),
-              term("magnitude", value(f, "mean-vector-magnitude")),
-              term("direction", value(f, "mean-vector-direction")),
+              term("x", value(f, "mean-vector-x"), unitNode(unit)),
+              term("y", value(f, "mean-vector-y"), unitNode(unit)),
+              term("magnitude", value(f, "mean-vector-magnitude"), unitNode(unit)),
+              term("direction", value(f, "mean-vector-direction"), unitNode(angleUnit)),
             ]),
           ]);
           this.root.append(vec);
@@ -745,13 +1011,14 @@
           const labels = categoryLabels(ch);
           meta.append(term("categories", value(f, "categories")));
           setText(f.categories, fmtCount(labels.length));
-          add(new CategoricalBlock("frequencies", labels), (c) => c);
+          add(new CategoricalBlock("frequencies", labels, unit), (c) => c);
           break;
         }
         case "vector":
           meta.append(term("strategy", value(f, "strategy")));
           for (const axis of Object.keys(ch.axes || {})) {
-            add(new LinearBlock(axis, axis, { withCount: true }), (c) => (c.axes || {})[axis]);
+            add(new LinearBlock(axis, axis, { withCount: true, unit }),
+              (c) => (c.axes || {})[axis], (p) => (p.axes || {})[axis]);
           }
           break;
         default:
@@ -760,7 +1027,7 @@
       }
     }
 
-    update(ch, t) {
+    update(ch) {
       const f = this.fields;
       const mech = ch.mechanism || {};
       setText(f.kind, String(ch.kind));
@@ -784,11 +1051,26 @@
         setText(f["mean-vector-direction"], fmt(v.direction));
       }
       setText(f["other-series"], otherSeries(ch.other_series));
-      for (const [block, pick] of this.blocks) block.update(pick(ch), t);
+      for (const { block, pick } of this.blocks) block.update(pick(ch));
+      if (ch.window) this.history.extend(ch.window);
+      this.showHistory();
+    }
+
+    showHistory() {
+      const points = this.history.points;
+      const info = this.history.info();
+      for (const { block, point } of this.blocks) {
+        if (point) block.setHistory(points, info, point);
+      }
+    }
+
+    remove() {
+      this.removed = true;
+      this.root.remove();
     }
 
     draw() {
-      for (const [block] of this.blocks) for (const chart of block.charts()) chart.draw();
+      for (const { block } of this.blocks) for (const chart of block.charts()) chart.draw();
     }
   }
 
@@ -807,12 +1089,11 @@
   function apply(doc) {
     if (!doc || typeof doc !== "object" || typeof doc.channels !== "object" || !doc.channels) return;
     renderHeader(doc);
-    renderRange(doc.range);
+    renderRange(doc.range, doc.channels);
     renderChannels(doc);
     updates += 1;
     document.body.dataset.updated = String(updates);
   }
-
   const rejectNodes = new Map();
 
   function renderHeader(doc) {
@@ -850,8 +1131,9 @@
 
   // Latest private min/max per channel (GET /api/range; also in every document).
   // A result shows its estimate with the search's own error bound and the interval
-  // that holds the true min (max); an insufficient one shows why, not its numbers.
-  function rangeCell(result) {
+  // that holds the true min (max), in the channel's unit; an insufficient one shows
+  // why, not its numbers.
+  function rangeCell(result, unit) {
     if (!result || typeof result !== "object") return DASH;
     const stat = (key, text) => el("span", { "data-range-stat": key }, text);
     if (result.status !== "done") {
@@ -866,28 +1148,29 @@
     const interval = Array.isArray(result.interval) && result.interval.length === 2 ? result.interval : null;
     if (!isNum(result.error_bound) || !interval) {  // from a coordinator older than error bounds
       return el("span", { "data-status": "done" }, [
-        stat("estimate", fmt(result.estimate)), " ",
+        stat("estimate", fmt(result.estimate)), unitNode(unit), " ",
         el("span", { class: "caveat", "data-range-stat": "no-bound" }, "(no error bound: an older coordinator)"),
         about,
       ]);
     }
     const level = isNum(result.confidence) ? `${Math.round(result.confidence * 100)}%` : DASH;
     return el("span", { "data-status": "done" }, [
-      stat("estimate", fmt(result.estimate)), " ± ", stat("bound", fmt(result.error_bound)),
+      stat("estimate", fmt(result.estimate)), plusMinus("the search's error bound"),
+      stat("bound", fmt(result.error_bound)), unitNode(unit),
       ` (${level} in [`, stat("interval-low", fmt(interval[0])), ", ",
-      stat("interval-high", fmt(interval[1])), "])", about,
+      stat("interval-high", fmt(interval[1])), "]", unitNode(unit), ")", about,
     ]);
   }
 
-  function renderRange(range) {
+  function renderRange(range, channels) {
     const section = qs("#range");
     const names = range && typeof range === "object" ? Object.keys(range).sort() : [];
     section.hidden = names.length === 0;
     const body = section.querySelector("tbody");
     const rows = names.map((name) => el("tr", { "data-range": name }, [
       el("td", {}, [name]),
-      el("td", { "data-side": "min" }, [rangeCell(range[name].min)]),
-      el("td", { "data-side": "max" }, [rangeCell(range[name].max)]),
+      el("td", { "data-side": "min" }, [rangeCell(range[name].min, unitOf((channels[name] || {}).unit))]),
+      el("td", { "data-side": "max" }, [rangeCell(range[name].max, unitOf((channels[name] || {}).unit))]),
     ]));
     body.replaceChildren(...rows);
   }
@@ -906,22 +1189,21 @@
   function renderChannels(doc) {
     const container = qs("#channels");
     const names = Object.keys(doc.channels);
-    const t = isNum(doc.t) ? doc.t : Date.now() / 1000;
     let reorder = false;
     for (const name of names) {
       const ch = doc.channels[name] || {};
       let card = cards.get(name);
       if (!card || card.signature !== signature(ch)) {
-        if (card) card.root.remove();
+        if (card) card.remove();
         card = new Card(name, ch);
         cards.set(name, card);
         reorder = true;
       }
-      card.update(ch, t);
+      card.update(ch);
     }
     for (const [name, card] of cards) {
       if (!(name in doc.channels)) {
-        card.root.remove();
+        card.remove();
         cards.delete(name);
       }
     }
@@ -1023,6 +1305,50 @@
     }
   }
 
+  // ---- the static view (?static=1) -------------------------------------------------
+
+  // The document and every channel's history, fetched once: no event stream, no
+  // polling, no timer left behind (a headless browser's virtual time runs out and
+  // its screenshot is taken).  <html data-state> ends "ready" or "error".
+  async function staticView() {
+    const root = document.documentElement;
+    root.dataset.state = "loading";
+    setConnection("static", "static view: loading…");
+    let doc;
+    try {
+      doc = await getJSON("api/channels");
+    } catch (err) {
+      const message = `could not load the collector's data (api/channels): ${err.message}`;
+      setConnection("error", message);
+      const empty = qs("#empty");
+      setText(empty, message);
+      empty.hidden = false;
+      empty.dataset.state = "error";
+      root.dataset.state = "error";
+      return;
+    }
+    apply(doc);
+    if (!doc || typeof doc.channels !== "object" || !doc.channels) {
+      setConnection("error", "the collector's answer is not a channels document");
+      root.dataset.state = "error";
+      return;
+    }
+    // Each card fetched its history when it was made; a failed one says so on its charts.
+    await Promise.all([...cards.values()].map((card) => card.historyLoaded));
+    if (!cards.size) setText(qs("#empty"), "No channels yet.");
+    drawAll();
+    setConnection("static", `static view as of ${fmtDateTime(doc.t)}`);
+    root.dataset.state = "ready";
+  }
+
+  // The footer's link to the other view (relative: works under a proxy's sub-path).
+  function viewLink() {
+    const link = qs('[data-link="view"]');
+    if (!link) return;
+    link.setAttribute("href", STATIC ? "." : "?static=1");
+    setText(link, STATIC ? "live view" : "static view (for printing)");
+  }
+
   // ---- start ------------------------------------------------------------------------
 
   function init() {
@@ -1035,7 +1361,9 @@
     document.addEventListener("visibilitychange", () => document.hidden || scheduleRedraw());
     // Column widths also change without a window resize (a scrollbar appears).
     if (typeof ResizeObserver === "function") new ResizeObserver(scheduleRedraw).observe(qs("#channels"));
-    startStream();
+    viewLink();
+    if (STATIC) staticView();
+    else startStream();
   }
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);

@@ -6,7 +6,8 @@ Four channels, one of each kind: linear ``accel_x``, circular ``roll``, polar
 a normal / von Mises shape, the raw histogram is flattened by "noise", the
 circular statistics are computed from the estimated histogram, the 95%
 interval is estimate ± 1.96 stderr.  ``step()`` moves time on, adds reports
-and drifts the means, so live views have something to follow;
+and drifts the means, so live views have something to follow; each step starts
+a window of the history (``WINDOWS_KEPT`` kept), or updates the one under way;
 ``add_channel()`` makes a channel appear later, with no data yet (null
 statistics).  It is a snapshot source (``collector.views.SnapshotSource``):
 ``capture`` copies the document under the fake's lock, ``documents`` builds
@@ -219,8 +220,10 @@ class FakeSource:
 
     # -- test controls ----------------------------------------------------
 
-    def step(self) -> None:
-        """One more push period's worth of reports: counts grow, means drift."""
+    def step(self, *, new_window: bool = True) -> None:
+        """One more push period's worth of reports: counts grow, means drift.  A new
+        window of the history starts (``new_window``), or the one under way is updated
+        (same ``start``)."""
         with self._lock:
             self.steps += 1
             for key in self._params:
@@ -232,7 +235,15 @@ class FakeSource:
                     self._messages[agent] += 1
             self._duplicates += self._rng.randrange(2)
             self._doc = self._build()
-            self._record_windows()
+            self._record_windows(new_window=new_window)
+
+    def set_parameter(self, name: str, value: float) -> None:
+        """Where a made-up distribution is centred from the next ``step()`` on (``accel_x``,
+        ``roll``, ``radius``, ``angle``, ``accel_y``, ``accel_z``)."""
+        with self._lock:
+            if name not in self._params:
+                raise KeyError(name)
+            self._params[name] = value
 
     def add_channel(self, name: str, channel: dict | None = None) -> None:
         """Make a channel appear (default: a linear one without data yet)."""
@@ -321,8 +332,9 @@ class FakeSource:
         channel["other_series"] = []
         return channel
 
-    def _record_windows(self) -> None:
-        """A tumbling window per step: the channel's statistics, oldest first."""
+    def _record_windows(self, *, new_window: bool = True) -> None:
+        """A tumbling window per step: the channel's statistics, oldest first; or
+        (``new_window`` false) the latest window's statistics replaced, its span kept."""
         start = self._doc["t"] - WINDOW_SECONDS
         for name, channel in self._doc["channels"].items():
             stats = {key: copy.deepcopy(value) for key, value in channel.items()
@@ -330,5 +342,8 @@ class FakeSource:
                                     "strategy", "unit", "angle_unit", "window")}
             stats["count"] = min(channel["count"], 480)
             windows = self._windows.setdefault(name, [])
+            if not new_window and windows:
+                windows[-1] = {"start": windows[-1]["start"], "end": windows[-1]["end"], **stats}
+                continue
             windows.append({"start": start, "end": self._doc["t"], **stats})
             del windows[:-WINDOWS_KEPT]

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import copy
 import io
+import re
 from types import SimpleNamespace
 
 import pytest
+from click.testing import CliRunner
 from rich.console import Console
 
 import collector.watch as watch_module
+from collector.cli import main
 from collector.watch import channels_url, fmt, fmt_count, render, watch
 from collector.web import WebServer
 from tests.support import free_port
 
-from .fake_source import FakeSource
+from .fake_source import FakeSource, empty_linear_channel
 
 
 def text_of(renderable, width: int = 200) -> str:
@@ -47,11 +50,22 @@ def row(text: str, name: str) -> str:
 
 @pytest.mark.parametrize("value, shown", [
     (0.037328136, "0.03733"), (-0.2742, "-0.2742"), (1.0, "1"), (0, "0"),
-    (12345.6, "12350"), (1.5e-5, "1.5e-05"), (None, "–"), (float("nan"), "–"),
-    (float("inf"), "–"), ("x", "–"), (True, "–"),
+    (12345.6, "12,350"), (1.5e-5, "0.000015"), (-6.788e-4, "-0.0006788"),
+    (1.2e7, "12,000,000"), (-1.23456e-9, "-0.000000001235"), (9.99996, "10"),
+    (123, "123"), (None, "–"), (float("nan"), "–"), (float("inf"), "–"), ("x", "–"),
+    (True, "–"),
 ])
 def test_fmt(value, shown):
     assert fmt(value) == shown
+
+
+def test_fmt_never_writes_an_exponent():
+    for exponent in range(-12, 13):
+        for mantissa in (1.0, -2.5, 9.87654):
+            text = fmt(mantissa * 10.0 ** exponent)
+            assert not re.search(r"[eE]", text), (mantissa, exponent, text)
+            assert float(text.replace(",", "")) == pytest.approx(mantissa * 10.0 ** exponent,
+                                                                 rel=1e-3)
 
 
 def test_fmt_count():
@@ -80,33 +94,68 @@ def test_render_shows_every_channel_and_its_numbers(source):
 
     linear = row(text, "accel_x")
     mean = channels["accel_x"]["mean"]
-    for cell in ("linear", "15,500", "24", f"{fmt(mean['estimate'])} ± {fmt(mean['stderr'])}",
-                 f"[{fmt(mean['ci95'][0])}, {fmt(mean['ci95'][1])}]", "inversion"):
+    for cell in ("linear", "15,500", "24",
+                 f"{fmt(mean['estimate'])} ± {fmt(mean['stderr'])} g (s.e.)",
+                 f"[{fmt(mean['ci95'][0])}, {fmt(mean['ci95'][1])}] g", "inversion"):
         assert cell in linear, cell
 
     circular = row(text, "roll")
     roll = channels["roll"]
     length = roll["resultant_length"]
     for cell in ("circular",
-                 f"μ {fmt(roll['circular_mean'])} ± {fmt(roll['direction']['half_width'])}",
+                 f"μ {fmt(roll['circular_mean'])} ± {fmt(roll['direction']['half_width'])} rad "
+                 "(95% half-width)",
                  f"R {fmt(length['estimate'])} [{fmt(length['ci95'][0])}, "
                  f"{fmt(length['ci95'][1])}]",
-                 f"raw {fmt(length['raw'])}", f"σ {fmt(roll['circular_std'])}"):
+                 f"raw {fmt(length['raw'])}", f"σ {fmt(roll['circular_std'])} rad"):
         assert cell in circular, cell
 
     polar = channels["accel_polar"]
-    assert f"|v| {fmt(polar['mean_vector']['magnitude'])}" in row(text, "accel_polar")
+    assert f"|v| {fmt(polar['mean_vector']['magnitude'])} g ∠ " \
+           f"{fmt(polar['mean_vector']['direction'])} rad" in row(text, "accel_polar")
     radius = polar["radius"]["mean"]
-    assert f"{fmt(radius['estimate'])} ± {fmt(radius['stderr'])}" in row(text, "radius")
+    assert f"{fmt(radius['estimate'])} ± {fmt(radius['stderr'])} g (s.e.)" in row(text, "radius")
     assert "!near an end" in row(text, "radius") and "!near an end" not in linear
-    assert f"μ {fmt(polar['angle']['circular_mean'])}" in row(text, "angle")
+    assert f"μ {fmt(polar['angle']['circular_mean'])} ± " \
+           f"{fmt(polar['angle']['direction']['half_width'])} rad (95% half-width)" \
+           in row(text, "angle")
 
     vector = channels["accel"]
     assert "1 of 3 axes per reading" in row(text, "accel")
     for axis, stats in vector["axes"].items():
         line = [ln for ln in text.splitlines() if ln.startswith(f"    {axis} ")][0]
         assert f"{stats['count']:,}" in line
-        assert f"{fmt(stats['mean']['estimate'])} ± {fmt(stats['mean']['stderr'])}" in line
+        assert f"{fmt(stats['mean']['estimate'])} ± {fmt(stats['mean']['stderr'])} g (s.e.)" \
+            in line
+
+
+def test_render_shows_units_and_never_an_exponent(source):
+    """Tiny and huge means in plain decimals; a channel without a unit shows none."""
+    tiny = empty_linear_channel()
+    tiny["unit"] = "Pa"
+    tiny["mean"].update(estimate=-6.788e-4, stderr=1.234e-5, ci95=[-7.03e-4, -6.546e-4],
+                        method="inversion")
+    huge = empty_linear_channel()
+    huge["mean"].update(estimate=1.2e7, stderr=3.4e5, ci95=[1.133e7, 1.267e7],
+                        method="inversion")
+    source.add_channel("tiny", tiny)
+    source.add_channel("huge", huge)
+    text = text_of(render(source.channels_json()), width=240)
+    assert not re.search(r"\d[eE][+-]?\d", text), text
+    assert "-0.0006788 ± 0.00001234 Pa (s.e.)" in row(text, "tiny")
+    assert "[-0.000703, -0.0006546] Pa" in row(text, "tiny")
+    assert "12,000,000 ± 340,000 (s.e.)" in row(text, "huge")  # no unit: nothing extra
+    assert "[11,330,000, 12,670,000] inversion" in row(text, "huge")
+
+
+def test_watch_help_documents_the_url():
+    result = CliRunner().invoke(main, ["watch", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "[URL]" in result.output
+    assert "URL is the collector's HTTP address" in result.output
+    assert "http://127.0.0.1:8080" in result.output  # the default
+    assert "/api/channels" in result.output
+    assert "standard error" in result.output
 
 
 def test_render_a_circular_channel_without_a_direction_or_std(source):
@@ -119,7 +168,7 @@ def test_render_a_circular_channel_without_a_direction_or_std(source):
     roll["resultant_length"].update(estimate=1.003, ci95=[0.99, 1.0])
     roll.update(circular_std=None, circular_std_reason="the resultant length estimate is 1...")
     line = row(text_of(render(document)), "roll")
-    assert f"μ {fmt(roll['circular_mean'])} (" in line and "any direction" in line
+    assert f"μ {fmt(roll['circular_mean'])} rad (" in line and "any direction" in line
     assert "R 1.003 [0.99, 1]" in line and "σ – (R ≥ 1)" in line
 
 
