@@ -31,6 +31,7 @@ from collector.demo import Demo, truth_table
 from edge_agent.config import load_config
 from tests.support import REPO, free_port, port_open, require_mosquitto
 from tests.support import wait_for_api as wait_until  # every wait here asks the API
+from tests.support.reaper import die_with_test
 
 CHANNELS = {"accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw", "accel_polar", "activity"}
 # The estimate-vs-truth check means something only if its tolerance is small next to
@@ -48,11 +49,13 @@ TOLERANCE_MAX = {"accel_x": 0.36, "accel_y": 1.0, "accel_z": 0.17}
 SHARE_TOLERANCE_MAX = 0.17
 
 
-def start_demo(workdir, *args: str) -> subprocess.Popen:
+def start_demo(workdir, *args: str, sighup=signal.SIG_DFL) -> subprocess.Popen:
+    """The demo, with SIGHUP as a terminal leaves it (``sighup``: SIG_IGN is nohup's),
+    whatever the test run's own is."""
     return subprocess.Popen([sys.executable, "-m", "collector", "demo", "--workdir",
                              str(workdir), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO)
+                            cwd=REPO, preexec_fn=die_with_test(sighup))
 
 
 def api(port: int) -> dict:
@@ -185,6 +188,27 @@ def test_default_broker_is_a_private_mosquitto_and_a_signal_stops_everything(tmp
     assert_all_stopped(tmp_path, port)
 
 
+def test_under_nohup_sighup_leaves_the_demo_running_and_sigterm_stops_it(tmp_path):
+    """nohup's promise: a demo started with SIGHUP ignored keeps running when the
+    terminal closes; SIGTERM still stops everything."""
+    port = free_port()
+    demo = start_demo(tmp_path, "--agents", "2", "--http-port", str(port), "--embedded",
+                      sighup=signal.SIG_IGN)
+    try:
+        assert wait_until(lambda: len(api(port)["agents"]) == 2, 60), \
+            (tmp_path / "collector.log").read_text()[-2000:]
+        demo.send_signal(signal.SIGHUP)
+        time.sleep(2)  # a demo that honoured it would be stopping by now
+        assert demo.poll() is None and len(api(port)["agents"]) == 2
+        demo.send_signal(signal.SIGTERM)
+        output, _ = demo.communicate(timeout=90)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 0, output[-3000:]
+    assert_all_stopped(tmp_path, port)
+
+
 def test_a_killed_demo_leaves_no_process_port_or_directory_behind():
     """Issue 12, defect 5: SIGKILL of the demo orphaned its broker, collector and fleet,
     which kept the HTTP port and the temporary directory."""
@@ -192,7 +216,8 @@ def test_a_killed_demo_leaves_no_process_port_or_directory_behind():
     port = free_port()
     demo = subprocess.Popen([sys.executable, "-m", "collector", "demo", "--agents", "2",
                              "--http-port", str(port)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=REPO)
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                            preexec_fn=die_with_test())
     output: list[str] = []
     reader = threading.Thread(target=lambda: output.extend(demo.stdout), daemon=True)
     reader.start()

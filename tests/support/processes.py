@@ -20,6 +20,7 @@ from pathlib import Path
 from .configs import collector_config, write_toml
 from .paths import REPO, child_env
 from .ports import LOOPBACK, free_port, wait_until
+from .reaper import die_with_test
 
 _started: list[subprocess.Popen] = []
 
@@ -59,7 +60,7 @@ class ChildProcess:
         with self.log.open("ab") as log:  # the child keeps its own descriptor
             self.process = track(subprocess.Popen(self.command, stdout=log,
                                                   stderr=subprocess.STDOUT, env=self.env,
-                                                  cwd=REPO))
+                                                  cwd=REPO, preexec_fn=die_with_test()))
         return self
 
     @property
