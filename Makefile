@@ -26,8 +26,13 @@ $(STAMP): pyproject.toml
 system-deps:
 	@scripts/install-system-deps.sh
 
+# Parallel workers (pytest-xdist): most tests wait on brokers and child processes, so
+# more workers than cores shorten the run; the workers take tests two at a time, the
+# long end-to-end ones first (tests/conftest.py).  TEST_WORKERS=0 runs them in this
+# process.
+TEST_WORKERS ?= 4
 test: $(STAMP) system-deps lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --maxschedchunk 2 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

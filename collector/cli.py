@@ -12,13 +12,32 @@ from typing import BinaryIO, NoReturn
 
 import click
 
-from edge_agent.commandline import EXIT_CONFIG, add_check_config, command_group, load_or_exit
+from edge_agent.commandline import (
+    EXIT_CONFIG,
+    add_check_config,
+    command_group,
+    load_or_exit,
+    require_paths,
+)
 
 from .config import CollectorConfig, load_collector_config
 
 
 def _load(path: str, exit_code: int = 2) -> CollectorConfig:
     return load_or_exit(load_collector_config, path, exit_code)
+
+
+def _load_service(path: str, *, storage: bool = False) -> CollectorConfig:
+    """The configuration of a service (exit 78 when it cannot work), with the files it
+    names readable and, for a role that keeps a journal (``storage``), its directory
+    writable."""
+    config = _load(path, EXIT_CONFIG)
+    require_paths(path, read=config.files_read(),
+                  write=config.dirs_written() if storage else {},
+                  hints={"storage.path": "set it to a file in a directory this user can "
+                                         "write (e.g. path = \"~/.local/state/edge-collector/"
+                                         "state.sqlite\" under [storage])"})
+    return config
 
 
 def _refuse(config_path: str, problem: str) -> None:
@@ -38,7 +57,7 @@ def run(config_path: str) -> None:
     """Ingest reports, keep aggregates, serve the dashboard and API until SIGTERM."""
     from .service import CollectorService
 
-    config = _load(config_path, EXIT_CONFIG)
+    config = _load_service(config_path, storage=True)
     if config.broker.shared_group is not None:
         _refuse(config_path, "broker.shared_group: only ingresses share a subscription "
                              "(docs/SCALE_OUT.md); a collector with it would count only part "
@@ -53,7 +72,7 @@ def merge(config_path: str) -> None:
     (docs/SCALE_OUT.md)."""
     from .merge import MergeService
 
-    config = _load(config_path, EXIT_CONFIG)
+    config = _load_service(config_path)
     if config.scale_out is None:
         _refuse(config_path, "scale_out: the merge view needs a [scale_out] table "
                              "(docs/SCALE_OUT.md)")
@@ -65,7 +84,7 @@ def _run_scale_out(config_path: str, role: str, service) -> None:
     when the cluster's stream was made with other settings."""
     from .scaleout.engine import EngineError
 
-    config = _load(config_path, EXIT_CONFIG)
+    config = _load_service(config_path)
     if config.scale_out is None:
         _refuse(config_path, f"scale_out: the {role} needs a [scale_out] table "
                              f"(docs/SCALE_OUT.md)")

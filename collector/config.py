@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from edge_agent.config import (
     BrokerConfig,
@@ -55,7 +55,7 @@ class HttpConfig(Model):
 
 
 class StorageConfig(Model):
-    path: Path = Path("/var/lib/edge-collector/state.sqlite")
+    path: Path = Path("/var/lib/edge-collector/state.sqlite")  # "~/..." for a user without root
     # Full checkpoint of all aggregates; between checkpoints every message is
     # journaled, so a crash loses nothing either way.
     checkpoint_seconds: Annotated[float, Field(ge=0.5, le=3600)] = 10.0
@@ -71,9 +71,13 @@ class StorageConfig(Model):
     # the reports received (a 500-value report is about 1-3 KB).
     keep_journal: bool = False
 
+    @field_validator("path")
+    @classmethod
+    def _home(cls, value: Path) -> Path:
+        return value.expanduser()
+
 
 MAX_WINDOWS = 10_000  # kept per series: bounds a channel's memory and its history
-
 
 class AggregatesConfig(Model):
     window_seconds: Annotated[float, Field(ge=1, le=86400)] = 60.0
@@ -256,6 +260,19 @@ class CollectorConfig(Model):
         return AggregateSettings(bins=aggregates.histogram_bins,
                                  window_seconds=aggregates.window_seconds,
                                  keep_windows=aggregates.kept_windows)
+
+    def files_read(self) -> dict[str, Path]:
+        """Every file the collector (any role) reads, by configuration key."""
+        files = self.broker.files()
+        if self.scale_out is not None:
+            named = {"scale_out.password_file": self.scale_out.password_file,
+                     "scale_out.tls_ca": self.scale_out.tls_ca}
+            files.update({key: path for key, path in named.items() if path is not None})
+        return files
+
+    def dirs_written(self) -> dict[str, Path]:
+        """The directory of the journal and checkpoint (``run`` only)."""
+        return {"storage.path": self.storage.path.parent}
 
     @property
     def member_name(self) -> str:

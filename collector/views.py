@@ -120,14 +120,17 @@ def history_point(kind: str, window: dict) -> dict:
     return point
 
 
-def history_document(name: str, detail: dict, window_seconds: float, t: float) -> dict:
+def history_document(name: str, detail: dict, window_seconds: float, windows_kept: int,
+                     t: float) -> dict:
     """GET /api/channels/<name>/history: the channel's windowed estimates over the kept
-    windows (``[aggregates] history_seconds``), oldest first."""
+    windows (``[aggregates] history_seconds``), oldest first.  ``windows_kept``: at most
+    that many (the most recent windows with reports), so that a page extending the
+    history with each entry's ``window`` keeps what the server keeps."""
     units = {key: detail[key] for key in ("unit", "angle_unit") if key in detail}
     extra = {"labels": (detail.get("frequencies") or {}).get("labels")} \
         if detail["kind"] == "categorical" else {}
     return {"channel": name, "kind": detail["kind"], **units, **extra, "t": t,
-            "window_seconds": window_seconds,
+            "window_seconds": window_seconds, "windows_kept": windows_kept,
             "points": [history_point(detail["kind"], window) for window in detail["windows"]]}
 
 
@@ -175,7 +178,8 @@ class Views:
                 one.adopt_computed(earlier)
         details = {name: self._channel(ingestor, name, windows=True)
                    for name in sorted(ingestor.series)}
-        histories = {name: history_document(name, detail, ingestor.window_seconds, capture.t)
+        histories = {name: history_document(name, detail, ingestor.window_seconds,
+                                            ingestor.keep_windows, capture.t)
                      for name, detail in details.items()}
         # An entry of /api/channels is its detail without the windows (computed once).
         entries = {name: {key: value for key, value in detail.items() if key != "windows"}

@@ -16,13 +16,19 @@ from .commandline import (
     add_check_config,
     command_group,
     load_or_exit,
-    require_writable_dir,
+    require_paths,
 )
 from .config import FLEET_MAX_COUNT, AgentConfig, ConfigError, load_config
 
 # Where a user without root can keep the agent's state (the sample config's default,
 # /var/lib/edge-agent, is the service's).
-STATE_DIR_EXAMPLE = " (e.g. state_dir = \"~/.local/state/edge-agent\" under [privacy])"
+PATH_HINTS = {"privacy.state_dir": "set it to a directory this user can write (e.g. "
+                                   "state_dir = \"~/.local/state/edge-agent\" under [privacy])"}
+
+
+def require_agent_paths(config_path: str, config: AgentConfig) -> None:
+    require_paths(config_path, read=config.files_read(), write=config.dirs_written(),
+                  hints=PATH_HINTS)
 
 
 def _load(path: str, exit_code: int = 2) -> AgentConfig:
@@ -82,8 +88,7 @@ def run(config_path: str) -> None:
     from .agent import AgentService
 
     config = _load(config_path, EXIT_CONFIG)
-    require_writable_dir(config_path, "privacy.state_dir", config.privacy.state_dir,
-                         example=STATE_DIR_EXAMPLE)
+    require_agent_paths(config_path, config)
     service = AgentService(config)
     service.install_signal_handlers()
     sys.exit(service.run())
@@ -117,8 +122,7 @@ def fleet(config_path: str, count: int, keep_running: bool, truth_path: str | No
         for line in str(exc).splitlines():
             click.echo(f"  {line}", err=True)
         sys.exit(2)
-    require_writable_dir(config_path, "privacy.state_dir", config.privacy.state_dir,
-                         example=STATE_DIR_EXAMPLE)
+    require_agent_paths(config_path, config)
     service = fleet_service(config, count=count, keep_running=keep_running,
                             truth_path=Path(truth_path) if truth_path else None)
     service.install_signal_handlers()

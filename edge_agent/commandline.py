@@ -68,19 +68,30 @@ def load_or_exit(load: Callable[[str], Config], path: str, exit_code: int = 2) -
         sys.exit(exit_code)
 
 
-def require_writable_dir(config_path: str, key: str, directory, exit_code: int = EXIT_CONFIG,
-                         example: str = "") -> None:
-    """Exit ``exit_code`` with one line naming ``key`` unless ``directory`` exists (or can be
-    made) and takes a new file: a service should say which setting is wrong at start-up,
-    not fail with a traceback at its first write."""
-    path = Path(directory).expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        hint = f"; set it to a directory this user can write{example}" if example else ""
-        click.echo(f"{config_path}: invalid configuration: {key}: cannot write {path} "
-                   f"({reason}){hint}", err=True)
+def require_paths(config_path: str, *, read: dict[str, Path], write: dict[str, Path],
+                  hints: dict[str, str] | None = None, exit_code: int = EXIT_CONFIG) -> None:
+    """Exit ``exit_code`` with one line per problem, naming its key, unless every file in
+    ``read`` can be read and every directory in ``write`` exists (or can be made) and
+    takes a new file: a service should say which setting is wrong at start-up, not fail
+    with a traceback at its first use.  ``hints``: what to do, by key."""
+    problems = []
+    for key, path in read.items():
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            problems.append((key, f"cannot read {path} ({exc.strerror or type(exc).__name__})"))
+    for key, directory in write.items():
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+        except OSError as exc:
+            problems.append((key, f"cannot write {directory} "
+                                  f"({exc.strerror or type(exc).__name__})"))
+    for key, problem in problems:
+        hint = (hints or {}).get(key, "")
+        click.echo(f"{config_path}: invalid configuration: {key}: {problem}"
+                   + (f"; {hint}" if hint else ""), err=True)
+    if problems:
         sys.exit(exit_code)

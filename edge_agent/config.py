@@ -116,6 +116,13 @@ class BrokerConfig(Model):
             return self.password_file.read_text().strip()
         return self.password.get_secret_value() if self.password else None
 
+    def files(self, key: str = "broker") -> dict[str, Path]:
+        """The files it names (password, TLS), by configuration key."""
+        tls = self.tls or TLSConfig()
+        named = {f"{key}.password_file": self.password_file, f"{key}.tls.ca": tls.ca,
+                 f"{key}.tls.cert": tls.cert, f"{key}.tls.key": tls.key}
+        return {name: path for name, path in named.items() if path is not None}
+
     def endpoint(self, version: str = "3.1.1") -> Endpoint:
         """The broker as ``edge_agent.mqtt_client`` takes it (reads ``password_file``)."""
         tls = self.tls
@@ -514,6 +521,18 @@ class AgentConfig(Model):
 
     def source(self, name: str):
         return next(s for s in self.sources if s.name == name)
+
+    def files_read(self) -> dict[str, Path]:
+        """Every file the agent reads, by configuration key (checked at start-up)."""
+        files = self.broker.files()
+        for i, source in enumerate(self.sources):
+            if source.type == "csv" or (source.type == "jsonl" and source.path != "-"):
+                files[f"sources[{i}].path"] = Path(source.path)
+        return files
+
+    def dirs_written(self) -> dict[str, Path]:
+        """Every directory the agent writes, by configuration key."""
+        return {"privacy.state_dir": self.privacy.state_dir}
 
 
 def _mechanism_problem(channel) -> str | None:

@@ -4,6 +4,8 @@ in tests/support."""
 
 from __future__ import annotations
 
+import multiprocessing.resource_tracker
+
 import pytest
 
 from tests.support import Mosquitto, stop_leftover_processes
@@ -15,6 +17,25 @@ def pytest_configure(config):
     # In every test process (each xdist worker too): orphans of the processes a test
     # starts come back to it, for the fixture below to find (tests/support/reaper.py).
     become_subreaper()
+    # multiprocessing's resource tracker serves the whole test process: started before
+    # any test, so that the net below spares it.
+    multiprocessing.resource_tracker.ensure_running()
+
+
+# Modules of end-to-end tests that take 10-75 s each (brokers, fleets, clusters, demos),
+# longest first (`make test` measures them: --durations).  They run first, so that
+# parallel workers (pytest-xdist, handing out tests two at a time: make test) start
+# them early and finish together, rather than one worker ending the run on a long one.
+LONG_FIRST = ("tests/range/test_e2e_range.py", "tests/collector/test_demo.py",
+              "tests/collector/test_scale_out.py", "tests/collector/test_hostile.py",
+              "tests/range/test_coordinator.py", "tests/collector/test_confirm.py",
+              "tests/collector/test_e2e_collector.py", "tests/collector/test_replay.py",
+              "tests/agent/test_e2e_agent.py", "tests/collector/test_crashes.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {module: i for i, module in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 @pytest.fixture(autouse=True)

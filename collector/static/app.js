@@ -17,7 +17,6 @@
   const POLL_MS = 2000;         // polling period when the event stream fails
   const STREAM_RETRY_MS = 30000; // while polling, try the event stream again this often
   const MAX_POINTS = 10000;     // points per channel history at most (the server's own cap)
-  const DEFAULT_HISTORY_SECONDS = 3600; // kept when the server's history cannot be read
   const EPS = 1e-6;             // seconds: slack when comparing window times
   const DASH = "–";
   const MINUS = "−";            // U+2212, for every negative number shown
@@ -847,23 +846,18 @@
   // ---- channel histories ------------------------------------------------------
 
   const validPoint = (p) => p && typeof p === "object" && isNum(p.start) && isNum(p.end);
-  const spanOf = (points) => (points.length ? points[points.length - 1].end - points[0].start : 0);
 
   // A channel's windowed estimates, oldest first: the server's history, extended
   // with the `window` of every event (same start: the window under way, replaced;
-  // a later start: appended).  The server keeps a fixed number of windows, which
-  // the page does not know: it learns the span it covers from the history, and
-  // while the page's points span more than the server's did (a young history
-  // growing, or the server dropping its oldest window), it fetches the history
-  // again; once that shows the server's span no longer grows, points older than
-  // it are dropped at once.  At most MAX_POINTS in any case.
+  // a later start: appended).  The server keeps its most recent `windows_kept`
+  // windows (the history says how many): so does the page, without asking again.
+  // At most MAX_POINTS in any case.
   class History {
     constructor(name) {
       this.url = `api/channels/${encodeURIComponent(name)}/history`;
       this.points = [];
       this.windowSeconds = null;
-      this.horizon = null;     // the span of the server's history when last fetched
-      this.full = false;       // the server's history has stopped growing at `horizon`
+      this.kept = null;        // windows the server keeps (its history's length at most)
       this.error = "";
       this.loading = null;     // the fetch under way (a promise)
       this.onChange = () => {};
@@ -890,9 +884,8 @@
       if (doc && isNum(doc.window_seconds) && doc.window_seconds > 0) {
         this.windowSeconds = doc.window_seconds;
       }
-      const span = spanOf(served);
-      if (this.horizon !== null && span <= this.horizon + EPS) this.full = true;
-      this.horizon = span;
+      this.kept = doc && Number.isInteger(doc.windows_kept) && doc.windows_kept > 0
+        ? doc.windows_kept : null;
       const lastStart = served.length ? served[served.length - 1].start : -Infinity;
       this.points = served.concat(this.points.filter((p) => p.start > lastStart));
       this.error = "";
@@ -901,10 +894,6 @@
 
     failed(err) {
       this.error = `history unavailable: ${err && err.message ? err.message : err}`;
-      if (this.horizon === null) {  // never read: keep what a default history would
-        this.horizon = DEFAULT_HISTORY_SECONDS;
-        this.full = true;
-      }
     }
 
     extend(point) {
@@ -914,20 +903,14 @@
       if (last && Math.abs(point.start - last.start) <= EPS) pts[pts.length - 1] = point;
       else if (!last || point.start > last.start) pts.push(point);
       else return;  // older than the latest: already superseded
-      if (!this.full && this.horizon !== null && spanOf(pts) > this.horizon + EPS) this.load();
       this.trim();
     }
 
     trim() {
+      // The server keeps its most recent `kept` windows: so does the page.
       const pts = this.points;
-      if (this.full) {
-        let drop = 0;
-        while (drop < pts.length - 1 && pts[pts.length - 1].end - pts[drop].start > this.horizon + EPS) {
-          drop++;
-        }
-        if (drop) pts.splice(0, drop);
-      }
-      if (pts.length > MAX_POINTS) pts.splice(0, pts.length - MAX_POINTS);
+      const most = Math.min(this.kept || MAX_POINTS, MAX_POINTS);
+      if (pts.length > most) pts.splice(0, pts.length - most);
     }
   }
 

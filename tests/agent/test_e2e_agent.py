@@ -332,6 +332,25 @@ def test_an_unwritable_state_dir_is_one_line_naming_the_key_and_exit_78(tmp_path
     assert "~/.local/state/edge-agent" in lines[0]
 
 
+def test_files_the_agent_cannot_read_are_named_at_start_up(tmp_path):
+    config = write_agent_config(
+        tmp_path / "agent.toml", state_dir=tmp_path / "state",
+        broker=None, sources=[{"name": "rec", "type": "csv", "path": str(tmp_path / "no.csv"),
+                               "columns": {"x": "x"}}],
+        channels=[{"name": "x", "source": "rec", "field": "x", "kind": "linear",
+                   "epsilon": 1.0, "domain": [0, 1]}])
+    text = config.read_text().replace(
+        "[privacy]", f'[broker]\npassword_file = "{tmp_path / "no-password"}"\n\n[privacy]')
+    config.write_text(text)
+    result = run_cli("run", "--config", str(config))
+    assert result.returncode == 78 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines() == [
+        f"{config}: invalid configuration: broker.password_file: cannot read "
+        f"{tmp_path / 'no-password'} (No such file or directory)",
+        f"{config}: invalid configuration: sources[0].path: cannot read "
+        f"{tmp_path / 'no.csv'} (No such file or directory)"]
+
+
 def test_a_state_dir_under_home_is_expanded():
     from edge_agent.config import PrivacyConfig
 

@@ -213,7 +213,8 @@ class FakeSource:
         with_latest_windows(document, windows)
         details = {name: {**channel, "windows": windows.get(name, [])}
                    for name, channel in document["channels"].items()}
-        histories = {name: history_document(name, detail, WINDOW_SECONDS, capture.t)
+        histories = {name: history_document(name, detail, WINDOW_SECONDS, WINDOWS_KEPT,
+                                            capture.t)
                      for name, detail in details.items()}
         return Documents(channels=document, channel_details=details, histories=histories,
                          range={"t": capture.t, "channels": {}}, dead_letters=[])

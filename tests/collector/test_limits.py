@@ -212,6 +212,30 @@ def test_a_command_refuses_a_configuration_it_cannot_serve(tmp_path, command, ta
     assert not (tmp_path / "collector.sqlite").exists()  # refused before anything started
 
 
+@pytest.mark.parametrize("command", ["run", "ingress", "member", "merge"])
+def test_paths_the_service_cannot_use_are_named_at_start_up(tmp_path, command):
+    """An unwritable [storage] path (run only) and unreadable password or CA files: one
+    line per key, exit 78, no traceback, nothing started."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    config = write_toml(tmp_path / "collector.toml", {
+        "fleet": FLEET,
+        "broker": {"host": "127.0.0.1", "port": 1, "username": "c",
+                   "password_file": str(tmp_path / "no-password")},
+        "storage": {"path": str(blocker / "state.sqlite")},
+        "scale_out": {"servers": ["tls://127.0.0.1:1"], "tls_ca": str(tmp_path / "no-ca")}})
+    done = subprocess.run(python_module("collector", command, "--config", config),
+                          capture_output=True, text=True, env=child_env(), cwd=REPO,
+                          timeout=120)
+    assert done.returncode == 78 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert all(line.startswith(f"{config}: invalid configuration: ") for line in lines)
+    keys = [line.split(": ")[2] for line in lines]
+    assert keys == ["broker.password_file", "scale_out.tls_ca"] + \
+        (["storage.path"] if command == "run" else [])
+    assert f"cannot read {tmp_path / 'no-password'} (No such file or directory)" in lines[0]
+
+
 def test_one_message_that_fails_does_not_stop_the_batch(monkeypatch):
     """Issue 12, defect 1: an exception inside a batch left its position behind, and
     the whole batch was applied again at every retry."""

@@ -1578,8 +1578,8 @@ def test_a_new_page_draws_the_history_and_follows_it(browser, source):
             assert trend["span"] == served["span"]
             assert f"last {served['span']:g} s (6 windows of 10 s)" in trend["label"], trend
 
-        # The page has learnt how far back the server's history goes: the next window
-        # drops the oldest point without asking the server again.
+        # The page keeps what the server keeps (windows_kept): the next window drops
+        # the oldest point without asking the server again.
         fetched = history_requests(board)
         wait_trends(page, step(web, source))
         assert history_requests(board) == fetched
