@@ -256,7 +256,7 @@ SourceConfig = Annotated[
 
 # Fields each source type provides before ``derive`` (None: whatever the data has).
 SYNTHETIC_FIELDS = ("accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw",
-                    "accel_h_mag", "accel_h_dir", "activity")
+                    "accel_h_mag", "accel_h_dir", "activity", "heart_rate", "rr_interval")
 I2C_FIELDS = ("accel_x", "accel_y", "accel_z", "gyro_x", "gyro_y", "gyro_z", "temperature")
 DERIVED_FIELDS = {"horizontal": ("accel_h_mag", "accel_h_dir"), "tilt": ("roll", "pitch")}
 

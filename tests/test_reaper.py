@@ -6,8 +6,9 @@ import subprocess
 import sys
 import time
 
+from collector.lifetime import running
 from tests.support.ports import wait_until
-from tests.support.reaper import Reaper, _alive, die_with_test
+from tests.support.reaper import Reaper, die_with_test
 
 # A child that starts a grandchild and exits: the grandchild is an orphan, re-parented to
 # the test process (a subreaper), as a killed demo's broker is.
@@ -25,13 +26,13 @@ def test_orphans_and_children_a_test_leaves_are_killed_and_reaped():
         maker = subprocess.run([sys.executable, "-c", ORPHAN_MAKER], capture_output=True,
                                text=True, check=True)
         orphan = int(maker.stdout)
-        assert _alive(orphan)
+        assert running(orphan)
         assert wait_until(lambda: open(f"/proc/{orphan}/stat").read().rsplit(")", 1)[1]
                           .split()[1] == str(os.getpid()), 10)  # re-parented to us
         left = reaper.collect()
         assert len(left) == 2 and all("time.sleep(300)" in command for command in left)
-        assert not _alive(orphan) and not os.path.exists(f"/proc/{orphan}")  # reaped
-        assert not _alive(child.pid) and child.poll() is not None  # (reaped: no status)
+        assert not running(orphan) and not os.path.exists(f"/proc/{orphan}")  # reaped
+        assert not running(child.pid) and child.poll() is not None  # (reaped: no status)
         assert older.poll() is None  # spared
     finally:
         older.kill()
@@ -51,14 +52,14 @@ def test_a_child_started_with_die_with_test_dies_with_its_parent():
          "time.sleep(300)\n"],
         stdout=subprocess.PIPE, text=True, preexec_fn=die_with_test())
     child = int(parent.stdout.readline())
-    assert _alive(child)
+    assert running(child)
     parent.kill()
     parent.wait()
     deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
+    while running(child) and time.monotonic() < deadline:
         time.sleep(0.05)
         try:
             os.waitpid(child, os.WNOHANG)  # re-parented to us, a subreaper
         except ChildProcessError:
             pass
-    assert not _alive(child)
+    assert not running(child)

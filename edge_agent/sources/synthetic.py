@@ -12,7 +12,12 @@ The model, per sample at ``rate_hz``:
   component and a lateral sway at half the step frequency) whose amplitude
   eases in and out of each segment;
 * accelerometer: gravity (1 g) rotated into the body frame by roll and pitch,
-  plus the step accelerations, step-to-step jitter and sensor noise.
+  plus the step accelerations, step-to-step jitter and sensor noise;
+* heart (what a chest strap's Heart Rate Service gives): ``heart_rate`` (bpm)
+  eases towards a per-state target around the wearer's resting rate (time
+  constant 20 s) with a little measurement noise, and ``rr_interval`` (s), the
+  beat-to-beat interval 60 / rate with a few percent of beat-to-beat
+  variability.
 
 Everything is computed per poll with numpy for all the samples due since the
 previous poll; nothing runs between polls.  The per-sample randomness comes
@@ -49,6 +54,13 @@ _NEXT = ((0.0, 0.8, 0.2), (0.6, 0.0, 0.4), (0.3, 0.7, 0.0))
 _STEP_HZ = ((0.0, 0.0), (1.85, 0.1), (2.7, 0.15))
 _STEP_G = ((0.0, 0.0), (0.25, 0.05), (0.9, 0.15))
 _EASE_SECONDS = 1.5  # time constant of the amplitude envelope between states
+# Heart rate (bpm) above the wearer's resting rate in each state, how fast it follows,
+# its measurement noise, and the beat-to-beat variability of the RR interval.
+_HEART_ABOVE_REST = (0.0, 30.0, 80.0)
+_HEART_REST = (66.0, 7.0)  # resting rate across wearers: mean, spread
+_HEART_TAU = 20.0
+_HEART_NOISE_BPM = 1.0
+_RR_VARIABILITY = 0.03
 
 _SENSOR_NOISE_G = 0.01
 _JITTER = 0.15  # step-to-step irregularity, relative to the amplitude
@@ -97,6 +109,7 @@ class _Segments:
     amplitude: np.ndarray  # target amplitude of the segment
     envelope0: np.ndarray  # amplitude when the segment starts
     phase0: np.ndarray  # step phase when the segment starts
+    heart0: np.ndarray  # heart rate when the segment starts
 
     @property
     def end(self) -> float:
@@ -117,8 +130,9 @@ class SyntheticSource(Source):
         return {"rate_hz": f"{self.rate_hz:g}"}
 
     def _reset(self) -> None:
-        children = np.random.SeedSequence(self.seed).spawn(3)
-        persona, self._noise_rng, self._chain_rng = (np.random.default_rng(c) for c in children)
+        children = np.random.SeedSequence(self.seed).spawn(4)
+        persona, self._noise_rng, self._chain_rng, self._heart_rng = (
+            np.random.default_rng(c) for c in children)
         # Per-agent traits: how this wearer holds the device and turns.
         self._roll_mean = persona.normal(0.0, 0.1)
         self._pitch_mean = persona.normal(0.0, 0.1)
@@ -126,8 +140,10 @@ class SyntheticSource(Source):
         self._roll_dev = persona.normal(0.0, _ATTITUDE_SD[0])
         self._pitch_dev = persona.normal(0.0, _ATTITUDE_SD[1])
         self._yaw = persona.uniform(0.0, TWO_PI)
-        self._segments = _Segments(*(np.empty(0) for _ in range(6)))
-        self._append_segment(int(persona.choice(3, p=(0.5, 0.35, 0.15))), 0.0, 0.0, 0.0)
+        self._segments = _Segments(*(np.empty(0) for _ in range(7)))
+        first = int(persona.choice(3, p=(0.5, 0.35, 0.15)))
+        self._heart_rest = max(45.0, persona.normal(*_HEART_REST))
+        self._append_segment(first, 0.0, 0.0, 0.0, self._heart_target(first))
         self._t0: float | None = None
         self._next = 0  # index of the next sample
 
@@ -135,8 +151,11 @@ class SyntheticSource(Source):
         self._reset()
 
     # -- the activity chain (a few segments per minute: Python per segment) --------
+    def _heart_target(self, state) -> np.ndarray | float:
+        return self._heart_rest + np.asarray(_HEART_ABOVE_REST)[state]
+
     def _append_segment(self, state: int, start: float, envelope0: float,
-                        phase0: float) -> None:
+                        phase0: float, heart0: float) -> None:
         rng = self._chain_rng
         hold = max(_HOLD_MIN, rng.exponential(_HOLD_MEAN[state]))
         step_hz = max(0.0, rng.normal(*_STEP_HZ[state]))
@@ -145,7 +164,8 @@ class SyntheticSource(Source):
         self._segments = _Segments(
             np.append(seg.start, start), np.append(seg.state, state),
             np.append(seg.step_hz, step_hz), np.append(seg.amplitude, amplitude),
-            np.append(seg.envelope0, envelope0), np.append(seg.phase0, phase0))
+            np.append(seg.envelope0, envelope0), np.append(seg.phase0, phase0),
+            np.append(seg.heart0, heart0))
         self._segment_end = start + hold
 
     def _cover(self, first: float, last: float) -> None:
@@ -155,17 +175,26 @@ class SyntheticSource(Source):
             span = self._segment_end - seg.start[i]
             envelope = self._envelope(seg.amplitude[i], seg.envelope0[i], span)
             phase = (seg.phase0[i] + TWO_PI * seg.step_hz[i] * span) % (2 * TWO_PI)
+            heart = self._eased(self._heart_target(int(seg.state[i])), seg.heart0[i], span,
+                                _HEART_TAU)
             state = int(self._chain_rng.choice(3, p=_NEXT[int(seg.state[i])]))
-            self._append_segment(state, self._segment_end, float(envelope), float(phase))
+            self._append_segment(state, self._segment_end, float(envelope), float(phase),
+                                 float(heart))
         keep = max(0, int(np.searchsorted(self._segments.start, first, side="right")) - 1)
         if keep:
             seg = self._segments
             self._segments = _Segments(*(a[keep:] for a in (
-                seg.start, seg.state, seg.step_hz, seg.amplitude, seg.envelope0, seg.phase0)))
+                seg.start, seg.state, seg.step_hz, seg.amplitude, seg.envelope0, seg.phase0,
+                seg.heart0)))
 
     @staticmethod
-    def _envelope(target, envelope0, elapsed):
-        return target + (envelope0 - target) * np.exp(-elapsed / _EASE_SECONDS)
+    def _eased(target, start, elapsed, tau):
+        """From ``start`` towards ``target`` with time constant ``tau``."""
+        return target + (start - target) * np.exp(-elapsed / tau)
+
+    @classmethod
+    def _envelope(cls, target, envelope0, elapsed):
+        return cls._eased(target, envelope0, elapsed, _EASE_SECONDS)
 
     # -- sampling --------------------------------------------------------------------
     def poll(self, now: float) -> Readings:
@@ -196,9 +225,11 @@ class SyntheticSource(Source):
         roll, pitch, yaw = self._attitude(normals, dt, envelope, phase)
         accel = self._acceleration(roll, pitch, envelope, phase, normals)
 
+        heart_rate, rr_interval = self._heart(offsets)
         readings = Readings(self._t0 + offsets, {
             "accel_x": accel[0], "accel_y": accel[1], "accel_z": accel[2],
             "roll": roll, "pitch": pitch, "yaw": yaw,
+            "heart_rate": heart_rate, "rr_interval": rr_interval,
         }, {"activity": ACTIVITIES[self._activity(offsets)]})
         return apply_derive(readings, ("horizontal",) + self.derive)
 
@@ -206,6 +237,16 @@ class SyntheticSource(Source):
         """The state (REST, WALK, RUN) at each offset."""
         seg = self._segments
         return seg.state[np.searchsorted(seg.start, offsets, side="right") - 1].astype(np.int64)
+
+    def _heart(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Heart rate (bpm, measured) and RR interval (s, one beat's) at each offset."""
+        seg = self._segments
+        index = np.searchsorted(seg.start, offsets, side="right") - 1
+        rate = self._eased(self._heart_target(seg.state[index].astype(np.int64)),
+                           seg.heart0[index], offsets - seg.start[index], _HEART_TAU)
+        noise = self._heart_rng.standard_normal((offsets.size, 2))
+        rr = 60.0 / rate * (1.0 + _RR_VARIABILITY * noise[:, 1])
+        return rate + _HEART_NOISE_BPM * noise[:, 0], rr
 
     def _gait(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Step amplitude envelope and step phase at each offset."""

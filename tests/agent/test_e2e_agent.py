@@ -296,19 +296,21 @@ def test_check_config_says_how_long_the_budget_lasts(tmp_path):
     budget = json.loads(good.stdout)["budget"]
     assert budget["whole_period"] and budget["lasts_seconds"] == 86400
     assert budget["epsilon_per_period"] <= budget["budget_epsilon"]
-    assert budget["channels"]["accel_x"]["reports_per_second"] == 1 / 600
+    assert budget["channels"]["accel_x"]["reports_per_second"] == 1 / 900
+    others = budget["epsilon_per_period"] - budget["channels"]["accel_x"]["epsilon_per_period"]
     assert "WARNING" not in good.stderr and "lasts the whole period" in good.stderr
     busy = tmp_path / "busy.toml"
-    assert sample.count("report_interval = 600.0") == 1
-    busy.write_text(sample.replace("report_interval = 600.0", "report_interval = 0.5"))
+    assert sample.count("report_interval = 900.0    # seconds") == 1  # accel_x's
+    busy.write_text(sample.replace("report_interval = 900.0    # seconds",
+                                   "report_interval = 0.5    # seconds"))
     result = run_cli("check-config", str(busy))
     assert result.returncode == 0, result.stderr
     budget = json.loads(result.stdout)["budget"]
-    # accel_x: 2 reports a second at epsilon 1; the others: 336 a day.
-    spent_per_second = 2.0 + 336 / 86400
+    # accel_x: 2 reports a second at epsilon 1, and the others as before.
+    spent_per_second = 2.0 + others / 86400
     assert budget["lasts_seconds"] == pytest.approx(500 / spent_per_second, rel=1e-9)
     assert budget["limited_by"] == "budget_epsilon" and not budget["whole_period"]
-    assert "WARNING: budget_epsilon = 500 per 1d runs out 4 min 10 s into each period" \
+    assert "WARNING: budget_epsilon = 500 per 1d runs out 4 min 9 s into each period" \
         in result.stderr
     assert "accel_x: 2/s × ε 1 = ε 172800 per 1d (100% of the spending)" in result.stderr
 

@@ -4,6 +4,7 @@ starts; the generated configs; a child that dies."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import json
@@ -19,6 +20,7 @@ import time
 import tomllib
 import urllib.request
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,8 @@ from tests.support import REPO, free_port, port_open, require_mosquitto
 from tests.support import wait_for_api as wait_until  # every wait here asks the API
 from tests.support.reaper import die_with_test
 
-CHANNELS = {"accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw", "accel_polar", "activity"}
+CHANNELS = {"accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw", "accel_polar", "activity",
+            "heart_rate", "rr_interval"}
 # The estimate-vs-truth check means something only if its tolerance is small next to
 # the domain (width 4), and a bias_bound or stderr gone wrong must not widen it.  The
 # tolerance is 5 standard errors + bias_bound + 0.02; at 2,500 reports the mechanisms'
@@ -140,22 +143,36 @@ def test_demo_runs_everything_and_estimates_match_the_simulated_truth(tmp_path):
     assert_all_stopped(tmp_path, port)
 
 
+@contextlib.contextmanager
+def running_demo(workdir, *args: str, sighup=signal.SIG_DFL) -> Iterator[subprocess.Popen]:
+    """``start_demo``, killed on the way out if the test has not stopped it."""
+    demo = start_demo(workdir, *args, sighup=sighup)
+    try:
+        yield demo
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+
+
+def stopped(demo: subprocess.Popen, signum: int) -> str:
+    """Send ``signum``; the demo's output once it has exited 0 (asserted)."""
+    demo.send_signal(signum)
+    output, _ = demo.communicate(timeout=90)
+    assert demo.returncode == 0, output[-3000:]
+    return output
+
+
 def test_ctrl_c_twice_stops_the_demo_and_everything_it_started(tmp_path):
     port = free_port()
-    demo = start_demo(tmp_path, "--agents", "3", "--http-port", str(port), "--embedded")
-    try:
+    with running_demo(tmp_path, "--agents", "3", "--http-port", str(port),
+                      "--embedded") as demo:
         assert wait_until(lambda: len(api(port)["agents"]) == 3, 60)
         demo.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
         # An impatient second Ctrl-C arrives while the demo stops its children (the
         # fleet alone takes longer than this to flush and exit): it must not cut the
         # stop short.
         time.sleep(0.3)
-        demo.send_signal(signal.SIGINT)
-        output, _ = demo.communicate(timeout=90)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-    assert demo.returncode == 0, output[-3000:]
+        stopped(demo, signal.SIGINT)
     # the children ran in their own sessions (a terminal's Ctrl-C reaches only the
     # demo, which stops them in order); none is left
     assert_all_stopped(tmp_path, port)
@@ -169,8 +186,7 @@ def test_default_broker_is_a_private_mosquitto_and_a_signal_stops_everything(tmp
     closed) stops everything, as Ctrl-C does."""
     require_mosquitto()
     port = free_port()
-    demo = start_demo(tmp_path, "--agents", "4", "--http-port", str(port))
-    try:
+    with running_demo(tmp_path, "--agents", "4", "--http-port", str(port)) as demo:
         assert wait_until(lambda: sorted(a for a, v in api(port)["agents"].items()
                                          if v["values"] > 0)
                           == [f"wearable-{i}" for i in range(4)]
@@ -178,12 +194,7 @@ def test_default_broker_is_a_private_mosquitto_and_a_signal_stops_everything(tmp
                           and all(c["count"] > 0 for c in api(port)["channels"].values()),
                           60), (tmp_path / "collector.log").read_text()[-2000:]
         assert not api(port)["ingest"]["rejects"]
-        demo.send_signal(signum)
-        output, _ = demo.communicate(timeout=90)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-    assert demo.returncode == 0, output[-3000:]
+        output = stopped(demo, signum)
     assert "private Mosquitto" in output
     assert_all_stopped(tmp_path, port)
 
@@ -192,20 +203,14 @@ def test_under_nohup_sighup_leaves_the_demo_running_and_sigterm_stops_it(tmp_pat
     """nohup's promise: a demo started with SIGHUP ignored keeps running when the
     terminal closes; SIGTERM still stops everything."""
     port = free_port()
-    demo = start_demo(tmp_path, "--agents", "2", "--http-port", str(port), "--embedded",
-                      sighup=signal.SIG_IGN)
-    try:
+    with running_demo(tmp_path, "--agents", "2", "--http-port", str(port), "--embedded",
+                      sighup=signal.SIG_IGN) as demo:
         assert wait_until(lambda: len(api(port)["agents"]) == 2, 60), \
             (tmp_path / "collector.log").read_text()[-2000:]
         demo.send_signal(signal.SIGHUP)
         time.sleep(2)  # a demo that honoured it would be stopping by now
         assert demo.poll() is None and len(api(port)["agents"]) == 2
-        demo.send_signal(signal.SIGTERM)
-        output, _ = demo.communicate(timeout=90)
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-    assert demo.returncode == 0, output[-3000:]
+        stopped(demo, signal.SIGTERM)
     assert_all_stopped(tmp_path, port)
 
 

@@ -26,6 +26,8 @@ import signal
 import time
 from collections.abc import Iterable
 
+from collector.lifetime import running
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -72,14 +74,6 @@ def _parents() -> dict[int, int]:
     return parents
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
-
-
 class Reaper:
     """Kills what a test started and left running (``collect``), sparing what ran before
     it (``__init__`` takes the census)."""
@@ -115,10 +109,10 @@ class Reaper:
         children (orphans re-parented here among them), and return the command lines of
         those that were running (for a message); give up after ``timeout`` seconds."""
         started = self._started_since()
-        names = [_command(pid) for pid in started if _alive(pid)]
+        names = [_command(pid) for pid in started if running(pid)]
         deadline = time.monotonic() + timeout
         while started and time.monotonic() < deadline:
-            for pid in filter(_alive, started):
+            for pid in filter(running, started):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
@@ -128,7 +122,7 @@ class Reaper:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:  # not our child (yet): its parent reaps it
                     pass
-            if not any(map(_alive, started)):
+            if not any(map(running, started)):
                 break
             time.sleep(0.05)
             started = self._started_since()
