@@ -55,8 +55,8 @@ from .watch import fetch, render
 DEMO_CHANNELS = importlib.resources.files("collector").joinpath("demo_channels.toml")
 
 
-# SIGTERM and SIGHUP (a closed terminal) stop the demo as Ctrl-C does: the children
-# run in their own sessions, so nobody else stops them.
+# Ctrl-C, SIGTERM and SIGHUP (a closed terminal) stop the demo: the children run in
+# their own sessions, so nobody else stops them.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 RESTART_SECONDS = 30.0  # a killed part of the --scale-out demo comes back after this (its
 # leases, 20 s, expire first: the others take its partitions, then it takes its share back)
@@ -67,7 +67,7 @@ class DemoError(ValueError):
 
 
 class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP: handled wherever Ctrl-C is."""
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP): handled wherever Ctrl-C is."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -75,6 +75,10 @@ class Stopped(KeyboardInterrupt):
 
 
 def _raise_stopped(signum, frame) -> None:
+    # The first stop signal ignores the ones after it at once: an impatient second Ctrl-C
+    # arriving before stop() has begun must not interrupt it (children left running).
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
     raise Stopped(signum)
 
 
@@ -318,7 +322,7 @@ every_seconds = 60
         """0 when stopped as asked, 1 when a child exited on its own; Ctrl-C, SIGTERM or
         SIGHUP during start-up raise KeyboardInterrupt after everything is stopped."""
         with ExitStack() as stack:
-            for signum in STOP_SIGNALS[1:]:
+            for signum in STOP_SIGNALS:
                 if signal.getsignal(signum) is not signal.SIG_IGN:  # under nohup, stay
                     stack.callback(signal.signal, signum,
                                    signal.signal(signum, _raise_stopped))

@@ -112,8 +112,12 @@ def stream_config(config: ScaleOutConfig) -> StreamConfig:
         description="edge-ldp: every fleet message, by partition of its agent")
 
 
+class _NotPlacedYet(Exception):
+    """The cluster could not place a new stream: its peers have not all joined yet."""
+
+
 # What a cluster answers while it elects a leader (after a start, or a node's death).
-_NOT_YET = (NatsTimeoutError, NoRespondersError, ServiceUnavailableError)
+_NOT_YET = (NatsTimeoutError, NoRespondersError, ServiceUnavailableError, _NotPlacedYet)
 
 
 async def _until_ready(step, deadline: float, what: str, not_yet=_NOT_YET):
@@ -137,8 +141,11 @@ async def _ensure_stream(js: JetStreamContext, config: ScaleOutConfig) -> None:
             log.info("created stream %s: %d partitions, %d replicas", config.stream,
                      config.partitions, config.replicas)
             return
-        except BadRequestError:  # another role created it meanwhile
-            info = await js.stream_info(config.stream)
+        except BadRequestError as exc:  # another role created it meanwhile, or ...
+            try:
+                info = await js.stream_info(config.stream)
+            except NotFoundError:  # ... a young cluster has too few peers to place it
+                raise _NotPlacedYet(str(exc)) from None
     made_with = (info.config.metadata or {}).get(PARTITIONS_KEY)
     if made_with != str(config.partitions):
         raise EngineError(f"stream {config.stream} was created with {made_with} partitions, "
