@@ -88,14 +88,19 @@ def record_batches(batches: list[Batch], store: StateStore) -> None:
 
     The cores of one service share a state file, so a batch of a whole fleet is one
     commit however many virtual agents it has."""
-    batches = [batch for batch in batches if batch.selections]
-    if not batches:
-        return
-    with store.transaction(batches[0].now) as tx:
-        for batch in batches:
-            batch.core.record(batch, tx)
-    for batch in batches:  # after the commit: what is booked is on disk
-        batch.core.settle(batch)
+    recorded = [batch for batch in batches if batch.selections]
+    if recorded:
+        with store.transaction(recorded[0].now) as tx:
+            for batch in recorded:
+                batch.core.record(batch, tx)
+        for batch in recorded:  # after the commit: what is booked is on disk
+            batch.core.settle(batch)
+    # Every reading the sources handed out for these batches is now handled: spooled
+    # (perturbed), or dropped by report_interval, the budget or the clock.  Not reached
+    # when the commit failed (Source.committed).
+    for batch in batches:
+        if batch.core.acknowledging:
+            batch.core.committed()
 
 
 class AgentCore:
@@ -124,6 +129,21 @@ class AgentCore:
         self.exhausted: set[str] = set()
         self.clock_behind = False
         self._last_tick: float | None = None
+        # The sources that acknowledge their senders once their readings are committed.
+        self._acknowledging = [s for s in self.sources.values() if s.acknowledges]
+
+    @property
+    def acknowledging(self) -> bool:
+        return bool(self._acknowledging)
+
+    def committed(self) -> None:
+        """After the commit of a tick (``record_batches``): what the sources handed out
+        at that tick is handled (``Source.committed``)."""
+        for source in self._acknowledging:
+            try:
+                source.committed()
+            except Exception:  # a source bug must not stop the agent
+                log.exception("source %s failed to acknowledge", source.name)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -287,6 +307,7 @@ class AgentCore:
             status["channels"][channel.name].update(channel.local)
         for source in self.sources.values():
             status["sources"][source.name]["rejected_rows"] = source.rejected_rows
+            status["sources"][source.name].update(source.local_counters())
         return status
 
 

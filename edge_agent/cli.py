@@ -86,8 +86,15 @@ def describe_channels(channels: list) -> dict:
 def run(config_path: str) -> None:
     """Run the agent until SIGTERM or until every finite source has ended."""
     from .agent import AgentService
+    from .fleet import single_agent_problems
 
     config = _load(config_path, EXIT_CONFIG)
+    problems = single_agent_problems(config)
+    if problems:  # e.g. a ble source that splits its devices between a fleet's agents
+        click.echo(f"{config_path}: cannot run as one agent:", err=True)
+        for line in problems:
+            click.echo(f"  {line}", err=True)
+        sys.exit(EXIT_CONFIG)
     require_agent_paths(config_path, config)
     service = AgentService(config)
     service.install_signal_handlers()

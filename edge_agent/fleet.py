@@ -20,6 +20,11 @@ Sources:
   (``CsvSource(offset=i, stride=N)``, all reading one in-memory copy of the
   file; see ``sources.csv_source`` for how
   ``pace`` and ``loop`` interact with striding).
+* ``ble`` with ``assign = "one_per_agent"``: virtual agent i reads
+  ``devices[i]`` (one wearable per agent; ``--count`` must equal the number of
+  devices).  With ``assign = "this_agent"`` every device belongs to one wearer
+  and the source is refused, as is one listing several devices under
+  ``edge-agent run`` (``single_agent_problems``).
 * ``jsonl``, ``mqtt`` and ``i2c`` read one real stream (stdin, a broker, a
   bus) and are refused: they cannot be split into N agents.
 
@@ -56,12 +61,13 @@ from .config import (
     FLEET_MAX_COUNT,
     NAME_PATTERN,
     AgentConfig,
+    BleSourceConfig,
     ConfigError,
     CsvSourceConfig,
     SyntheticSourceConfig,
 )
 from .readings import Readings
-from .sources import CsvSource, SyntheticSource
+from .sources import BleSource, CsvSource, SyntheticSource
 from .sources.base import Source
 from .sources.synthetic import stable_seed
 from .transport import PahoTransport
@@ -86,7 +92,9 @@ def check_fleet(config: AgentConfig, count: int) -> None:
     if not 1 <= count <= FLEET_MAX_COUNT:
         problems.append(f"--count: must be in [1, {FLEET_MAX_COUNT}], got {count}")
     for i, source in enumerate(config.sources):
-        if source.type not in FLEET_SOURCE_TYPES:
+        if source.type == "ble":
+            problems += _ble_fleet_problems(i, source, count)
+        elif source.type not in FLEET_SOURCE_TYPES:
             problems.append(f"sources[{i}].type: must be one of "
                             f"{', '.join(map(repr, FLEET_SOURCE_TYPES))} in a fleet "
                             f"(one {source.type} stream cannot be split into agents), "
@@ -101,6 +109,29 @@ def check_fleet(config: AgentConfig, count: int) -> None:
         raise ConfigError("\n".join(problems))
 
 
+def _ble_fleet_problems(i: int, source: BleSourceConfig, count: int) -> list[str]:
+    if source.assign != "one_per_agent":
+        return [f"sources[{i}].assign: must be \"one_per_agent\" in a fleet (virtual agent "
+                f"k takes devices[k]; \"this_agent\" gives every device to one agent), "
+                f"got {source.assign!r}"]
+    if len(source.devices) != count:
+        return [f"sources[{i}].devices: virtual agent k takes devices[k]: --count {count} "
+                f"needs {count} devices, the source lists {len(source.devices)}"]
+    return []
+
+
+def single_agent_problems(config: AgentConfig) -> list[str]:
+    """What keeps the config from running as one agent (``edge-agent run``): a ble
+    source that splits its devices between the virtual agents of a fleet."""
+    return [f"sources[{i}].assign: \"one_per_agent\" gives each virtual agent of "
+            f"`edge-agent fleet --count {len(source.devices)}` one of the "
+            f"{len(source.devices)} devices; one agent (`edge-agent run`) takes one device, "
+            f"or use assign = \"this_agent\" with a prefix per device"
+            for i, source in enumerate(config.sources)
+            if source.type == "ble" and source.assign == "one_per_agent"
+            and len(source.devices) > 1]
+
+
 def fleet_sources(config: AgentConfig, agent_id: str, index: int,
                   count: int) -> dict[str, Source]:
     """Virtual agent ``index``'s sources (constructed, not started)."""
@@ -113,6 +144,8 @@ def fleet_sources(config: AgentConfig, agent_id: str, index: int,
             sources[source.name] = SyntheticSource(source, agent_id=agent_id)
         elif isinstance(source, CsvSourceConfig):
             sources[source.name] = CsvSource(source, offset=index, stride=count)
+        elif isinstance(source, BleSourceConfig):  # check_fleet: one device per agent
+            sources[source.name] = BleSource(source, devices=[source.devices[index]])
         else:
             raise ConfigError(f"sources: {source.type!r} sources cannot run in a fleet")
     return sources

@@ -680,11 +680,14 @@ class Renderer:
 
     def table(self, model, path: str, heading: str, level: int, *,
               variant: str | None = None, discriminator: str | None = None,
-              intro: str | None = None) -> list:
-        """One table's rows; returns its nested tables (path, shape) for the caller."""
+              intro: str | None = None, anchor: str | None = None) -> list:
+        """One table's rows; returns its nested tables (path, shape) for the caller.
+        ``anchor``: the table's own (a table nested in a variant: its variant's, then
+        its key)."""
         out = self.lines
         self.models.append(model)
-        self._heading(self.anchor(path, variant), level, heading)
+        here = anchor or self.anchor(path, variant)
+        self._heading(here, level, heading)
         for text in (_docstring(model), intro):
             if text:
                 out += [text, ""]
@@ -706,7 +709,8 @@ class Renderer:
                 allowed += field_validator_messages(model, name)
             else:
                 label = f"[{child}]" if shape.kind == "table" else f"[[{child}]]"
-                allowed.append(f"see [`{label}`](#{self.anchor(child)})")
+                link = self.anchor(child) if here == self.anchor(path) else f"{here}-{name}"
+                allowed.append(f"see [`{label}`](#{link})")
                 nested.append((child, shape))
             description = self.describe(model, path, variant, name, info, shape)
             if name == discriminator and not description:
@@ -721,15 +725,22 @@ class Renderer:
         out.append("")
         return nested
 
-    def tables(self, model, path: str, heading: str) -> None:
-        """A table and, after it, every table nested in it (depth first)."""
-        for child, shape in self.table(model, path, heading, 3):
+    def tables(self, model, path: str, heading: str, *, level: int = 3,
+               anchor: str | None = None, note: str = "") -> None:
+        """A table and, after it, every table nested in it (depth first); ``anchor``,
+        ``note``: a table nested in a variant (its anchor, and the variant in headings)."""
+        for child, shape in self.table(model, path, heading, level, anchor=anchor):
+            below = f"{anchor}-{child.rpartition('.')[2]}" if anchor else None
             if shape.kind == "table":
-                self.tables(shape.model, child, f"`[{child}]`")
+                self.tables(shape.model, child, f"`[{child}]`{note}", level=level,
+                            anchor=below, note=note)
             elif shape.kind == "tables":
-                self.tables(shape.model, child, f"`[[{child}]]`")
-            else:
+                self.tables(shape.model, child, f"`[[{child}]]`{note}", level=level,
+                            anchor=below, note=note)
+            elif anchor is None:
                 self.union(child, shape)
+            else:
+                raise NotImplementedError(f"a union of tables in {path}, inside a variant")
 
     def union(self, path: str, shape: Shape) -> None:
         key = shape.discriminator
@@ -740,8 +751,14 @@ class Renderer:
         for variant, value in zip(shape.variants, names):
             nested = self.table(variant, path, f'`[[{path}]]` with `{key} = "{value}"`', 4,
                                 variant=value, discriminator=key)
-            if nested:
-                raise NotImplementedError(f"tables nested in {path} variants")
+            for child, inner in nested:  # e.g. [[sources.devices]] of type = "ble"
+                if inner.kind not in ("table", "tables"):
+                    raise NotImplementedError(f"a union of tables in {path} variants")
+                label = f"[{child}]" if inner.kind == "table" else f"[[{child}]]"
+                note = f' (`{key} = "{value}"`)'
+                self.tables(inner.model, child, f"`{label}`{note}", level=4,
+                            anchor=f"{self.anchor(path, value)}-{child.rpartition('.')[2]}",
+                            note=note)
 
     def render(self) -> str:
         program = self.program

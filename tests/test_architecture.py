@@ -132,6 +132,7 @@ def test_one_mqtt_client_constructor():
 # Inputs a user hands the agent (files, standard input, a local broker of raw readings)
 # and HTTP documents the collector's own tools fetch are not the wire protocol.
 LOCAL_INPUTS = {"edge_agent.sources.jsonl", "edge_agent.sources.mqtt_source",
+                "edge_agent.sources.http_batches",
                 "collector.watch", "collector.demo", "collector.cli", "collector.replay"}
 
 
@@ -152,13 +153,31 @@ def test_wire_messages_are_decoded_in_the_protocol_module_only():
     assert found == []
 
 
-# The collector's web stack; the agent runs on a Raspberry Pi and needs none of it.
+# The collector's web stack; the agent runs on a Raspberry Pi and needs none of it,
+# but for the http source's server, which only an http source imports when it starts
+# (tests/agent/test_http_source.py checks that the agent without one loads none of it).
 SERVER_PACKAGES = ("starlette", "uvicorn", "sse_starlette", "prometheus_client", "h11")
+HTTP_SOURCE_SERVER = "edge_agent.sources.http_server"
 
 
 def test_the_agent_imports_no_server_stack():
     found = [f"{MODULES[module].relative_to(REPO)}:{line} imports {target}"
              for module in MODULES if module.startswith("edge_agent")
+             and module != HTTP_SOURCE_SERVER
              for target, _, line in imports(module)
              if target.split(".")[0] in SERVER_PACKAGES]
+    assert found == []
+
+
+def test_the_http_sources_server_is_imported_inside_a_function_only():
+    """No module imports it at its top level: only ``HttpSource.start`` does."""
+    found = []
+    for path in MODULES.values():
+        for node in ast.parse(path.read_text()).body:  # top-level statements only
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                named = [alias.name for alias in node.names]
+                if isinstance(node, ast.ImportFrom):
+                    named.append(node.module or "")
+                if any(name.endswith("http_server") for name in named):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert found == []

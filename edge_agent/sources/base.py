@@ -52,6 +52,24 @@ class Source(ABC):
     def stop(self) -> None:  # noqa: B027 - optional hook
         """Release resources; idempotent."""
 
+    #: whether ``committed`` does anything (the agent calls it only then: a fleet of
+    #: many virtual agents pays nothing for it)
+    acknowledges = False
+
+    def committed(self) -> None:  # noqa: B027 - optional hook
+        """Called by the agent after every tick, once the batch of that tick is committed
+        to the state file (also when the tick selected nothing, or the budget or
+        report_interval dropped what it polled): every reading ``poll`` handed out
+        before this call is handled for good.  A source that answers its senders (the
+        http source) acknowledges them here.  A tick whose commit failed calls nothing:
+        a ``poll`` with no ``committed`` since the previous one means the readings of
+        the previous one were not recorded."""
+
+    def local_counters(self) -> dict[str, object]:
+        """Device-only counters of the source (they depend on what arrived): in the
+        local status, never published."""
+        return {}
+
     def fail(self, message: str) -> None:
         self.error = message
         self.finished = True

@@ -35,6 +35,7 @@ from ..systemd_units import stage_unit as _stage_unit
 
 UNIT = REPO / "systemd" / "edge-agent.service"
 I2C_DROPIN = REPO / "systemd" / "edge-agent-i2c.conf"
+BLE_DROPIN = REPO / "systemd" / "edge-agent-ble.conf"
 EXEC_START = ("/opt/edge-agent/venv/bin/edge-agent run --config "
               "/etc/edge-agent/agent.toml")
 MAX_EXPOSURE = 3.0
@@ -147,6 +148,40 @@ def test_i2c_dropin_opens_only_the_i2c_device():
     # Nothing else of the sandbox is relaxed.
     assert {k for k, _ in dropin["Service"]} == {
         "PrivateDevices", "DevicePolicy", "DeviceAllow", "SupplementaryGroups"}
+
+
+# -- the BLE drop-in (systemd/edge-agent-ble.conf) ---------------------------------------------
+
+def test_ble_dropin_verifies_cleanly(analyze, tmp_path):
+    unit = stage_unit(tmp_path, dropins={"ble.conf": BLE_DROPIN.read_text()})
+    code, ours = verify(analyze, unit)
+    assert code == 0 and ours == [], "\n".join(ours)
+
+
+def test_security_exposure_with_ble_dropin_is_low(analyze, tmp_path):
+    unit = stage_unit(tmp_path, dropins={"ble.conf": BLE_DROPIN.read_text()})
+    score, text = exposure(analyze, unit)
+    assert score <= MAX_EXPOSURE, text
+    assert "Service runs with supplementary groups" in text  # the drop-in was applied
+    # Still no Bluetooth (or other exotic) socket: bleak goes through BlueZ over D-Bus.
+    assert "Service cannot allocate exotic sockets" in text
+    assert "Service cannot allocate netlink sockets" in text
+
+
+def test_ble_dropin_only_adds_the_bluetooth_group_and_ordering():
+    dropin = parse_unit(BLE_DROPIN.read_text())
+    assert set(dropin) == {"Unit", "Service"}
+    assert {k for k, _ in dropin["Service"]} == {"SupplementaryGroups"}
+    # The group Debian's bluez D-Bus policy (bluetooth.conf) lets send to org.bluez.
+    assert last(dropin, "Service", "SupplementaryGroups") == "bluetooth"
+    assert {k for k, _ in dropin["Unit"]} == {"Wants", "After"}
+    assert "bluetooth.service" in last(dropin, "Unit", "After").split()
+    # The unit's address families already allow the system bus socket (AF_UNIX) and
+    # nothing Bluetooth-specific is opened up.
+    families = " ".join(values(parse_unit(UNIT.read_text()), "Service",
+                               "RestrictAddressFamilies")).split()
+    assert "AF_UNIX" in families and "AF_BLUETOOTH" not in families
+    assert not is_true(last(dropin, "Service", "MemoryDenyWriteExecute"))
 
 
 # -- (d) the drop-in combined with the unit --------------------------------------------------
