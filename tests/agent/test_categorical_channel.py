@@ -59,7 +59,7 @@ def _error(**changes) -> str:
                        "privacy.budget_delta"),
     (dict(categories=list(range(2000)), oracle="oue", field="accel_x"),
      "channels[0]: its mechanism refuses it: categories: must be in [2, 1024]"),
-    (dict(field="heart_rate"), "channels[0]: source 'imu' has no field 'heart_rate'"),
+    (dict(field="blood_pressure"), "channels[0]: source 'imu' has no field 'blood_pressure'"),
 ])
 def test_configuration_errors_name_the_key(changes, message):
     assert message in _error(**changes)
