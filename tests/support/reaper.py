@@ -43,18 +43,20 @@ def become_subreaper() -> None:
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
-def die_with_test(sighup=None):
+def die_with_test(**signals):
     """A ``preexec_fn``: the child gets SIGKILL when the process that started it dies.
-    ``sighup``: what the child starts with for SIGHUP (``signal.SIG_DFL`` or
-    ``SIG_IGN``) rather than this process's, which a test run under nohup ignores,
-    for tests of what SIGHUP does."""
+    ``signals``: what the child starts with for some signals, by name (``SIGHUP=
+    signal.SIG_DFL``), rather than this process's: a test run in the background
+    ignores SIGINT (a shell's asynchronous commands do), under nohup SIGHUP, and
+    children inherit that; tests of what those signals do set them."""
     parent = os.getpid()
+    dispositions = [(getattr(signal, name), action) for name, action in signals.items()]
 
     def tie() -> None:  # in the child, between fork and exec: no allocation, no import
         if _libc is not None:
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if sighup is not None:
-            signal.signal(signal.SIGHUP, sighup)
+        for signum, action in dispositions:
+            signal.signal(signum, action)
         if os.getppid() != parent:  # the parent died before prctl: no signal will come
             os._exit(1)
 
