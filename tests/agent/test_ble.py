@@ -39,6 +39,7 @@ from edge_agent.sources.heart_rate import HEART_RATE_MEASUREMENT
 from edge_agent.sources.polar_pmd import PMD_CONTROL_POINT, PMD_DATA, start_acc_request
 from edge_agent.state import StateStore
 from tests.support import agent_config, wait_until
+from tests.support.configs import commented_source
 
 H10 = "A0:9E:1A:00:00:01"
 STRAP = "C0:FF:EE:00:00:02"
@@ -681,19 +682,7 @@ def json_message(payload: bytes) -> dict:
 def test_the_sample_configs_ble_example_is_valid():
     """The commented [[sources]] example of type ble in configs/agent.toml, uncommented,
     is a valid source whose devices' fields are distinct."""
-    import tomllib
-
-    from tests.support import REPO
-
-    lines = (REPO / "configs" / "agent.toml").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines)
-                 if line.startswith("# [[sources]]") and 'type = "ble"' in lines[i + 2])
-    block = []
-    for line in lines[start:]:
-        if not line.startswith("#") or line.strip() == "#":
-            break
-        block.append(line[2:])
-    source = tomllib.loads("\n".join(block))["sources"][0]
+    source = commented_source("ble")
     config = parse_config(agent_config(state_dir="/tmp/unused", sources=[source], channels=[
         {"name": name, "source": source["name"], "kind": "linear", "field": name,
          "epsilon": 1.0, "domain": [0, 250]}

@@ -40,6 +40,7 @@ from tests.support import (
     wait_until,
     write_toml,
 )
+from tests.support.configs import commented_source
 
 TOKEN = "phone-token-" + "7f3a" * 6
 T0 = 1_763_780_000.25  # 2025-11-22, seconds since the epoch
@@ -578,18 +579,7 @@ def test_a_token_too_short_or_with_spaces_fails_the_source(tmp_path, token):
 def test_the_sample_configs_http_example_is_valid():
     """The commented [[sources]] example of type http in configs/agent.toml, uncommented,
     is a valid source (with a channel reading one of its fields)."""
-    import tomllib
-
-    lines = (REPO / "configs" / "agent.toml").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines)
-                 if line.startswith("# [[sources]]") and "phone" in lines[i + 1]
-                 and 'type = "http"' in lines[i + 2])
-    block = []
-    for line in lines[start:]:
-        if not line.startswith("#") or line.strip() == "#":
-            break
-        block.append(line[2:])
-    source = tomllib.loads("\n".join(block))["sources"][0]
+    source = commented_source("http")
     config = HttpSourceConfig(**source)
     assert config.type == "http" and config.fields and config.token_file.is_absolute()
 

@@ -100,6 +100,27 @@ def agent_config(*, state_dir, broker=None, agent_id: str = "w1", fleet: str = F
     return data
 
 
+def commented_source(source_type: str) -> dict:
+    """The commented ``[[sources]]`` example of ``source_type`` in configs/agent.toml,
+    uncommented and parsed (the sample's examples must stay valid)."""
+    import tomllib
+
+    from .paths import REPO
+
+    lines = (REPO / "configs" / "agent.toml").read_text().splitlines()
+    for start, line in enumerate(lines):
+        block = []
+        if line.startswith("# [[sources]]"):
+            for comment in lines[start:]:
+                if not comment.startswith("#") or comment.strip() == "#":
+                    break
+                block.append(comment[2:])
+            source = tomllib.loads("\n".join(block))["sources"][0]
+            if source["type"] == source_type:
+                return source
+    raise LookupError(f"no commented [[sources]] of type {source_type} in configs/agent.toml")
+
+
 def write_agent_config(path: Path, **settings) -> Path:
     """``agent_config(**settings)`` written to ``path``, for an agent process."""
     return write_toml(path, agent_config(**settings))
