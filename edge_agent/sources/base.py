@@ -13,10 +13,20 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Iterable
 
 from ..readings import Readings
 from .derive import with_derived
+
+
+def keep_newest(queue: deque, records: Iterable) -> int:
+    """Append ``records`` to ``queue``, a deque with a ``maxlen``: past it the oldest go
+    (memory never grows with what a sender chooses).  How many were dropped."""
+    records = list(records)
+    dropped = max(0, len(queue) + len(records) - queue.maxlen)
+    queue.extend(records)
+    return dropped
 
 
 class Source(ABC):

@@ -58,7 +58,7 @@ from typing import Any
 
 from ..config import BleDeviceConfig, BleSourceConfig
 from ..readings import Readings
-from .base import ThreadedSource
+from .base import ThreadedSource, keep_newest
 from .derive import apply_derive
 from .gatt import MalformedNotification
 from .heart_rate import HEART_RATE_MEASUREMENT, parse_heart_rate_measurement, rr_end_times
@@ -186,7 +186,7 @@ class BleSource(ThreadedSource):
         self.dropped_readings = 0
         #: measurements dropped because the sensor reported no skin contact
         self.no_contact = 0
-        self._queue: deque[Record] = deque()
+        self._queue: deque[Record] = deque(maxlen=config.max_queued)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
@@ -442,20 +442,13 @@ class BleSource(ThreadedSource):
         self.rejected_rows += 1
 
     def _keep(self, records: list[Record]) -> None:
-        limit = self.config.max_queued
         with self._lock:
-            overflow = len(self._queue) + len(records) - limit
-            if overflow > 0:
-                self.dropped_readings += overflow
-                for _ in range(min(overflow, len(self._queue))):
-                    self._queue.popleft()
-                records = records[max(0, len(records) - limit):]
-            self._queue.extend(records)
+            self.dropped_readings += keep_newest(self._queue, records)
 
     # -- polling -----------------------------------------------------------------------
     def poll(self, now: float) -> Readings:
         with self._lock:
-            records, self._queue = self._queue, deque()
+            records, self._queue = self._queue, deque(maxlen=self._queue.maxlen)
         readings = apply_derive(records_to_readings(records), self.derive) if records \
             else Readings.empty(self.fields)
         if self._failure is not None and not self.finished:

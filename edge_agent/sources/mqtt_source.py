@@ -25,7 +25,7 @@ from collections import deque
 from ..config import MqttSourceConfig
 from ..mqtt_client import MqttClient
 from ..readings import Readings
-from .base import Source
+from .base import Source, keep_newest
 from .derive import apply_derive
 from .jsonl import Record, parse_record, records_to_readings
 
@@ -50,7 +50,7 @@ class MqttSource(Source):
         self.subscribed = False  # the broker acknowledged the subscription
         #: records dropped because the agent did not poll in time
         self.dropped_rows = 0
-        self._buffer: deque[Record] = deque()
+        self._buffer: deque[Record] = deque(maxlen=MAX_BUFFERED_ROWS)
         self._lock = threading.Lock()
         self._client: MqttClient | None = None
 
@@ -109,18 +109,12 @@ class MqttSource(Source):
         records, rejected = parse_payload(message.payload, self.timestamp_field, arrival)
         with self._lock:
             self.rejected_rows += rejected
-            overflow = len(self._buffer) + len(records) - MAX_BUFFERED_ROWS
-            if overflow > 0:
-                self.dropped_rows += overflow
-                for _ in range(min(overflow, len(self._buffer))):
-                    self._buffer.popleft()
-                records = records[max(0, len(records) - MAX_BUFFERED_ROWS):]
-            self._buffer.extend(records)
+            self.dropped_rows += keep_newest(self._buffer, records)
 
     # -- polling -----------------------------------------------------------------------
     def poll(self, now: float) -> Readings:
         with self._lock:
-            records, self._buffer = self._buffer, deque()
+            records, self._buffer = self._buffer, deque(maxlen=MAX_BUFFERED_ROWS)
         return apply_derive(records_to_readings(records), self.derive)
 
 

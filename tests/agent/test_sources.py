@@ -758,3 +758,14 @@ def test_build_source_maps_each_config(tmp_path):
         source = build_source(config, agent_id="agent-1")  # constructors do no I/O
         assert type(source) is cls and source.name == config.name
         assert source.error is None and not source.finished
+
+
+def test_keep_newest_bounds_a_queue_and_counts_what_it_drops():
+    from collections import deque
+
+    from edge_agent.sources.base import keep_newest
+
+    queue = deque(maxlen=5)
+    assert keep_newest(queue, range(3)) == 0 and list(queue) == [0, 1, 2]
+    assert keep_newest(queue, range(3, 7)) == 2 and list(queue) == [2, 3, 4, 5, 6]
+    assert keep_newest(queue, range(10, 22)) == 12 and list(queue) == list(range(17, 22))
