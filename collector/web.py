@@ -39,8 +39,6 @@ import contextlib
 import functools
 import importlib.resources
 import logging
-import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +47,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import h11
-import uvicorn
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -60,6 +57,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from edge_agent.server_thread import ServerThread
 
 from .jsonsafe import to_json
 from .views import Snapshot, Snapshots, SnapshotSource, Views
@@ -402,9 +401,7 @@ class WebServer:
         self._registry.register(ServerMetrics(self))
         self._static = _static_files()
         self._app = self._build_app()
-        self._socket: socket.socket | None = None
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http: ServerThread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # In the loop: set (and replaced) at every snapshot, and when stopping.
         self._published: asyncio.Event | None = None
@@ -423,61 +420,45 @@ class WebServer:
     # -- lifecycle --
 
     def start(self) -> WebServer:
-        if self._thread is not None:
+        if self._http is not None:
             raise RuntimeError("WebServer already started")
-        # uvicorn logs its lifecycle at INFO and every malformed request (scanners, port
-        # probes) at WARNING, sse-starlette every event it sends at DEBUG; what matters
-        # is logged here.  An operator's explicit level for them stays.
-        for name, level in (("uvicorn.error", logging.ERROR), ("sse_starlette", logging.INFO)):
-            if logging.getLogger(name).level == logging.NOTSET:
-                logging.getLogger(name).setLevel(level)
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        # Bound here, not by uvicorn: .port is known at once (port 0) and asyncio
-        # would resolve the host in a thread of its own.
-        self._socket = socket.create_server((self.host, self._requested_port), family=family)
-        config = uvicorn.Config(
-            self._asgi, http=functools.partial(GuardedH11Protocol, guard=self.guard),
-            interface="asgi3", ws="none", lifespan="off", proxy_headers=False,
-            log_config=None, access_log=False,
+        # sse-starlette logs every event it sends at DEBUG; what matters is logged here.
+        # An operator's explicit level stays.
+        if logging.getLogger("sse_starlette").level == logging.NOTSET:
+            logging.getLogger("sse_starlette").setLevel(logging.INFO)
+        self._http = ServerThread(
+            self._asgi, host=self.host, port=self._requested_port, name="collector-web",
+            protocol=functools.partial(GuardedH11Protocol, guard=self.guard),
+            on_loop=self._in_loop,
             headers=[("Server", "edge-collector"), ("X-Content-Type-Options", "nosniff")],
             timeout_keep_alive=self.limits.idle_timeout_seconds,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
-        self._server = uvicorn.Server(config)
         self._closing = False
-        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),),
-                                        name="collector-web", daemon=True)
         self.snapshots.start()
-        self._thread.start()
-        deadline = time.monotonic() + STOP_JOIN_SECONDS
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the web server failed to start (see the log)")
-            time.sleep(0.005)
+        try:
+            self._http.start()
+        except RuntimeError:
+            self.snapshots.stop()
+            self._http = None
+            raise
         log.info("dashboard and API on %s", self.url)
         return self
 
-    async def _serve(self) -> None:
+    async def _in_loop(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._published = asyncio.Event()
-        await self._server.serve(sockets=[self._socket])
 
     def stop(self) -> None:
-        thread = self._thread
-        if thread is None:
+        http = self._http
+        if http is None:
             return
         self.snapshots.stop()
         loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop has ended already
                 loop.call_soon_threadsafe(self._end_streams)
-        self._server.should_exit = True  # uvicorn closes every connection
-        thread.join(STOP_JOIN_SECONDS)
-        if thread.is_alive():
-            self._server.force_exit = True
-            thread.join(STOP_JOIN_SECONDS)
-        self._socket.close()
-        self._thread = self._server = self._loop = self._socket = None
+        http.stop(STOP_JOIN_SECONDS)
+        self._http = self._loop = None
 
     def __enter__(self) -> WebServer:
         return self.start()
@@ -487,9 +468,9 @@ class WebServer:
 
     @property
     def port(self) -> int:
-        if self._socket is None:
+        if self._http is None:
             raise RuntimeError("WebServer not started")
-        return self._socket.getsockname()[1]
+        return self._http.port
 
     @property
     def url(self) -> str:

@@ -2,8 +2,8 @@
 
 Imported only when an http source starts (``HttpSource.start``): an agent without
 one loads none of the server stack.  uvicorn runs as the collector runs it
-(collector/web.py): on asyncio with its pure-Python h11 protocol, on a socket bound
-here, in a daemon thread.
+(edge_agent/server_thread.py): on asyncio with its pure-Python h11 protocol, in a
+daemon thread.
 
 What a sender can make it hold is bounded:
 
@@ -28,13 +28,9 @@ import contextlib
 import functools
 import json
 import logging
-import socket
-import threading
-import time
 from http import HTTPStatus
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -42,6 +38,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ..server_thread import ServerThread
 from .http_batches import NOT_RECORDED, PATH, RECORDED, Refused, Ticket
 
 log = logging.getLogger(__name__)
@@ -51,7 +48,6 @@ REQUEST_SECONDS = 30.0
 LINGER_BYTES = 1 << 20
 LINGER_SECONDS = 2.0
 RETRY_AFTER = "2"  # seconds, with every 503
-START_SECONDS = 5.0
 GRACEFUL_SHUTDOWN_SECONDS = 2.0
 JSON_TYPE = "application/json"
 HEADERS = {"Cache-Control": "no-store", "Connection": "close"}
@@ -130,69 +126,37 @@ class HttpServer:
     def __init__(self, source: Any, *, host: str, port: int):
         self.source = source
         self.host = host
-        self.requested_port = port
         self.max_body = source.config.max_body_bytes
         self.commit_timeout = source.config.commit_timeout_seconds
         self._app = Starlette(
             routes=[Route(PATH, self._readings, methods=["POST"])],
             exception_handlers={HTTPException: self._http_error,
                                 Exception: self._internal_error})
-        self._socket: socket.socket | None = None
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http = ServerThread(
+            self._app, host=host, port=port, name=f"http-{source.name}",
+            protocol=functools.partial(LocalH11Protocol, source=source), server_header=False,
+            headers=[("X-Content-Type-Options", "nosniff")],
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> HttpServer:
-        logger = logging.getLogger("uvicorn.error")  # every malformed request, at WARNING
-        if logger.level == logging.NOTSET:
-            logger.setLevel(logging.ERROR)
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        self._socket = socket.create_server((self.host, self.requested_port), family=family)
-        config = uvicorn.Config(
-            self._app, http=functools.partial(LocalH11Protocol, source=self.source),
-            interface="asgi3", ws="none", lifespan="off", proxy_headers=False,
-            log_config=None, access_log=False, server_header=False,
-            headers=[("X-Content-Type-Options", "nosniff")],
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),),
-                                        name=f"http-{self.source.name}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + START_SECONDS
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the server did not start (see the log)")
-            time.sleep(0.005)
+        self._http.start()
         log.info("http source %s: POST readings to http://%s:%d%s", self.source.name,
                  f"[{self.host}]" if ":" in self.host else self.host, self.port, PATH)
         return self
 
-    async def _serve(self) -> None:
-        await self._server.serve(sockets=[self._socket])
-
     def stop(self) -> None:
         """End the server once the answers already settled are sent (uvicorn's graceful
         shutdown; what still runs after GRACEFUL_SHUTDOWN_SECONDS is cancelled)."""
-        thread = self._thread
-        if thread is None:
-            return
-        self._server.should_exit = True
-        thread.join(GRACEFUL_SHUTDOWN_SECONDS + 3.0)
-        if thread.is_alive():
-            self._server.force_exit = True
-            thread.join(3.0)
-        self._socket.close()
-        self._thread = self._server = None
+        self._http.stop(GRACEFUL_SHUTDOWN_SECONDS + 3.0)
 
     @property
     def port(self) -> int:
-        return self._socket.getsockname()[1]
+        return self._http.port
 
     @property
     def open_connections(self) -> int:
-        server = self._server
-        return 0 if server is None else len(server.server_state.connections)
+        return self._http.connections
 
     # -- the endpoint -------------------------------------------------------------------------
     async def _readings(self, request: Request) -> Response:
