@@ -81,10 +81,10 @@ bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 
 # The configuration reference is generated from the pydantic models (and the sample
 # configs' comments), the protocol's JSON Schema from its msgspec types;
-# tests/test_config_reference.py and tests/test_protocol.py fail when they are stale.
+# tests/test_config_reference.py and tests/edge_agent/protocol/test_protocol.py fail when they are stale.
 docs: $(STAMP)
 	$(PY) scripts/gen_config_reference.py
-	$(PY) -m edge_agent.protocol.schema
+	$(PY) scripts/gen_protocol_schema.py
 
 clean:
 	rm -rf $(VENV) $(RUNTIME_VENV) .pytest_cache .hypothesis build *.egg-info

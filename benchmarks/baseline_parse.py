@@ -1,6 +1,7 @@
 """The hand-written report parser the typed protocol replaced, kept only as the baseline of
-``benchmarks.bench_protocol`` (collector/ingest.py ``parse_report`` and its helpers as of
-commit 482e47e, with the mechanism cache of that version).  Not used by the product."""
+``benchmarks.bench_protocol`` (collector/aggregation/ingest.py ``parse_report`` and its
+helpers as of commit 482e47e, with the mechanism cache of that version).  Not used by the
+product."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ numpy generators, one for the draw and one per mechanism: the run is reproducibl
 with every mechanism (``perturb_codes``), and turns the codes into report messages as an
 agent does (``protocol.report``: 500 values a message, spread over 10 agents, one channel
 per mechanism).  The messages, as replay lines ``{"topic": ..., "payload": <report>}``, go
-through the collector's offline replay (``estimate``: ``collector.replay.replay_lines``),
+through the collector's offline replay (``estimate``: ``collector.tools.replay.replay_lines``),
 and every number is read from the channels document it returns (GET /api/channels):
 
 * the mean: mean absolute error and RMSE of ``mean.estimate`` and of the raw average
@@ -70,13 +70,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import msgspec  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.machine import describe_machine  # noqa: E402
+from benchmarks.recordings import AEON_VERSION, DataSet, datasets  # noqa: E402
 from collector.config import CollectorConfig  # noqa: E402
-from collector.replay import replay_lines  # noqa: E402
+from collector.tools.replay import replay_lines  # noqa: E402
 from edge_agent import protocol  # noqa: E402
 from edge_agent.mechanisms import CircularOGPM, Mechanism, linear_mechanism  # noqa: E402
-
-from .machine import describe_machine  # noqa: E402
-from .recordings import AEON_VERSION, DataSet, datasets  # noqa: E402
 
 SEED = 20_251
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -106,7 +105,7 @@ COLOURS = {"OGPM": "C0", "PM-C": "C1", "SW-C": "C2", "PM": "C4", "OGPM-U": "C3",
 
 def estimate(lines: list[bytes]) -> dict:
     """The collector's channels document (GET /api/channels) after replaying ``lines``
-    offline (``collector.replay.replay_lines``): the one place the benchmark meets the
+    offline (``collector.tools.replay.replay_lines``): the one place the benchmark meets the
     collector.  Every line must be accepted."""
     result = replay_lines(lines, config=CONFIG)
     if result.accepted != len(lines):
@@ -654,7 +653,7 @@ def main() -> None:
         f"Machine: {describe_machine()}",
         "",
         f"BasicMotions from aeon=={AEON_VERSION} (sha256-checked); every estimate from "
-        "the channels document of `collector.replay.replay_lines`.",
+        "the channels document of `collector.tools.replay.replay_lines`.",
         f"Linear mechanisms {', '.join(args.mechanisms)}; ε in "
         f"{', '.join(f'{e:g}' for e in args.epsilons)}; N in "
         f"{', '.join(f'{n:,}' for n in args.sizes)}; {repetitions} repetitions per cell; "

@@ -21,9 +21,8 @@ import time
 import tomllib
 from pathlib import Path
 
+from benchmarks.machine import describe_machine
 from tests.support import AgentProcess, Mosquitto, write_agent_config
-
-from .machine import describe_machine
 
 CHANNELS = tomllib.loads("""
 [[channels]]

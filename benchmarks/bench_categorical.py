@@ -28,11 +28,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.machine import describe_machine  # noqa: E402
 from edge_agent.mechanisms.categorical import ORACLES  # noqa: E402
 from edge_agent.mechanisms.multidimensional import DuchiVector, SampledDuchi  # noqa: E402
 from edge_agent.mechanisms.randomness import SystemRandom  # noqa: E402
-
-from .machine import describe_machine  # noqa: E402
 
 DELTA = 1e-6
 LABELS = {"grr": "GRR", "oue": "OUE (PRR-ALDP)", "sue": "SUE (SPRR-ALDP)", "olh": "OLH"}

@@ -32,13 +32,12 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from benchmarks.machine import describe_machine
 from collector.config import parse_collector_config
 from collector.service import CollectorService
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM
 from tests.support import Mosquitto, MqttClient, collector_config, free_port
-
-from .machine import describe_machine
 
 FLEET = "bench"
 

@@ -10,7 +10,7 @@ applied (the aggregator's progress in the SQLite file, polled every 20 ms).  Goa
 with viewers, at least 90% of the rate without.  The viewers' request latencies
 give the API's median and 95th percentile under that load.
 
-Hostile corpus: a collector next to a 4-agent fleet takes tests/collector/hostile.py
+Hostile corpus: a collector next to a 4-agent fleet takes tests/support/hostile.py
 (2,000+ messages); its resident memory (main and network processes) before and
 after, and the largest API latency meanwhile.
 
@@ -33,20 +33,19 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.collector import hostile
+from benchmarks.bench_collector import FLEET, make_messages, persistent_session, publish_all
+from benchmarks.machine import describe_machine
 from tests.support import (
     REPO,
     Mosquitto,
     child_env,
     collector_config,
     free_port,
+    hostile,
     write_agent_config,
     write_toml,
 )
 from tests.support.processes import python_module
-
-from .bench_collector import FLEET, make_messages, persistent_session, publish_all
-from .machine import describe_machine
 
 STREAMS, REQUESTS_PER_SECOND = 50, 10
 

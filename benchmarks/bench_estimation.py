@@ -40,7 +40,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from collector.series import Series  # noqa: E402
+from benchmarks.machine import describe_machine  # noqa: E402
+from collector.aggregation.series import Series  # noqa: E402
 from edge_agent import protocol  # noqa: E402
 from edge_agent.config import SyntheticSourceConfig  # noqa: E402
 from edge_agent.mechanisms import (  # noqa: E402
@@ -50,8 +51,6 @@ from edge_agent.mechanisms import (  # noqa: E402
     UnbiasedOGPM,
 )
 from edge_agent.sources.synthetic import SyntheticSource  # noqa: E402
-
-from .machine import describe_machine  # noqa: E402
 
 LOW, HIGH = -2.0, 2.0
 N = 20_000

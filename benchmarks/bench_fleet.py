@@ -22,9 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.machine import describe_machine
 from tests.support import AX_CHANNEL, FleetProcess, Mosquitto, write_agent_config
-
-from .machine import describe_machine
 
 CHANNEL = {**AX_CHANNEL, "name": "accel_x"}
 

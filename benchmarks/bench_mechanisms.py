@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from benchmarks.machine import describe_machine
 from edge_agent.mechanisms import (
     PTT,
     BoundedLaplace,
@@ -36,8 +37,6 @@ from edge_agent.mechanisms import (
 )
 from edge_agent.mechanisms.randomness import SeededRandom, SystemRandom
 from edge_agent.mechanisms.tpm import CircularThreePiece, ThreePieceMechanism
-
-from .machine import describe_machine
 
 EPSILON = 1.0
 

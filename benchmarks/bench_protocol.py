@@ -18,11 +18,10 @@ import time
 
 import numpy as np
 
+from benchmarks import baseline_parse
+from benchmarks.machine import describe_machine
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM, PolarOGPM, UnbiasedOGPM
-
-from . import baseline_parse
-from .machine import describe_machine
 
 FLEET = "bench"
 

@@ -39,6 +39,9 @@ from pathlib import Path
 
 import nats
 
+from benchmarks.bench_collector import FLEET, make_messages, persistent_session, publish_all
+from benchmarks.bench_collector_load import drain as drain_single
+from benchmarks.machine import describe_machine
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM
 from tests.support import (
@@ -52,10 +55,6 @@ from tests.support import (
 )
 from tests.support.nats import NatsCluster
 from tests.support.processes import python_module
-
-from .bench_collector import FLEET, make_messages, persistent_session, publish_all
-from .bench_collector_load import drain as drain_single
-from .machine import describe_machine
 
 STREAM, PARTITIONS = "bench_reports", 32
 TICKS = os.sysconf("SC_CLK_TCK")

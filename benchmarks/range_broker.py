@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.machine import describe_machine
 from collector.config import parse_collector_config
-from collector.range import RangeCoordinator, RunRequest, connect_client
+from collector.range.coordinator import RangeCoordinator, RunRequest, connect_client
 from tests.support import (
     FleetProcess,
     Mosquitto,
@@ -31,8 +32,6 @@ from tests.support import (
     wait_until,
     write_agent_config,
 )
-
-from .machine import describe_machine
 
 WIDTH = 0.3
 

@@ -11,7 +11,7 @@ the server takes the minimum).  The rate lines are Corollary 1's
 (ln^3 N / (eps^2 N))^(1/2), scaled to the first point.
 
 The MQTT path (coordinator, agents, broker) is exercised with a real
-Mosquitto and the fleet simulator in tests/range/test_e2e_range.py.
+Mosquitto and the fleet simulator in tests/collector/range/test_e2e_range.py.
 
 Run: ``python -m benchmarks.range_error [--runs 200] [--out docs]``.
 """
@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_agent.rangefind import plan_search, simulate
-
-from .machine import describe_machine
+from benchmarks.machine import describe_machine
+from edge_agent.mechanisms.rangefind import plan_search, simulate
 
 NS = [2 ** k for k in range(8, 15)]
 EPSILONS = [1.0, 4.0]

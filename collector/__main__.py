@@ -1,5 +1,5 @@
 """``python -m collector`` is ``edge-collector``."""
 
-from .cli import main
+from collector.cli import main
 
 main()

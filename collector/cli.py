@@ -12,15 +12,14 @@ from typing import BinaryIO, NoReturn
 
 import click
 
-from edge_agent.commandline import (
+from collector.config import CollectorConfig, load_collector_config
+from edge_agent.common.commandline import (
     EXIT_CONFIG,
     add_check_config,
     command_group,
     load_or_exit,
     require_paths,
 )
-
-from .config import CollectorConfig, load_collector_config
 
 
 def _load(path: str, exit_code: int = 2) -> CollectorConfig:
@@ -55,7 +54,7 @@ add_check_config(main, load_collector_config)
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
 def run(config_path: str) -> None:
     """Ingest reports, keep aggregates, serve the dashboard and API until SIGTERM."""
-    from .service import CollectorService
+    from collector.service import CollectorService
 
     config = _load_service(config_path, storage=True)
     if config.broker.shared_group is not None:
@@ -70,7 +69,7 @@ def run(config_path: str) -> None:
 def merge(config_path: str) -> None:
     """Merge the scale-out partitions' states and serve the dashboard and API
     (docs/SCALE_OUT.md)."""
-    from .merge import MergeService
+    from collector.scaleout.merge import MergeService
 
     config = _load_service(config_path)
     if config.scale_out is None:
@@ -82,7 +81,7 @@ def merge(config_path: str) -> None:
 def _run_scale_out(config_path: str, role: str, service) -> None:
     """Run ``service(config)`` (an ingress or a member); exit 78 without [scale_out], or
     when the cluster's stream was made with other settings."""
-    from .scaleout.engine import EngineError
+    from collector.scaleout.engine import EngineError
 
     config = _load_service(config_path)
     if config.scale_out is None:
@@ -99,7 +98,7 @@ def _run_scale_out(config_path: str, role: str, service) -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
 def ingress(config_path: str) -> None:
     """Take reports from MQTT into the JetStream stream, acknowledged once stored."""
-    from .scaleout.ingress import Ingress
+    from collector.scaleout.ingress import Ingress
 
     _run_scale_out(config_path, "ingress", Ingress)
 
@@ -108,7 +107,7 @@ def ingress(config_path: str) -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
 def member(config_path: str) -> None:
     """Own partitions of the JetStream stream and count their reports exactly."""
-    from .scaleout.member import Member
+    from collector.scaleout.member import Member
 
     _run_scale_out(config_path, "member", Member)
 
@@ -125,7 +124,7 @@ def member(config_path: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 def discover_range(config_path: str, channel: str, side: str, domain, expect, as_json) -> None:
     """Run one private min or max search now, print the result and publish it (retained)."""
-    from .range import RangeCoordinator, RunRequest, connect_client
+    from collector.range.coordinator import RangeCoordinator, RunRequest, connect_client
 
     config = _load(config_path)
     if domain is None:
@@ -200,7 +199,7 @@ def demo(agents, duration, http_port, broker, embedded, workdir, scale_out) -> N
 
     Ctrl-C, SIGTERM or SIGHUP stops everything it started.
     """
-    from .demo import DemoError, run_demo
+    from collector.tools.demo import DemoError, run_demo
 
     try:
         code = run_demo(agents=agents, duration=duration, http_port=http_port, broker=broker,
@@ -238,8 +237,8 @@ def replay(file: str, out: str, config_path: str | None) -> None:
     Exit 0 (also with refused lines), 2 if FILE cannot be read, mixes fleets without
     --config or names none, 78 if --config is invalid.
     """
-    from .jsonsafe import to_json
-    from .replay import Replay, ReplayError, bounded_lines
+    from collector.estimation.jsonsafe import to_json
+    from collector.tools.replay import Replay, ReplayError, bounded_lines
 
     config = _load(config_path, EXIT_CONFIG) if config_path is not None else None
     run = Replay(config)
@@ -285,8 +284,8 @@ def export(config_path: str, out: str) -> None:
     import collections
     import sqlite3
 
-    from .replay import journal_lines
-    from .store import CollectorStore
+    from collector.storage.store import CollectorStore
+    from collector.tools.replay import journal_lines
 
     config = _load(config_path, EXIT_CONFIG)
     path = config.storage.path
@@ -360,7 +359,7 @@ def watch(url: str, interval: float, once: bool) -> None:
     Values are in each channel's unit; a mean's ± is its standard error (s.e.),
     a circular mean's ± the half-width of its 95% interval.
     """
-    from .watch import watch as run_watch
+    from collector.tools.watch import watch as run_watch
 
     sys.exit(run_watch(url, interval=interval, once=once))
 

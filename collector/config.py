@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from collector.storage.states import AggregateSettings
+from edge_agent.common.mqtt_client import Endpoint
 from edge_agent.config import (
     BrokerConfig,
     ConfigError,
@@ -17,9 +19,7 @@ from edge_agent.config import (
     format_validation_error,
     read_toml,
 )
-from edge_agent.mqtt_client import Endpoint
 from edge_agent.protocol import is_name
-from edge_agent.protocol.states import AggregateSettings
 
 
 class CollectorBrokerConfig(BrokerConfig):

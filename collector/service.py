@@ -27,17 +27,16 @@ import threading
 import time
 from collections.abc import Callable
 
+from collector.api.documents import Views
+from collector.api.server import WebServer, latest_channels
+from collector.broker.network import NetworkProcess, NetworkSettings
+from collector.broker.publisher import CollectorClient
+from collector.config import CollectorConfig, ConfigError, load_registry
+from collector.range.coordinator import RangeResults, RangeSchedule
+from collector.storage import checkpoint
+from collector.storage.checkpoint import restore
+from collector.storage.store import CollectorStore
 from edge_agent import protocol
-
-from . import checkpoint
-from .checkpoint import restore
-from .config import CollectorConfig, ConfigError, load_registry
-from .network import NetworkProcess, NetworkSettings
-from .publisher import CollectorClient
-from .range import RangeResults, RangeSchedule
-from .store import CollectorStore
-from .views import Views
-from .web import WebServer, latest_channels
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """``python -m edge_agent`` is ``edge-agent``."""
 
-from .cli import main
+from edge_agent.cli import main
 
 main()

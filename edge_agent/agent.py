@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import protocol, sdnotify
-from .channels import Channel, Selection, build_channel
-from .config import AgentConfig
-from .range_responder import RangeResponder
-from .readings import Readings
-from .sources import build_source
-from .sources.base import Source
-from .state import DELTA_UNIT, NANO, Budget, StateStore, Transaction, period_start
-from .transport import Outbox, PahoTransport, Transport
+from edge_agent import protocol, sdnotify
+from edge_agent.channels import Channel, Selection, build_channel
+from edge_agent.config import AgentConfig
+from edge_agent.range_responder import RangeResponder
+from edge_agent.readings import Readings
+from edge_agent.sources import build_source
+from edge_agent.sources.base import Source
+from edge_agent.state import DELTA_UNIT, NANO, Budget, StateStore, Transaction, period_start
+from edge_agent.transport import Outbox, PahoTransport, Transport
 
 log = logging.getLogger(__name__)
 

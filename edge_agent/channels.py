@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from . import protocol
-from .config import (
+from edge_agent import protocol
+from edge_agent.config import (
     CategoricalChannelConfig,
     CircularChannelConfig,
     LinearChannelConfig,
@@ -42,10 +42,16 @@ from .config import (
     VectorChannelConfig,
     period_of,
 )
-from .mechanisms import CircularOGPM, ExactLoss, PolarOGPM, linear_mechanism, split_epsilon
-from .mechanisms.randomness import RandomSource, as_random_source
-from .readings import Readings
-from .state import NANO, delta_units_up, to_nano_up
+from edge_agent.mechanisms import (
+    CircularOGPM,
+    ExactLoss,
+    PolarOGPM,
+    linear_mechanism,
+    split_epsilon,
+)
+from edge_agent.mechanisms.randomness import RandomSource, as_random_source
+from edge_agent.readings import Readings
+from edge_agent.state import NANO, delta_units_up, to_nano_up
 
 # Counters the status publishes (the collector counts the same from the reports) and
 # counters that depend on readings, kept on the device (docs/PRIVACY.md).

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import click
 
-from .commandline import (
+from edge_agent.common.commandline import (
     EXIT_CONFIG,
     add_check_config,
     command_group,
     load_or_exit,
     require_paths,
 )
-from .config import FLEET_MAX_COUNT, AgentConfig, ConfigError, load_config
+from edge_agent.config import FLEET_MAX_COUNT, AgentConfig, ConfigError, load_config
 
 # Where a user without root can keep the agent's state (the sample config's default,
 # /var/lib/edge-agent, is the service's).
@@ -42,9 +42,9 @@ def implied(config: AgentConfig) -> dict:
     """What ``check-config`` adds to the configuration: each channel's mechanism as the
     protocol will announce it (polar splits, vector plans), and how long the budget
     lasts at the configured rates (edge_agent.spending)."""
-    from .channels import build_channel
-    from .spending import ChannelSpending, budget_plan, reports_per_second
-    from .state import DELTA_UNIT, NANO
+    from edge_agent.channels import build_channel
+    from edge_agent.spending import ChannelSpending, budget_plan, reports_per_second
+    from edge_agent.state import DELTA_UNIT, NANO
 
     channels = [build_channel(c, agent_id=config.agent_id, fleet=config.fleet)
                 for c in config.channels]
@@ -59,7 +59,7 @@ def implied(config: AgentConfig) -> dict:
 
 
 def budget_advice(config: AgentConfig, effective: dict) -> list[str]:
-    from .spending import budget_lines
+    from edge_agent.spending import budget_lines
 
     return budget_lines(config, effective["budget"])
 
@@ -85,8 +85,8 @@ def describe_channels(channels: list) -> dict:
               help="agent TOML file")
 def run(config_path: str) -> None:
     """Run the agent until SIGTERM or until every finite source has ended."""
-    from .agent import AgentService
-    from .fleet import single_agent_problems
+    from edge_agent.agent import AgentService
+    from edge_agent.fleet import single_agent_problems
 
     config = _load(config_path, EXIT_CONFIG)
     problems = single_agent_problems(config)
@@ -119,7 +119,7 @@ def fleet(config_path: str, count: int, keep_running: bool, truth_path: str | No
     Synthetic sources are seeded per virtual agent; a CSV source is split
     between them (agent i replays rows i, i+COUNT, i+2*COUNT, ...).
     """
-    from .fleet import check_fleet, fleet_service
+    from edge_agent.fleet import check_fleet, fleet_service
 
     config = _load(config_path)
     try:
@@ -145,8 +145,8 @@ def fleet(config_path: str, count: int, keep_running: bool, truth_path: str | No
 def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
     """Epsilon (and delta, with a delta budget) spent in the rolling budget period that
     ends now, per channel."""
-    from .agent import STATE_FILE
-    from .state import DELTA_UNIT, NANO, StateStore, delta_units_down
+    from edge_agent.agent import STATE_FILE
+    from edge_agent.state import DELTA_UNIT, NANO, StateStore, delta_units_down
 
     config = _load(config_path)
     agent_id = agent_id or config.agent_id
@@ -205,7 +205,7 @@ def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
 def status(config_path: str) -> None:
     """The running agent's device-only status (counters that depend on readings, which
     are never published), as it last wrote it to the state directory."""
-    from .agent import LOCAL_STATUS_FILE
+    from edge_agent.agent import LOCAL_STATUS_FILE
 
     config = _load(config_path)
     path = Path(config.privacy.state_dir) / LOCAL_STATUS_FILE

@@ -54,10 +54,10 @@ from typing import Any
 
 import numpy as np
 
-from . import protocol
-from .agent import AgentCore, AgentService, open_state
-from .channels import Channel, Selection, build_channel
-from .config import (
+from edge_agent import protocol
+from edge_agent.agent import AgentCore, AgentService, open_state
+from edge_agent.channels import Channel, Selection, build_channel
+from edge_agent.config import (
     FLEET_MAX_COUNT,
     NAME_PATTERN,
     AgentConfig,
@@ -66,11 +66,11 @@ from .config import (
     CsvSourceConfig,
     SyntheticSourceConfig,
 )
-from .readings import Readings
-from .sources import BleSource, CsvSource, SyntheticSource
-from .sources.base import Source
-from .sources.synthetic import stable_seed
-from .transport import PahoTransport
+from edge_agent.readings import Readings
+from edge_agent.sources import BleSource, CsvSource, SyntheticSource
+from edge_agent.sources.base import Source
+from edge_agent.sources.synthetic import stable_seed
+from edge_agent.transport import PahoTransport
 
 log = logging.getLogger(__name__)
 

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from . import protocol
-from .mechanisms.randomized_response import RandomizedResponse
-from .protocol import Announce, RangeTerms, Rejected, Round
-from .rangefind import answer_epsilon, assigned_round, true_answer
-from .state import NANO, RANGE_REPLIES, Budget, StateStore, Transaction, to_nano_up
+from edge_agent import protocol
+from edge_agent.mechanisms.randomized_response import RandomizedResponse
+from edge_agent.mechanisms.rangefind import answer_epsilon, assigned_round, true_answer
+from edge_agent.protocol import Announce, RangeTerms, Rejected, Round
+from edge_agent.state import NANO, RANGE_REPLIES, Budget, StateStore, Transaction, to_nano_up
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .config import AgentConfig
+from edge_agent.config import AgentConfig
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 ``Transport`` is all the agent needs from MQTT: start, stop, publish, and a
 queue of events (connected, disconnected, acknowledged).  ``PahoTransport``
-implements it with the product's MQTT client (``edge_agent.mqtt_client``);
+implements it with the product's MQTT client (``edge_agent.common.mqtt_client``);
 tests use a fake of their own for logic and the real broker for everything
 else.
 
@@ -22,11 +22,11 @@ import threading
 import time
 from typing import Protocol
 
-from . import protocol
-from .config import BrokerConfig, DeliveryConfig
-from .mqtt_client import MqttClient
-from .protocol import Rejected
-from .state import LANES, REPORTS
+from edge_agent import protocol
+from edge_agent.common.mqtt_client import MqttClient
+from edge_agent.config import BrokerConfig, DeliveryConfig
+from edge_agent.protocol import Rejected
+from edge_agent.state import LANES, REPORTS
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Transport(Protocol):
 
 
 class PahoTransport:
-    """The agent's MQTT connection (``edge_agent.mqtt_client``: MQTT 3.1.1, clean session,
+    """The agent's MQTT connection (``edge_agent.common.mqtt_client``: MQTT 3.1.1, clean session,
     automatic reconnect), reduced to events the agent loop reads when it likes."""
 
     def __init__(self, broker: BrokerConfig, *, client_id: str,

@@ -26,11 +26,11 @@ def pytest_configure(config):
 # longest first (`make test` measures them: --durations).  They run first, so that
 # parallel workers (pytest-xdist, handing out tests two at a time: make test) start
 # them early and finish together, rather than one worker ending the run on a long one.
-LONG_FIRST = ("tests/range/test_e2e_range.py", "tests/collector/test_demo.py",
-              "tests/collector/test_scale_out.py", "tests/collector/test_hostile.py",
-              "tests/range/test_coordinator.py", "tests/collector/test_confirm.py",
-              "tests/collector/test_e2e_collector.py", "tests/collector/test_replay.py",
-              "tests/agent/test_e2e_agent.py", "tests/collector/test_crashes.py")
+LONG_FIRST = ("tests/collector/range/test_e2e_range.py", "tests/collector/tools/test_demo.py",
+              "tests/collector/scaleout/test_scale_out.py", "tests/collector/test_hostile.py",
+              "tests/collector/range/test_coordinator.py", "tests/collector/test_confirm.py",
+              "tests/collector/test_e2e_collector.py", "tests/collector/tools/test_replay.py",
+              "tests/edge_agent/test_e2e_agent.py", "tests/collector/test_crashes.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

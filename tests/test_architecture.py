@@ -64,7 +64,7 @@ def edges(module: str) -> set[str]:
 
 def test_the_module_list_is_the_product():
     assert {"edge_agent.agent", "edge_agent.protocol.messages", "collector.service",
-            "collector.ingest"} <= set(MODULES)
+            "collector.aggregation.ingest"} <= set(MODULES)
 
 
 def test_no_import_cycles():
@@ -122,9 +122,9 @@ def _calls(path: Path, names: set[str]) -> list[str]:
 
 
 def test_one_mqtt_client_constructor():
-    """paho's Client is built in edge_agent/mqtt_client.py only (TLS, credentials,
+    """paho's Client is built in edge_agent/common/mqtt_client.py only (TLS, credentials,
     sessions, back-off and connection logging in one place)."""
-    built = [call for module, path in MODULES.items() if module != "edge_agent.mqtt_client"
+    built = [call for module, path in MODULES.items() if module != "edge_agent.common.mqtt_client"
              for call in _calls(path, {"Client"})]
     assert built == []
 
@@ -132,16 +132,23 @@ def test_one_mqtt_client_constructor():
 # Inputs a user hands the agent (files, standard input, a local broker of raw readings)
 # and HTTP documents the collector's own tools fetch are not the wire protocol.
 LOCAL_INPUTS = {"edge_agent.sources.jsonl", "edge_agent.sources.mqtt_source",
-                "edge_agent.sources.http_batches",
-                "collector.watch", "collector.demo", "collector.cli", "collector.replay"}
+                "edge_agent.sources.http.batches",
+                "collector.tools.watch", "collector.tools.demo", "collector.cli",
+                "collector.tools.replay"}
+
+
+# The typed formats: agent <-> collector messages, and the states collectors save and
+# exchange (checkpoints, scale-out partition states).
+TYPED_FORMATS = ("edge_agent.protocol", "collector.storage.states")
 
 
 def test_wire_messages_are_decoded_in_the_protocol_module_only():
     """Every message from the network goes through a typed decoder of
-    edge_agent/protocol: no other module parses JSON by hand or decodes with msgspec."""
+    edge_agent/protocol (or, for a collector's state, collector/storage/states.py): no
+    other module parses JSON by hand or decodes with msgspec."""
     found = []
     for module, path in MODULES.items():
-        if module.startswith("edge_agent.protocol") or module in LOCAL_INPUTS:
+        if module.startswith(TYPED_FORMATS) or module in LOCAL_INPUTS:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
@@ -155,11 +162,11 @@ def test_wire_messages_are_decoded_in_the_protocol_module_only():
 
 # The collector's web stack; the agent runs on a Raspberry Pi and needs none of it,
 # but for the http source's server, which only an http source imports when it starts
-# (tests/agent/test_http_source.py checks that the agent without one loads none of it).
+# (tests/edge_agent/sources/test_http_source.py checks that the agent without one loads none of it).
 SERVER_PACKAGES = ("starlette", "uvicorn", "sse_starlette", "prometheus_client", "h11")
-HTTP_SOURCE_SERVER = "edge_agent.sources.http_server"
+HTTP_SOURCE_SERVER = "edge_agent.sources.http.server"
 # uvicorn in a thread, shared by the collector's web server and the http source's.
-SERVER_THREAD = "edge_agent.server_thread"
+SERVER_THREAD = "edge_agent.common.asgi"
 
 
 def test_the_agent_imports_no_server_stack():
@@ -180,6 +187,7 @@ def test_the_http_sources_server_is_imported_inside_a_function_only():
                 named = [alias.name for alias in node.names]
                 if isinstance(node, ast.ImportFrom):
                     named.append(node.module or "")
-                if any(name.endswith("http_server") for name in named):
+                if any(name == HTTP_SOURCE_SERVER or f"{name}.server" == HTTP_SOURCE_SERVER
+                       for name in named):
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert found == []

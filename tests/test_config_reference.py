@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 import types
 import typing
 from typing import Annotated, Literal
@@ -15,20 +13,12 @@ from pydantic import BaseModel, Field
 from collector.config import CollectorConfig
 from edge_agent.config import AgentConfig
 from tests.support import REPO
+from tests.support.paths import load_script
 
 REFERENCE = REPO / "docs" / "CONFIG_REFERENCE.md"
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location(
-        "gen_config_reference", REPO / "scripts" / "gen_config_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _load_generator()
+gen = load_script("gen_config_reference")
 
 
 def test_reference_is_up_to_date():

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from collector.lifetime import running
+from collector.broker.lifetime import running
 from tests.support.ports import wait_until
 from tests.support.reaper import Reaper, die_with_test
 

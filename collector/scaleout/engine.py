@@ -27,7 +27,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
 
-from ..config import ConfigError, ScaleOutConfig
+from collector.config import ConfigError, ScaleOutConfig
 
 log = logging.getLogger(__name__)
 

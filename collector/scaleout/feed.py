@@ -18,8 +18,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from ..config import ScaleOutConfig
-from .engine import CREATE_TIMEOUT, open_engine, rewrite_seconds
+from collector.config import ScaleOutConfig
+from collector.scaleout.engine import CREATE_TIMEOUT, open_engine, rewrite_seconds
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ import logging
 import signal
 import threading
 
-from ..config import CollectorConfig
-from ..network import NetworkProcess
-from ..service import network_settings
-from .engine import open_engine
+from collector.broker.network import NetworkProcess
+from collector.config import CollectorConfig
+from collector.scaleout.engine import open_engine
+from collector.service import network_settings
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The ingress's journal: the JetStream stream instead of the SQLite file.
 
-The collector's network process (``collector.network``) appends every message it
+The collector's network process (``collector.broker.network``) appends every message it
 receives to a journal, commits, and only then acknowledges the messages to the
 MQTT broker.  ``JetStreamJournal`` has the interface of ``CollectorStore`` that
 the network process uses, so an ingress is that same process: ``append`` buffers
@@ -19,9 +19,9 @@ import logging
 import threading
 import time
 
-from ..config import ScaleOutConfig
-from .engine import Engine, open_engine
-from .partitions import agent_of, message_id, partition_of, subject
+from collector.config import ScaleOutConfig
+from collector.scaleout.engine import Engine, open_engine
+from collector.scaleout.partitions import agent_of, message_id, partition_of, subject
 
 log = logging.getLogger(__name__)
 

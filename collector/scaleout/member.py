@@ -40,18 +40,17 @@ from dataclasses import dataclass, field
 import natsext
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 
+from collector.aggregation.ingest import Ingestor
+from collector.aggregation.limits import ingest_limits
+from collector.broker.publisher import CollectorClient
+from collector.config import CollectorConfig
+from collector.scaleout.engine import Engine, open_engine, rewrite_seconds
+from collector.scaleout.journal import RECEIVED_HEADER, TOPIC_HEADER
+from collector.scaleout.partition_state import PartitionStateRejected, decode_partition
+from collector.scaleout.partitions import subject
+from collector.storage.checkpoint import tracker_states, with_trackers
+from collector.storage.states import encode_partition_state
 from edge_agent import protocol
-from edge_agent.protocol.states import encode_partition_state
-
-from ..checkpoint import tracker_states, with_trackers
-from ..config import CollectorConfig
-from ..ingest import Ingestor
-from ..publisher import CollectorClient
-from ..registry import ingest_limits
-from .engine import Engine, open_engine, rewrite_seconds
-from .journal import RECEIVED_HEADER, TOPIC_HEADER
-from .partition_state import PartitionStateRejected, decode_partition
-from .partitions import subject
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,12 @@
 """A partition's state as an ``Ingestor``: decoded and checked, for its next owner and for
-the merge view alike (``edge_agent.protocol.states.PartitionState``)."""
+the merge view alike (``collector.storage.states.PartitionState``)."""
 
 from __future__ import annotations
 
+from collector.aggregation.ingest import Ingestor
+from collector.aggregation.stats import StateError
+from collector.storage.states import AggregateSettings, PartitionState, decode_partition_state
 from edge_agent.protocol import Rejected
-from edge_agent.protocol.states import AggregateSettings, PartitionState, decode_partition_state
-
-from ..ingest import Ingestor
-from ..stats import StateError
 
 
 class PartitionStateRejected(Exception):

@@ -7,13 +7,30 @@ compact wire form, and ``pdf``, ``cdf``, ``mean_output``, ``variance``,
 ``expected_error``, ``worst_case_error`` and ``privacy_loss`` are closed forms.
 """
 
-from ._validate import DELTA_MAX, EPSILON_MAX, EPSILON_MIN, GRID_BITS_MAX, GRID_BITS_MIN
-from .base import ExactLoss, Mechanism, split_epsilon
-from .baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
-from .laplace import BoundedLaplace, TruncatedLaplace
-from .ogpm import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM, optimal_polar_split
-from .randomness import RandomSource, SeededRandom, SystemRandom
-from .registry import MECHANISMS, from_description, kind_accepts, linear_mechanism
+from edge_agent.mechanisms._validate import (
+    DELTA_MAX,
+    EPSILON_MAX,
+    EPSILON_MIN,
+    GRID_BITS_MAX,
+    GRID_BITS_MIN,
+)
+from edge_agent.mechanisms.base import ExactLoss, Mechanism, split_epsilon
+from edge_agent.mechanisms.baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
+from edge_agent.mechanisms.laplace import BoundedLaplace, TruncatedLaplace
+from edge_agent.mechanisms.ogpm import (
+    CircularOGPM,
+    ClassicalOGPM,
+    PolarOGPM,
+    UnbiasedOGPM,
+    optimal_polar_split,
+)
+from edge_agent.mechanisms.randomness import RandomSource, SeededRandom, SystemRandom
+from edge_agent.mechanisms.registry import (
+    MECHANISMS,
+    from_description,
+    kind_accepts,
+    linear_mechanism,
+)
 
 __all__ = [
     "DELTA_MAX",

@@ -6,7 +6,7 @@ Each kernel consumes CSPRNG words handed in from outside (``randomness.py``) and
 decides with the top 53 bits of a word against integer weights out of 2**53, so
 every output probability is an exact ratio of integers.  The validating
 wrappers live in ``categorical.py`` and ``multidimensional.py``;
-``tests/mechanisms/test_categorical.py`` compares the oracles' kernels with slow
+``tests/edge_agent/mechanisms/test_categorical.py`` compares the oracles' kernels with slow
 obvious versions, and ``test_multidimensional.py`` the sign patterns with their
 exact distribution.
 """

@@ -34,8 +34,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import _kernels, _validate
-from .randomness import RandomSource, as_random_source
+from edge_agent.mechanisms import _kernels, _validate
+from edge_agent.mechanisms.randomness import RandomSource, as_random_source
 
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _kernels, _validate
-from ._layout import TOTAL_BITS, TickLayout
-from .base import ExactLoss
-from .tpm import BoundedLineSampling, ThreePieceMechanism
+from edge_agent.mechanisms import _kernels, _validate
+from edge_agent.mechanisms._layout import TOTAL_BITS, TickLayout
+from edge_agent.mechanisms.base import ExactLoss
+from edge_agent.mechanisms.tpm import BoundedLineSampling, ThreePieceMechanism
 
 
 class _Compressible(ThreePieceMechanism):

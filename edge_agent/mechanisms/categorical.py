@@ -49,10 +49,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import _categorical, _validate
-from ._layout import TOTAL_BITS, ratio_within
-from .base import ExactLoss, golden_minimum
-from .randomness import as_random_source
+from edge_agent.mechanisms import _categorical, _validate
+from edge_agent.mechanisms._layout import TOTAL_BITS, ratio_within
+from edge_agent.mechanisms.base import ExactLoss, golden_minimum
+from edge_agent.mechanisms.randomness import as_random_source
 
 TOTAL = 1 << TOTAL_BITS
 MAX_CATEGORIES = 1 << 16

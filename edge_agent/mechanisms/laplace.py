@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _kernels, _validate
-from .base import ExactLoss, Mechanism
-from .randomness import RandomSource
+from edge_agent.mechanisms import _kernels, _validate
+from edge_agent.mechanisms.base import ExactLoss, Mechanism
+from edge_agent.mechanisms.randomness import RandomSource
 
 _DEN_SHIFT = 16
 

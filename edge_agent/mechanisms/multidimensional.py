@@ -41,11 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _categorical, _validate
-from ._layout import TOTAL_BITS, ratio_within
-from .base import ExactLoss, split_epsilon
-from .randomized_response import RandomizedResponse
-from .randomness import as_random_source
+from edge_agent.mechanisms import _categorical, _validate
+from edge_agent.mechanisms._layout import TOTAL_BITS, ratio_within
+from edge_agent.mechanisms.base import ExactLoss, split_epsilon
+from edge_agent.mechanisms.randomized_response import RandomizedResponse
+from edge_agent.mechanisms.randomness import as_random_source
 
 TOTAL = 1 << TOTAL_BITS
 MAX_DIMENSIONS = 62

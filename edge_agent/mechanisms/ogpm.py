@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _validate
-from .base import ExactLoss
-from .randomness import as_random_source
-from .tpm import CircularThreePiece, ThreePieceMechanism
+from edge_agent.mechanisms import _validate
+from edge_agent.mechanisms.base import ExactLoss
+from edge_agent.mechanisms.randomness import as_random_source
+from edge_agent.mechanisms.tpm import CircularThreePiece, ThreePieceMechanism
 
 TWO_PI = 2.0 * math.pi
 

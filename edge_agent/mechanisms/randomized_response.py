@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _validate
-from ._layout import TOTAL_BITS
-from .base import ExactLoss
-from .categorical import grr_other_weight
-from .randomness import as_random_source
+from edge_agent.mechanisms import _validate
+from edge_agent.mechanisms._layout import TOTAL_BITS
+from edge_agent.mechanisms.base import ExactLoss
+from edge_agent.mechanisms.categorical import grr_other_weight
+from edge_agent.mechanisms.randomness import as_random_source
 
 _TOTAL = 1 << TOTAL_BITS
 

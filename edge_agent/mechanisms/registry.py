@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Mechanism
-from .baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
-from .categorical import ORACLES, FrequencyOracle
-from .laplace import BoundedLaplace, TruncatedLaplace
-from .ogpm import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
+from edge_agent.mechanisms.base import Mechanism
+from edge_agent.mechanisms.baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
+from edge_agent.mechanisms.categorical import ORACLES, FrequencyOracle
+from edge_agent.mechanisms.laplace import BoundedLaplace, TruncatedLaplace
+from edge_agent.mechanisms.ogpm import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 
 # Wire name -> class.
 MECHANISMS: dict[str, type[Mechanism]] = {

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _kernels, _validate
-from ._layout import TOTAL_BITS, TickLayout
-from .base import ExactLoss, Mechanism
-from .randomness import RandomSource
+from edge_agent.mechanisms import _kernels, _validate
+from edge_agent.mechanisms._layout import TOTAL_BITS, TickLayout
+from edge_agent.mechanisms.base import ExactLoss, Mechanism
+from edge_agent.mechanisms.randomness import RandomSource
 
 
 def _antiderivative(y: np.ndarray, x: np.ndarray, p: int) -> np.ndarray:

@@ -8,7 +8,7 @@
 * ``schema``: docs/protocol.schema.json, generated from the types.
 """
 
-from .messages import (
+from edge_agent.protocol.messages import (
     KINDS,
     MAX_CODES,
     MAX_REPORT_BYTES,
@@ -52,7 +52,7 @@ from .messages import (
     status,
     terms_of,
 )
-from .topics import (
+from edge_agent.protocol.topics import (
     NAME,
     STATUS,
     TOPIC_ROOT,

@@ -3,7 +3,7 @@
 Each message is a msgspec ``Struct`` whose field types carry their bounds, so
 decoding and validating are one pass in C.  The agent encodes and the
 collector decodes through these types only, and docs/protocol.schema.json is
-generated from them (``edge_agent.protocol.schema``; a test fails when it is
+generated from them (``scripts.gen_protocol_schema``; a test fails when it is
 stale).
 
 What a type cannot say is checked here too, right after decoding: which
@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 from msgspec import Meta, Struct
 
-from ..mechanisms import (
+from edge_agent.mechanisms import (
     DELTA_MAX,
     EPSILON_MAX,
     GRID_BITS_MAX,
@@ -47,7 +47,7 @@ from ..mechanisms import (
     from_description,
     kind_accepts,
 )
-from ..mechanisms.categorical import (
+from edge_agent.mechanisms.categorical import (
     LABEL,
     MAX_CATEGORIES,
     MAX_LABELS,
@@ -55,8 +55,8 @@ from ..mechanisms.categorical import (
     UNIT,
     FrequencyOracle,
 )
-from ..rangefind import MAX_ROUNDS
-from .topics import (
+from edge_agent.mechanisms.rangefind import MAX_ROUNDS
+from edge_agent.protocol.topics import (
     NAME_CHARS,
     confirm_agent,
     is_name,
@@ -532,7 +532,8 @@ def decode_status(topic: str, payload: bytes) -> tuple[str, Status | None]:
 
 # -- delivery confirmations (docs/PROTOCOL.md, "Confirmations") ---------------------------------
 
-MAX_CONFIRM_RUNS = 1025  # a sequence tracker's settled prefix and its runs (collector.dedup)
+# A sequence tracker's settled prefix and its runs (collector.aggregation.dedup).
+MAX_CONFIRM_RUNS = 1025
 MAX_CONFIRM_BYTES = 4 << 20
 SeqRun = tuple[Seq, Seq]
 
@@ -707,7 +708,7 @@ class RangeResult(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_onl
     reason: Text | None = None
     parameters: RangeParameters | None = None
     estimate: Finite | None = None
-    # The search's own error (edge_agent.rangefind.assess); absent in results of older
+    # The search's own error (edge_agent.mechanisms.rangefind.assess); absent in results of older
     # coordinators and of runs that asked no round.
     error_bound: Annotated[NonNegative, Meta(
         description="|estimate - true min (max)| <= error_bound at `confidence`")] | None = None
@@ -782,7 +783,7 @@ class LinearSummary(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_o
 class ResultantLength(Struct, forbid_unknown_fields=True, kw_only=True):
     """The reports' mean resultant length (``raw``) and the readings' (``estimate``:
     bias-corrected, divided by rho(eps), not clipped, so noise can take it above 1),
-    its standard error and 95% interval (within [0, 1]); collector.circular."""
+    its standard error and 95% interval (within [0, 1]); collector.estimation.circular."""
 
     raw: Estimate
     estimate: Estimate

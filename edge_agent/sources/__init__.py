@@ -7,7 +7,7 @@ its (not yet started) ``Source``; see ``base.Source`` for the lifecycle.
 
 from __future__ import annotations
 
-from ..config import (
+from edge_agent.config import (
     BleSourceConfig,
     CsvSourceConfig,
     HttpSourceConfig,
@@ -16,15 +16,17 @@ from ..config import (
     MqttSourceConfig,
     SyntheticSourceConfig,
 )
-from .base import Source
-from .ble import BleSource  # bleak is imported at start()
-from .csv_source import CsvSource
-from .derive import apply_derive
-from .http_source import HttpSource  # its server (http_server) is imported at start()
-from .i2c import I2cSource
-from .jsonl import JsonlSource
-from .mqtt_source import MqttSource
-from .synthetic import SyntheticSource
+from edge_agent.sources.base import Source
+from edge_agent.sources.ble.source import BleSource  # bleak is imported at start()
+from edge_agent.sources.csv_source import CsvSource
+from edge_agent.sources.derive import apply_derive
+from edge_agent.sources.http.source import (
+    HttpSource,  # its server (http_server) is imported at start()
+)
+from edge_agent.sources.i2c import I2cSource
+from edge_agent.sources.jsonl import JsonlSource
+from edge_agent.sources.mqtt_source import MqttSource
+from edge_agent.sources.synthetic import SyntheticSource
 
 __all__ = [
     "BleSource",

@@ -16,8 +16,8 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from ..readings import Readings
-from .derive import with_derived
+from edge_agent.readings import Readings
+from edge_agent.sources.derive import with_derived
 
 
 def keep_newest(queue: deque, records: Iterable) -> int:

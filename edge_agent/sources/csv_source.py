@@ -52,10 +52,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import CsvSourceConfig
-from ..readings import Readings, as_text
-from .base import Source
-from .derive import apply_derive
+from edge_agent.config import CsvSourceConfig
+from edge_agent.readings import Readings, as_text
+from edge_agent.sources.base import Source
+from edge_agent.sources.derive import apply_derive
 
 MAX_FAST_ROWS = 5000
 # Bound on one batch in the real-time paces (an agent that stalled catches up

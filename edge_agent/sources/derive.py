@@ -23,8 +23,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..config import DERIVED_FIELDS
-from ..readings import Readings
+from edge_agent.config import DERIVED_FIELDS
+from edge_agent.readings import Readings
 
 TWO_PI = 2.0 * math.pi
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config import I2C_FIELDS, I2cSourceConfig
-from ..readings import Readings
-from .base import ThreadedSource
-from .derive import apply_derive
+from edge_agent.config import I2C_FIELDS, I2cSourceConfig
+from edge_agent.readings import Readings
+from edge_agent.sources.base import ThreadedSource
+from edge_agent.sources.derive import apply_derive
 
 PWR_MGMT_1 = 0x6B
 ACCEL_XOUT_H = 0x3B

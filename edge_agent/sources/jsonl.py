@@ -26,10 +26,10 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..config import JsonlSourceConfig
-from ..readings import Readings, as_text
-from .base import ThreadedSource
-from .derive import apply_derive
+from edge_agent.config import JsonlSourceConfig
+from edge_agent.readings import Readings, as_text
+from edge_agent.sources.base import ThreadedSource
+from edge_agent.sources.derive import apply_derive
 
 MAX_LINE_CHARS = 1 << 20  # longer lines are skipped (and counted) unread
 QUEUE_ROWS = 50_000

@@ -10,7 +10,7 @@ counted in ``rejected_rows``.
 
 paho's network thread receives messages and appends parsed records to a
 buffer; ``poll`` swaps the buffer out under a lock, so it never blocks on the
-network.  The client (``edge_agent.mqtt_client``) reconnects by itself and
+network.  The client (``edge_agent.common.mqtt_client``) reconnects by itself and
 renews the subscription on every connection.  The source never finishes.
 """
 
@@ -22,12 +22,12 @@ import threading
 import time
 from collections import deque
 
-from ..config import MqttSourceConfig
-from ..mqtt_client import MqttClient
-from ..readings import Readings
-from .base import Source, keep_newest
-from .derive import apply_derive
-from .jsonl import Record, parse_record, records_to_readings
+from edge_agent.common.mqtt_client import MqttClient
+from edge_agent.config import MqttSourceConfig
+from edge_agent.readings import Readings
+from edge_agent.sources.base import Source, keep_newest
+from edge_agent.sources.derive import apply_derive
+from edge_agent.sources.jsonl import Record, parse_record, records_to_readings
 
 # Records kept while the agent does not poll; past this the oldest are dropped
 # (and counted in ``dropped_rows``), bounding memory.

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import SYNTHETIC_FIELDS, SyntheticSourceConfig
-from ..readings import Readings
-from .base import Source
-from .derive import TWO_PI, apply_derive, wrap_2pi, wrap_pi
+from edge_agent.config import SYNTHETIC_FIELDS, SyntheticSourceConfig
+from edge_agent.readings import Readings
+from edge_agent.sources.base import Source
+from edge_agent.sources.derive import TWO_PI, apply_derive, wrap_2pi, wrap_pi
 
 REST, WALK, RUN = 0, 1, 2
 # The activity field's words, by state (a categorical channel's categories).

@@ -4,7 +4,7 @@
 2. a sequence jump dropped the device's next 16,384 reports;
 3. a failed checkpoint left a write transaction open, and the network child died;
 4. SIGTERM deadlocked once the network child had been killed;
-5. (tests/collector/test_demo.py) a killed demo orphaned its children;
+5. (tests/collector/tools/test_demo.py) a killed demo orphaned its children;
 6. (tests/collector/test_confirm.py) a broker restart without persistence lost
    acknowledged reports;
 10. retained reports were ingested again at every reconnect.

@@ -1,4 +1,4 @@
-"""The hostile corpus (tests/collector/hostile.py) against a collector.
+"""The hostile corpus (tests/support/hostile.py) against a collector.
 
 * In process: every message of the corpus meets the fate it announces.
 * Through a real Mosquitto, into a running collector next to a real fleet: the
@@ -17,20 +17,19 @@ from types import SimpleNamespace
 
 from paho.mqtt.client import topic_matches_sub
 
-from collector.ingest import IngestLimits, Ingestor
-from collector.jsonsafe import json_safe
-from collector.range import RangeResults
+from collector.aggregation.ingest import IngestLimits, Ingestor
+from collector.estimation.jsonsafe import json_safe
+from collector.range.coordinator import RangeResults
 from edge_agent import protocol
 from tests.support import (
     CollectorProcess,
     FleetProcess,
     MqttClient,
     Subscriber,
+    hostile,
     write_agent_config,
 )
 from tests.support import wait_for_api as wait_until
-
-from . import hostile
 
 RSS_GROWTH_MAX_KB = 50_000
 

@@ -1,4 +1,4 @@
-"""systemd/edge-collector.service, checked like the agent's unit (tests/agent/test_systemd.py).
+"""systemd/edge-collector.service, checked like the agent's unit (tests/edge_agent/test_systemd.py).
 
 ``systemd-analyze verify`` and the offline ``security`` score run for real;
 they skip only when systemd-analyze is not installed.  The unit's promises
@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO
-
-from ..systemd_units import (
+from tests.support.systemd_units import (
     analyze,  # noqa: F401  (a fixture)
     environment,
     exposure,
@@ -29,7 +28,7 @@ from ..systemd_units import (
     values,
     verify,
 )
-from ..systemd_units import stage_unit as _stage_unit
+from tests.support.systemd_units import stage_unit as _stage_unit
 
 UNIT = REPO / "systemd" / "edge-collector.service"
 SAMPLE_CONFIG = REPO / "configs" / "collector.toml"
@@ -40,7 +39,7 @@ EXEC_START = ("/opt/edge-collector/venv/bin/edge-collector run --config "
 MAX_EXPOSURE = 2.0
 
 
-# -- helpers: tests/systemd_units.py (shared with tests/agent/test_systemd.py) -----------
+# -- helpers: tests/support/systemd_units.py (shared with tests/edge_agent/test_systemd.py) --------
 
 def stage_unit(directory: Path, *, dropins: dict[str, str] | None = None) -> Path:
     return _stage_unit(UNIT, directory, dropins=dropins)

@@ -14,8 +14,7 @@ from pydantic import ValidationError
 
 from collector.config import parse_collector_config
 from edge_agent.config import NAME_PATTERN, AgentConfig, BrokerConfig, ConfigError, parse_config
-
-from .secure_broker import CREDENTIALS, make_credentials
+from tests.deploy.secure_broker import CREDENTIALS, make_credentials
 
 IDS_VALID = ["wearable-01", "a", "A.b_c-9", "x" * 64, "0pi", "collector"]
 IDS_INVALID = ["", "_hidden", "-dash", ".dot", "a/b", "a+b", "a#", "x" * 65, "with space",

@@ -22,14 +22,12 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
+from collector.broker.network import RECEIVE_MAXIMUM
 from collector.config import parse_collector_config
-from collector.network import RECEIVE_MAXIMUM
 from edge_agent import protocol
 from edge_agent.config import parse_config
 from edge_agent.mechanisms import ClassicalOGPM
-from tests.support import AgentProcess, MqttClient, configs, wait_until, write_toml
-
-from .secure_broker import (
+from tests.deploy.secure_broker import (
     CONF,
     SecureBroker,
     _make_certificates_openssl,
@@ -39,6 +37,7 @@ from .secure_broker import (
     make_certificates,
     make_credentials,
 )
+from tests.support import AgentProcess, MqttClient, configs, wait_until, write_toml
 
 FLEET = "demo"
 NOT_AUTHORIZED = 135  # MQTT v5 reason code
@@ -190,7 +189,7 @@ def test_tls_failures_are_logged_by_agent_and_collector(broker, tmp_path, caplog
         def network_child_said_so():
             nonlocal err
             err += capfd.readouterr().err
-            return "collector.network: cannot connect to broker" in err
+            return "collector.broker.network: cannot connect to broker" in err
         assert wait_until(network_child_said_so, 20), err
         assert "certificate verify failed" in err
         assert wait_until(lambda: "snapshot publisher cannot connect" in caplog.text, 10)
@@ -598,9 +597,9 @@ def test_network_process_on_a_shared_subscription_through_its_own_account(broker
     the group's share of the reports, and every status directly (retained messages skip
     shared subscriptions), with the collector account and TLS.  Journaled here to SQLite;
     an ingress's journal is the JetStream stream."""
-    from collector.network import NetworkProcess
+    from collector.broker.network import NetworkProcess
     from collector.service import network_settings
-    from collector.store import CollectorStore
+    from collector.storage.store import CollectorStore
 
     config = collector_config(broker, tmp_path, shared_group="collectors")
     settings = network_settings(config)
@@ -695,7 +694,7 @@ def test_range_discovery_runs_through_the_accounts(broker, tmp_path, account):
     # agents with their own: announce, joins, rounds, answers and the retained
     # result must all pass the ACL.
     from collector.config import RangeDiscoveryConfig
-    from collector.range import RangeCoordinator, RunRequest, connect_client
+    from collector.range.coordinator import RangeCoordinator, RunRequest, connect_client
 
     watcher = MqttClient(broker, "collector", client_id="watcher").connect()
     watcher.subscribe(f"ldp/v1/{FLEET}/+/status")

@@ -13,8 +13,8 @@ The benchmarks import them too (``python -m benchmarks.<name>`` from the
 repository root), so nothing here may need pytest at import time.
 """
 
-from .brokers import Mosquitto, find_mosquitto, require_mosquitto
-from .configs import (
+from tests.support.brokers import Mosquitto, find_mosquitto, require_mosquitto
+from tests.support.configs import (
     AX_CHANNEL,
     FLEET,
     SYNTHETIC_IMU,
@@ -26,11 +26,11 @@ from .configs import (
     write_agent_config,
     write_toml,
 )
-from .fakes import FakeTransport, SimulatedTime
-from .mqtt import MqttClient, Subscriber, session_present
-from .paths import REPO, child_env
-from .ports import LOOPBACK, free_port, port_open, wait_until
-from .processes import (
+from tests.support.fakes import FakeTransport, SimulatedTime
+from tests.support.mqtt import MqttClient, Subscriber, session_present
+from tests.support.paths import REPO, child_env
+from tests.support.ports import LOOPBACK, free_port, port_open, wait_until
+from tests.support.processes import (
     AgentProcess,
     ChildProcess,
     CollectorProcess,

@@ -15,8 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from .ports import LOOPBACK, free_port, port_open, wait_until
-from .processes import ChildProcess
+from tests.support.ports import LOOPBACK, free_port, port_open, wait_until
+from tests.support.processes import ChildProcess
 
 NOT_INSTALLED = ("mosquitto is not installed: run `make test` (it installs it with apt) "
                  "or `apt-get install mosquitto`")

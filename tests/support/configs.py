@@ -105,7 +105,7 @@ def commented_source(source_type: str) -> dict:
     uncommented and parsed (the sample's examples must stay valid)."""
     import tomllib
 
-    from .paths import REPO
+    from tests.support.paths import REPO
 
     lines = (REPO / "configs" / "agent.toml").read_text().splitlines()
     for start, line in enumerate(lines):

@@ -20,7 +20,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from .ports import wait_until
+from tests.support.ports import wait_until
 
 
 class MqttClient:

@@ -13,9 +13,8 @@ from pathlib import Path
 import nats
 
 from collector.scaleout.local_cluster import NOT_INSTALLED, Node, find_nats_server, node_config
-
-from .ports import LOOPBACK, free_port, port_open, wait_until
-from .processes import ChildProcess
+from tests.support.ports import LOOPBACK, free_port, port_open, wait_until
+from tests.support.processes import ChildProcess
 
 
 def require_nats_server() -> str:

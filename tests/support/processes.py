@@ -17,10 +17,10 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .configs import collector_config, write_toml
-from .paths import REPO, child_env
-from .ports import LOOPBACK, free_port, wait_until
-from .reaper import die_with_test
+from tests.support.configs import collector_config, write_toml
+from tests.support.paths import REPO, child_env
+from tests.support.ports import LOOPBACK, free_port, wait_until
+from tests.support.reaper import die_with_test
 
 _started: list[subprocess.Popen] = []
 

@@ -26,7 +26,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from collector.lifetime import running
+from collector.broker.lifetime import running
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

@@ -10,7 +10,7 @@ from functools import cache
 
 import jsonschema
 
-from .paths import REPO
+from tests.support.paths import REPO
 
 SCHEMA = json.loads((REPO / "docs" / "protocol.schema.json").read_text())
 

@@ -1,0 +1,440 @@
+"""Aggregating report messages (no I/O here; see ``service.py``).
+
+``Ingestor.ingest(topic, payload)`` decodes one message through the typed
+protocol (``edge_agent.protocol``: every check of docs/PROTOCOL.md), drops
+duplicates by (agent, channel, seq) (``dedup.SeqTracker``), and adds the codes
+to the channel's series.  A message that fails any check is rejected, counted
+by reason and kept (truncated) in a bounded dead-letter log; it changes no
+aggregate.
+
+What a sender can make a collector hold is bounded (``IngestLimits``, the
+``[limits]`` and ``[registry]`` of the configuration): agents, channels,
+series per channel, agents known only from a status, how far a report's time
+may run ahead of the collector's clock or lag behind it.  Past a limit the
+message is refused with its own reason and a log line says which limit.
+
+``to_state()`` / ``from_state()`` give the aggregates as the typed state of
+``collector.storage.states``: what a checkpoint saves (with the trackers,
+``collector.storage.checkpoint``) and what a scale-out member writes as a partition's
+state for the merge view.  Totals are derived from the agents, never stored
+beside them.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+
+from collector.aggregation.dedup import SeqTracker
+from collector.aggregation.series import Series, series_identity
+from collector.aggregation.stats import StateError
+from collector.storage.states import (
+    DEAD_LETTERS,
+    AgentState,
+    AggregateSettings,
+    DeadLetter,
+    IngestorState,
+    StatusSummary,
+)
+from edge_agent import protocol
+from edge_agent.protocol import Confirm, Rejected, Report, ValidReport
+
+log = logging.getLogger(__name__)
+
+COUNTERS = ("messages", "values", "duplicates")
+
+
+@dataclass(frozen=True)
+class IngestLimits:
+    """What input may make an ``Ingestor`` hold (None: no bound); see ``[limits]``.
+
+    ``registry``: the agent ids allowed to report, or None for any agent."""
+
+    agents: int | None = None
+    channels: int | None = None
+    series_per_channel: int | None = None
+    statuses: int | None = None  # agents known only from a status, not yet from a report
+    future_seconds: float | None = None  # t + dt at most this far past the receiving clock
+    max_age_seconds: float | None = None  # t at most this far before it
+    categories: int | None = None  # categories of a categorical series
+    registry: frozenset[str] | None = None
+
+    def allows(self, agent: str) -> bool:
+        return self.registry is None or agent in self.registry
+
+    def offline(self) -> IngestLimits:
+        """These limits for recorded messages replayed offline (``collector.tools.replay``):
+        the registry stays, but no report is compared with a receiving clock (reasons
+        ``future`` and ``stale``: a recording is re-read at any later time) and nothing
+        is capped per collector (agents, channels, series, statuses, categories: only
+        memory bounds a study).  Every message's own bounds (payload size, the typed
+        protocol's field bounds) apply as always."""
+        return IngestLimits(registry=self.registry)
+
+
+# Why a limit refused a message, and the [limits] key to raise.
+LIMIT_KEYS = {"limit_agents": "agents", "limit_channels": "channels",
+              "limit_series": "series_per_channel", "limit_statuses": "statuses",
+              "limit_categories": "categories"}
+
+
+@dataclass
+class AgentStats:
+    messages: int = 0
+    values: int = 0
+    duplicates: int = 0
+    rejects: int = 0
+    last_seen: float | None = None
+    online: bool | None = None  # from the retained status topic
+    status: StatusSummary = field(default_factory=StatusSummary)
+
+    @property
+    def status_time(self) -> float:
+        """When the agent published its status (its own clock), else -inf."""
+        return self.status.t if self.status.t is not None else -math.inf
+
+
+class Ingestor:
+    """All aggregation state of a collector; mergeable across partitions."""
+
+    def __init__(self, *, fleet: str, bins: int = 50, window_seconds: float = 60.0,
+                 keep_windows: int = 60, limits: IngestLimits = IngestLimits()):
+        self.fleet = fleet
+        self.limits = limits
+        self.bins, self.window_seconds, self.keep_windows = bins, window_seconds, keep_windows
+        self.series: dict[str, dict[tuple, Series]] = {}  # channel -> identity -> series
+        self.latest: dict[str, tuple] = {}  # channel -> identity of the newest series
+        self.latest_at: dict[str, float] = {}  # channel -> when ``latest`` was last reported
+        self.trackers: dict[tuple[str, str], SeqTracker] = {}
+        self.agents: dict[str, AgentStats] = {}
+        self.rejects = collections.Counter()  # by reason
+        self.dead_letters: collections.deque = collections.deque(maxlen=DEAD_LETTERS)
+        self.status_only: set[str] = set()  # agents known from a status, not from a report
+        # Agents whose settled numbers changed, or who sent one again (they lack our
+        # confirmation), since the last ``confirmations()``.
+        self.unconfirmed: set[str] = set()
+        self.limits_reached: set[str] = set()  # logged once each (LIMIT_KEYS)
+        self._batch: dict[int, tuple[Series, list]] | None = None  # see batch()
+
+    @classmethod
+    def from_settings(cls, fleet: str, settings: AggregateSettings,
+                      limits: IngestLimits = IngestLimits()) -> Ingestor:
+        """An empty ingestor with these aggregates settings."""
+        return cls(fleet=fleet, bins=settings.bins, window_seconds=settings.window_seconds,
+                   keep_windows=settings.keep_windows, limits=limits)
+
+    def settings(self) -> AggregateSettings:
+        return AggregateSettings(bins=self.bins, window_seconds=self.window_seconds,
+                                 keep_windows=self.keep_windows)
+
+    @property
+    def counters(self) -> collections.Counter:
+        """Messages and values accepted and duplicates dropped, over all agents."""
+        totals = collections.Counter(dict.fromkeys(COUNTERS, 0))
+        for stats in self.agents.values():
+            totals["messages"] += stats.messages
+            totals["values"] += stats.values
+            totals["duplicates"] += stats.duplicates
+        return totals
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_batch"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update({**state, "_batch": None})
+
+    @contextlib.contextmanager
+    def batch(self):
+        """Messages ingested inside are checked, deduplicated and counted one by one
+        as always, but their codes reach the statistics together at the end, one
+        summary per series and window (``Series.update_many``): most of a
+        message's aggregation cost is numpy's fixed cost per call."""
+        if self._batch is not None:  # already batching
+            yield
+            return
+        self._batch = {}
+        try:
+            yield
+        finally:
+            batch, self._batch = self._batch, None
+            for series, messages in batch.values():
+                series.update_many(messages)
+
+    # -- messages -------------------------------------------------------------------------
+    def ingest(self, topic: str, payload: bytes, now: float | None = None) -> str:
+        """'accepted', 'duplicate', 'rejected:<reason>', 'ignored' or 'status'.  ``now``:
+        when the message was received (the journal keeps it, so a replay decides alike).
+        Never raises for a message."""
+        now = time.time() if now is None else now
+        kind = protocol.classify(topic, self.fleet)
+        if kind == "ignore":
+            return "ignored"
+        try:
+            if kind == "status":
+                return self._status(topic, payload, now)
+            return self._report(protocol.decode_report(topic, payload, self.fleet), now)
+        except Rejected as rejection:
+            return self._reject(topic, payload, rejection, now)
+        except Exception as exc:  # defence in depth: no message may stop the ones after it
+            log.exception("ingesting a message on %s failed", topic[:256])
+            return self._reject(topic, payload, Rejected("internal", type(exc).__name__), now)
+
+    def _report(self, report: ValidReport, now: float) -> str:
+        message = report.message
+        agent = self._agent(message.agent)
+        agent.last_seen = now
+        self.status_only.discard(message.agent)
+        key = (message.agent, message.channel)
+        tracker = self.trackers.get(key)
+        if tracker is not None and tracker.seen(message.seq):
+            return self.duplicate(report)
+        try:
+            self._check_time(message, now)
+            self._series_for(message, create=False)  # a channel or series past its limit
+        except Rejected:
+            # Well-formed and from a known agent: settled (never counted, never asked for
+            # again) when its channel is known, so that no refused name makes a tracker.
+            if message.channel in self.series:
+                self.trackers.setdefault(key, SeqTracker()).add(message.seq)
+                self.unconfirmed.add(message.agent)
+            raise
+        self.accept(report, now)
+        return "accepted"
+
+    def confirmations(self, now: float) -> dict[str, bytes]:
+        """The confirmation (``protocol.Confirm``) of every agent in ``unconfirmed``: per
+        channel, the numbers its trackers hold as settled; ``unconfirmed`` is emptied."""
+        agents, self.unconfirmed = self.unconfirmed, set()
+        channels: dict[str, dict] = {agent: {} for agent in agents}
+        for (agent, channel), tracker in self.trackers.items():
+            if agent in channels:
+                channels[agent][channel] = tracker.settled()
+        return {agent: protocol.encode(Confirm(v=protocol.PROTOCOL_VERSION, agent=agent,
+                                               t=now, channels=runs))
+                for agent, runs in channels.items()}
+
+    def _agent(self, name: str) -> AgentStats:
+        """The stats of an allowed agent, made if new and the limit allows."""
+        if not self.limits.allows(name):  # also one removed from the registry since
+            raise Rejected("unknown_agent", f"{name} is not in the registry")
+        stats = self.agents.get(name)
+        if stats is not None:
+            return stats
+        self._within("limit_agents", len(self.agents), self.limits.agents)
+        stats = self.agents[name] = AgentStats()
+        return stats
+
+    def _within(self, reason: str, used: int, limit: int | None) -> None:
+        if limit is not None and used >= limit:
+            if reason not in self.limits_reached:
+                self.limits_reached.add(reason)
+                log.warning("limit reached: %d %s ([limits] %s); further ones are refused "
+                            "(reason %s)", limit, LIMIT_KEYS[reason].replace("_", " "),
+                            LIMIT_KEYS[reason], reason)
+            raise Rejected(reason, f"{LIMIT_KEYS[reason]} limit of {limit} reached")
+
+    def _check_time(self, message: Report, now: float) -> None:
+        """Reports dated in the future would replace every recent window of their channel
+        (and the real reports would land in windows deleted at once)."""
+        future, max_age = self.limits.future_seconds, self.limits.max_age_seconds
+        if future is not None and message.t + message.dt > now + future:
+            raise Rejected("future", f"t is {message.t + message.dt - now:.0f} s ahead of the "
+                                     f"collector's clock")
+        if max_age is not None and message.t < now - max_age:
+            raise Rejected("stale", f"t is {now - message.t:.0f} s old")
+
+    def duplicate(self, report: ValidReport) -> str:
+        """Count a report already counted."""
+        self.agents.setdefault(report.message.agent, AgentStats()).duplicates += 1
+        self.unconfirmed.add(report.message.agent)
+        return "duplicate"
+
+    def accept(self, report: ValidReport, now: float) -> None:
+        """Count a new report: its codes go to its series, its seq to the tracker."""
+        message = report.message
+        series = self._series_for(message, create=True)
+        self.latest[message.channel] = series.identity
+        self.latest_at[message.channel] = now
+        if self._batch is None:
+            values = series.update(agent=message.agent, t=message.t, codes=report.codes)
+        else:
+            values = series.values_in(report.codes)
+            self._batch.setdefault(id(series), (series, []))[1].append(
+                (message.agent, message.t, report.codes))
+        key = (message.agent, message.channel)
+        self.trackers.setdefault(key, SeqTracker()).add(message.seq)
+        self.unconfirmed.add(message.agent)
+        agent = self.agents.setdefault(message.agent, AgentStats())
+        agent.messages += 1
+        agent.values += values
+
+    def _series_for(self, message: Report, *, create: bool) -> Series | None:
+        """The message's series; a new one is made if ``create``, and refused (``Rejected``)
+        if the channel or its series are at their limit.  None: new, not made."""
+        identity = series_identity(message.channel, message.kind, message.mechanism,
+                                   message.fields, message.strategy, message.unit)
+        by_identity = self.series.get(message.channel)
+        if by_identity is None:
+            self._within("limit_channels", len(self.series), self.limits.channels)
+        elif identity in by_identity:
+            return by_identity[identity]
+        else:
+            self._within("limit_series", len(by_identity), self.limits.series_per_channel)
+        if message.kind == "categorical":  # each category is a count in every window
+            categories = message.mechanism.categories
+            self._within("limit_categories", categories - 1, self.limits.categories)
+        if not create:
+            return None
+        series = self.series.setdefault(message.channel, {})[identity] = Series(
+            channel=message.channel, kind=message.kind, description=message.mechanism,
+            bins=self.bins, window_seconds=self.window_seconds,
+            keep_windows=self.keep_windows, fields=message.fields, strategy=message.strategy,
+            unit=message.unit)
+        return series
+
+    def _reject(self, topic: str, payload: bytes, rejection: Rejected, now: float) -> str:
+        self.rejects[rejection.reason] += 1
+        levels = topic.split("/")
+        if len(levels) == 5:
+            stats = self.agents.get(levels[3])
+            if stats is not None:  # only agents that have sent valid data get an entry
+                stats.rejects += 1
+        self.dead_letters.append({"t": now, "topic": topic[:256], "reason": rejection.reason,
+                                  "detail": rejection.detail[:200],
+                                  "payload": payload[:256].decode("utf-8", "replace")})
+        return f"rejected:{rejection.reason}"
+
+    def _status(self, topic: str, payload: bytes, now: float) -> str:
+        agent_id, message = protocol.decode_status(topic, payload)
+        if not self.limits.allows(agent_id):
+            raise Rejected("unknown_agent", f"{agent_id} is not in the registry")
+        stats = self.agents.get(agent_id)
+        if stats is None:
+            if message is None:  # clearing the status of an agent never heard of: nothing
+                return "status"
+            self._within("limit_statuses", len(self.status_only), self.limits.statuses)
+            stats = self._agent(agent_id)
+            self.status_only.add(agent_id)
+        if message is None:  # an empty retained message clears a status: not an error
+            stats.online, stats.status = False, StatusSummary()
+        else:
+            stats.online = message.state == "online"
+            stats.status = StatusSummary(state=message.state, budget=message.budget, t=message.t)
+        return "status"
+
+    # -- merging partitions --------------------------------------------------------------------
+    def merge(self, other: Ingestor) -> Ingestor:
+        """Combine another collector's state (disjoint message sets, e.g. partitions).
+
+        A channel's newest series is the one reported most recently on either
+        side; dead letters keep the most recent of both."""
+        for channel, by_identity in other.series.items():
+            mine = self.series.setdefault(channel, {})
+            for identity, series in by_identity.items():
+                if identity in mine:
+                    mine[identity].merge(series)
+                else:
+                    mine[identity] = copy.deepcopy(series)
+        for channel, identity in other.latest.items():
+            at = other.latest_at.get(channel, -math.inf)
+            if channel not in self.latest or at > self.latest_at.get(channel, -math.inf):
+                self.latest[channel] = identity
+                self.latest_at[channel] = at
+        for name, stats in other.agents.items():
+            mine = self.agents.setdefault(name, AgentStats())
+            mine.messages += stats.messages
+            mine.values += stats.values
+            mine.duplicates += stats.duplicates
+            mine.rejects += stats.rejects
+            mine.last_seen = max(filter(None, (mine.last_seen, stats.last_seen)), default=None)
+            # The newest status wins, whatever the merge order: an older state must not
+            # override a status heard since.
+            if stats.online is not None and (
+                    mine.online is None or stats.status_time >= mine.status_time):
+                mine.online, mine.status = stats.online, stats.status
+        self.rejects.update(other.rejects)
+        if other.dead_letters:
+            letters = sorted([*self.dead_letters, *other.dead_letters], key=lambda d: d["t"])
+            self.dead_letters.clear()
+            self.dead_letters.extend(letters)  # the deque keeps the newest DEAD_LETTERS
+        return self
+
+    # -- saved and exchanged state (collector.storage.states) --------------------------------
+    def to_state(self) -> IngestorState:
+        """Everything the merge view (and a checkpoint) needs of the aggregates: series,
+        per-agent counters, newest series, rejects and dead letters (no trackers: those are
+        the checkpoint's)."""
+        series, index = [], {}
+        for by_identity in self.series.values():
+            for identity, one in by_identity.items():
+                index[identity] = len(series)
+                series.append(one.to_state())
+        return IngestorState(
+            fleet=self.fleet, settings=self.settings(), rejects=dict(self.rejects),
+            agents={name: AgentState(a.messages, a.values, a.duplicates, a.rejects,
+                                     a.last_seen, a.online, a.status)
+                    for name, a in self.agents.items()},
+            series=series,
+            latest={channel: (index[identity], self.latest_at.get(channel))
+                    for channel, identity in self.latest.items()},
+            dead_letters=[DeadLetter(**letter) for letter in self.dead_letters])
+
+    @classmethod
+    def from_state(cls, state: IngestorState | dict) -> Ingestor:
+        """An ingestor from ``to_state()`` (typed, or as plain JSON values, checked here),
+        or ``StateError`` saying what is wrong.
+
+        Besides types and bounds it checks what no sum of reports could break: the
+        messages and values of all series and of all agents agree."""
+        if not isinstance(state, IngestorState):
+            try:
+                state = msgspec.convert(state, IngestorState)
+            except msgspec.ValidationError as exc:
+                raise StateError(f"state: {exc}") from None
+        settings = state.settings
+        ingestor = cls.from_settings(state.fleet, settings)
+        ingestor.rejects.update(state.rejects)
+        for name, entry in state.agents.items():
+            ingestor.agents[name] = AgentStats(entry.messages, entry.values, entry.duplicates,
+                                               entry.rejects, entry.last_seen, entry.online,
+                                               entry.status)
+        loaded = []
+        for i, series_state in enumerate(state.series):
+            series = Series.from_state(series_state, bins=settings.bins,
+                                       window_seconds=settings.window_seconds,
+                                       keep_windows=settings.keep_windows, where=f"series[{i}]")
+            by_identity = ingestor.series.setdefault(series.channel, {})
+            if series.identity in by_identity:
+                raise StateError(f"series[{i}]: the same series twice")
+            by_identity[series.identity] = series
+            loaded.append(series)
+        if set(state.latest) != set(ingestor.series):
+            raise StateError("latest: expected one entry per channel")
+        for channel, (i, at) in state.latest.items():
+            if not i < len(loaded) or loaded[i].channel != channel:
+                raise StateError(f"latest.{channel}: not a series of the channel")
+            ingestor.latest[channel] = loaded[i].identity
+            if at is not None:
+                ingestor.latest_at[channel] = at
+        ingestor.dead_letters.extend(msgspec.structs.asdict(letter)
+                                     for letter in state.dead_letters)
+        ingestor.status_only = {name for name, agent in ingestor.agents.items()
+                                if agent.last_seen is None}
+        ingestor._check_totals(loaded)
+        return ingestor
+
+    def _check_totals(self, series: list[Series]) -> None:
+        totals = self.counters
+        checks = {"messages": sum(s.messages for s in series),
+                  "values": sum(s.count() for s in series)}
+        for what, total in checks.items():
+            if total != totals[what]:
+                raise StateError(f"agents: the series' {what} add up to {total}, the "
+                                 f"agents' to {totals[what]}")

@@ -1,0 +1,660 @@
+"""The collector's HTTP API and live dashboard (docs/API.md): Starlette on uvicorn.
+
+Every document is served from the latest snapshot (``views.Snapshots``):
+computed once per push period outside the collector's lock and serialised
+once, so a request or an event stream only copies bytes, and no number of
+viewers slows ingestion.  Only aggregates pass through here: the API has no
+field for a single report, let alone a raw reading.
+
+uvicorn runs in one thread of the collector process, on asyncio with its
+pure-Python h11 protocol: a connection costs a protocol object, not a thread
+(the previous ``ThreadingHTTPServer`` held 4,718 connections of a slow-loris
+attack with 4,712 threads).  uvicorn itself does not bound what a client can
+hold: it arms its keep-alive timer only once a response is complete and
+cancels it at the next byte received, so a connection that never completes
+its request head (or sends it a byte at a time) is kept forever, and its
+``limit_concurrency`` answers 503 only to requests that did arrive.
+``GuardedH11Protocol`` adds what is missing, per ``HttpLimits``:
+
+* at most ``max_connections`` open: a new connection beyond makes the one that
+  has waited longest for a request (new, idle or slow) close, or, when every
+  connection is busy with a request or an event stream, is refused at once
+  with a 503;
+* a request's line and headers must arrive within ``header_timeout_seconds``
+  of its first byte (or of the connection, for the first request): 408, closed;
+* a keep-alive connection idle for ``idle_timeout_seconds`` is closed, and so
+  is one whose client stopped reading our answer for that long;
+* at most ``max_event_streams`` open ``/api/events`` streams: 503 beyond.
+
+Malformed requests get a JSON error as every other refusal does.  ``stop()``
+ends the event streams and lets uvicorn close every connection, so it returns
+promptly even with dashboards attached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import importlib.resources
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import h11
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from collector.api.documents import Snapshot, Snapshots, SnapshotSource, Views
+from collector.estimation.jsonsafe import to_json
+from edge_agent.common.asgi import ServerThread
+
+if TYPE_CHECKING:
+    from collector.config import HttpConfig
+
+log = logging.getLogger(__name__)
+
+JSON_TYPE = "application/json"
+METRICS_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what generate_latest writes
+
+# Explicit, because mimetypes reads /etc/mime.types, which differs between
+# systems (.js has been application/javascript, text/javascript or missing).
+STATIC_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+    ".json": JSON_TYPE,
+    ".txt": "text/plain; charset=utf-8",
+}
+
+# The dashboard loads nothing from elsewhere; the policy makes a stray CDN
+# link or inline script fail loudly (a console error the browser tests catch).
+DASHBOARD_CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self'; "
+                 "script-src 'self'; connect-src 'self'; base-uri 'none'; "
+                 "form-action 'none'; frame-ancestors 'none'")
+
+ALLOWED_METHODS = "GET, HEAD"
+NO_STORE = {"Cache-Control": "no-store"}
+KEEPALIVE_SECONDS = 15.0  # an SSE comment this often (proxies drop silent streams)
+SSE_RETRY_MS = 2000       # tells EventSource how soon to reconnect
+RETRY_AFTER = "5"         # seconds, with every 503
+FIRST_SNAPSHOT_WAIT_SECONDS = 10.0  # a request before the first snapshot waits this long for it
+STOP_JOIN_SECONDS = 3.0   # how long start() and stop() wait for the server thread
+GRACEFUL_SHUTDOWN_SECONDS = 1.0  # uvicorn then cancels what is still running
+LINGER_SECONDS = 1.0      # after an error answer, reading what the client still sends ...
+LINGER_BYTES = 1 << 20    # ... up to this much, before closing
+REFUSAL_REASONS = ("connections", "evicted", "header_timeout", "write_timeout",
+                   "event_streams")
+
+SOURCE_ERROR_EVENT = (b"event: source-error\ndata: "
+                      + to_json({"error": "the aggregates could not be computed"}) + b"\n\n")
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What clients can make the server hold (``[http]`` of the collector's config)."""
+
+    max_connections: int = 256
+    max_event_streams: int = 64
+    idle_timeout_seconds: float = 60.0
+    header_timeout_seconds: float = 10.0
+
+
+# -- connections ----------------------------------------------------------------------------------
+
+class ConnectionGuard:
+    """The connections of one server and what its limits did (used in its event loop only)."""
+
+    def __init__(self, limits: HttpLimits):
+        self.limits = limits
+        self.open: set[GuardedH11Protocol] = set()
+        # Connections waiting for a request (new, idle between requests, or receiving
+        # one slowly), longest-waiting first: at the cap, the first makes room.
+        self.waiting: dict[GuardedH11Protocol, None] = {}
+        self.refused = collections.Counter(dict.fromkeys(REFUSAL_REASONS, 0))
+
+    def admit(self, connection: GuardedH11Protocol) -> bool:
+        if len(self.open) >= self.limits.max_connections:
+            if not self.waiting:
+                self.refused["connections"] += 1
+                return False
+            next(iter(self.waiting)).close_for("evicted")
+        self.open.add(connection)
+        return True
+
+    def forget(self, connection: GuardedH11Protocol) -> None:
+        self.open.discard(connection)
+        self.waiting.pop(connection, None)
+
+
+def raw_answer(status: int, message: str, headers: dict[str, str] | None = None) -> bytes:
+    """A complete JSON error response, for the protocol to write when no request
+    (or no valid one) was read, so none of the ASGI app's machinery applies."""
+    body = to_json({"error": message})
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", f"Content-Type: {JSON_TYPE}",
+             f"Content-Length: {len(body)}", "Cache-Control: no-store",
+             "X-Content-Type-Options: nosniff", "Connection: close",
+             *(f"{key}: {value}" for key, value in (headers or {}).items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the limits of ``HttpLimits`` (module docstring).
+
+    It leans on ``H11Protocol``'s internals (``cycle``, ``conn``, ``flow``,
+    ``timeout_keep_alive_task``, ``on_response_complete``, ``send_400_response``),
+    which is why pyproject.toml names the uvicorn tested; tests/collector/api/test_web.py
+    exercises each of them."""
+
+    def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.guard = guard
+        self.refused = False    # over the cap: answered 503 and closed
+        self.lingering = False  # an error was answered: reading the rest, then closing
+        self.lingered = 0  # bytes read away meanwhile
+        self.request_deadline: asyncio.TimerHandle | None = None
+        self.write_deadline: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol --
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        if not self.guard.admit(self):
+            self.refused = True
+            self.transport = transport
+            transport.write(raw_answer(503, "too many connections", {"Retry-After": RETRY_AFTER}))
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._watch()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.forget(self)
+        self._cancel_deadlines()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:  # read and dropped (see _linger)
+            self.lingered += len(data)
+            if self.lingered > LINGER_BYTES:
+                self.transport.close()
+            return
+        if self.refused:
+            return
+        super().data_received(data)
+        self._watch()
+
+    def eof_received(self) -> bool | None:
+        # A client may half-close once its request is sent (`nc -N`, some HTTP/1.0
+        # clients): answer it, then close.  uvicorn would close at once, answerless.
+        if not self.lingering and self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False
+            return True
+        return None  # asyncio closes the transport
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.write_deadline is None:
+            self.write_deadline = self.loop.call_later(
+                self.guard.limits.idle_timeout_seconds, self.close_for, "write_timeout")
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.write_deadline is not None:
+            self.write_deadline.cancel()
+            self.write_deadline = None
+
+    # -- uvicorn's hooks --
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._watch()
+
+    def send_400_response(self, msg: str) -> None:
+        log.debug("malformed request from %s: %s", self.client, msg)
+        self.transport.write(raw_answer(400, "bad request"))
+        self._linger()
+
+    def timeout_keep_alive_handler(self) -> None:
+        if self.transport.get_write_buffer_size():  # the client never read our answer
+            self.transport.abort()
+        else:
+            super().timeout_keep_alive_handler()
+
+    # -- the limits --
+
+    def _watch(self) -> None:
+        """Track whether the connection waits for a request and hold it to the
+        request deadline meanwhile: armed at the connection, or at the first byte
+        after a keep-alive wait (uvicorn's timer covers the wait itself)."""
+        if self.transport.is_closing() or self.lingering:
+            return
+        if self.cycle is not None and not self.cycle.response_complete:  # busy
+            self.guard.waiting.pop(self, None)
+            if self.request_deadline is not None:
+                self.request_deadline.cancel()
+                self.request_deadline = None
+            return
+        self.guard.waiting.setdefault(self, None)
+        if self.timeout_keep_alive_task is None and self.request_deadline is None:
+            self.request_deadline = self.loop.call_later(
+                self.guard.limits.header_timeout_seconds, self.close_for, "header_timeout")
+
+    def close_for(self, reason: str) -> None:
+        """Close the connection because of a limit (``REFUSAL_REASONS``), counted."""
+        self.guard.forget(self)  # at once: a new connection may be taking its place
+        self._cancel_deadlines()
+        if self.transport.is_closing():
+            return
+        self.guard.refused[reason] += 1
+        if reason == "write_timeout":
+            self.transport.abort()  # what is buffered will never be read
+            return
+        if reason == "header_timeout" and self.conn.our_state is h11.IDLE:
+            self.transport.write(raw_answer(408, "request not received in time"))
+        self.transport.close()
+
+    def _linger(self) -> None:
+        """Close after an error answer, but read the client's leftovers first (for up
+        to ``LINGER_SECONDS`` and ``LINGER_BYTES``): closing with unread input makes the
+        kernel send a reset, which can destroy the answer in transit."""
+        self.lingering = True
+        self.guard.waiting.pop(self, None)
+        self._cancel_deadlines()
+        self.flow.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.request_deadline = self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+    def _cancel_deadlines(self) -> None:
+        for deadline in (self.request_deadline, self.write_deadline):
+            if deadline is not None:
+                deadline.cancel()
+        self.request_deadline = self.write_deadline = None
+
+
+# -- metrics ------------------------------------------------------------------------------------
+
+class ServerMetrics(Collector):
+    """/metrics: the latest snapshot's families, and the server's own."""
+
+    def __init__(self, web: WebServer):
+        self.web = web
+
+    def collect(self):
+        web = self.web
+        snapshots = web.snapshots
+        snapshot = snapshots.latest
+        if snapshot is not None:
+            yield from snapshot.metrics
+        yield GaugeMetricFamily("ldp_http_connections", "Open HTTP connections.",
+                                value=web.open_connections)
+        yield GaugeMetricFamily("ldp_http_event_streams", "Open /api/events streams.",
+                                value=web.active_streams)
+        refused = CounterMetricFamily(
+            "ldp_http_refused_total",
+            "Connections refused or closed and event streams refused by the server's limits, "
+            "by reason.", labels=["reason"])
+        for reason, count in sorted(web.guard.refused.items()):
+            refused.add_metric([reason], count)
+        yield refused
+        yield CounterMetricFamily("ldp_snapshot_errors_total",
+                                  "Failed snapshot computations (the previous one is served).",
+                                  value=snapshots.errors)
+        if snapshot is not None:
+            yield GaugeMetricFamily("ldp_snapshot_age_seconds",
+                                    "Seconds since the served snapshot was computed.",
+                                    value=time.monotonic() - snapshot.taken)
+            yield GaugeMetricFamily("ldp_snapshot_seconds",
+                                    "Time taken to compute the served snapshot.",
+                                    value=snapshot.compute_seconds)
+            yield GaugeMetricFamily("ldp_snapshot_lock_seconds",
+                                    "How long computing the served snapshot held the "
+                                    "collector's lock.", value=snapshot.lock_seconds)
+
+
+# -- the app ------------------------------------------------------------------------------------
+
+def _static_files() -> dict[str, tuple[bytes, str]]:
+    """The dashboard's files by name: (content, type).  Requests are looked up in
+    this mapping, never turned into paths, so no URL can reach outside the directory."""
+    root = importlib.resources.files("collector.api").joinpath("static")
+    try:
+        entries = [entry for entry in root.iterdir() if entry.is_file()]
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    return {entry.name: (entry.read_bytes(), _static_type(entry.name)) for entry in entries}
+
+
+def _static_type(name: str) -> str:
+    dot = name.rfind(".")
+    return STATIC_TYPES.get(name[dot:].lower() if dot >= 0 else "", "application/octet-stream")
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(to_json({"error": message}), status_code=status, media_type=JSON_TYPE,
+                    headers={**NO_STORE, **(headers or {})})
+
+
+def _json(body: bytes) -> Response:
+    return Response(body, media_type=JSON_TYPE, headers=NO_STORE)
+
+
+class _EventStream(EventSourceResponse):
+    """An event stream that gives its slot back however it ends."""
+
+    def __init__(self, *args: Any, release: Callable[[], None], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.release = release
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+
+def latest_channels(web: WebServer | None, views: Views) -> dict:
+    """The /api/channels document: the web server's latest snapshot (computed outside the
+    ingest lock), or, without one, computed now."""
+    latest = web.snapshots.latest if web is not None else None
+    return latest.documents.channels if latest is not None else views.channels_json()
+
+
+class WebServer:
+    """The collector's HTTP server: ``start()`` binds and serves from a thread,
+    ``stop()`` ends it and every open connection.
+
+    ``source`` gives the documents (``views.SnapshotSource``: ``views.Views`` for
+    a collector).  ``port=0`` binds a free port; ``.port`` and ``.url`` tell which.
+    """
+
+    def __init__(self, source: SnapshotSource, *, host: str, port: int,
+                 push_seconds: float = 1.0, limits: HttpLimits = HttpLimits()):
+        if not push_seconds > 0:
+            raise ValueError(f"push_seconds must be > 0, got {push_seconds}")
+        self.source = source
+        self.host = host
+        self.push_seconds = float(push_seconds)
+        self.limits = limits
+        self._requested_port = port
+        self.snapshots = Snapshots(source, push_seconds=self.push_seconds,
+                                   on_publish=self._snapshot_published)
+        self.guard = ConnectionGuard(limits)
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(ServerMetrics(self))
+        self._static = _static_files()
+        self._app = self._build_app()
+        self._http: ServerThread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # In the loop: set (and replaced) at every snapshot, and when stopping.
+        self._published: asyncio.Event | None = None
+        self._closing = False
+        self._streams = 0
+        self._channels_event: bytes | None = None  # the latest snapshot's SSE event
+
+    @classmethod
+    def from_config(cls, source: SnapshotSource, http: HttpConfig) -> WebServer:
+        return cls(source, host=http.host, port=http.port, push_seconds=http.push_seconds,
+                   limits=HttpLimits(max_connections=http.max_connections,
+                                     max_event_streams=http.max_event_streams,
+                                     idle_timeout_seconds=http.idle_timeout_seconds,
+                                     header_timeout_seconds=http.header_timeout_seconds))
+
+    # -- lifecycle --
+
+    def start(self) -> WebServer:
+        if self._http is not None:
+            raise RuntimeError("WebServer already started")
+        # sse-starlette logs every event it sends at DEBUG; what matters is logged here.
+        # An operator's explicit level stays.
+        if logging.getLogger("sse_starlette").level == logging.NOTSET:
+            logging.getLogger("sse_starlette").setLevel(logging.INFO)
+        self._http = ServerThread(
+            self._asgi, host=self.host, port=self._requested_port, name="collector-web",
+            protocol=functools.partial(GuardedH11Protocol, guard=self.guard),
+            on_loop=self._in_loop,
+            headers=[("Server", "edge-collector"), ("X-Content-Type-Options", "nosniff")],
+            timeout_keep_alive=self.limits.idle_timeout_seconds,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
+        self._closing = False
+        self.snapshots.start()
+        try:
+            self._http.start()
+        except RuntimeError:
+            self.snapshots.stop()
+            self._http = None
+            raise
+        log.info("dashboard and API on %s", self.url)
+        return self
+
+    async def _in_loop(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._published = asyncio.Event()
+
+    def stop(self) -> None:
+        http = self._http
+        if http is None:
+            return
+        self.snapshots.stop()
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has ended already
+                loop.call_soon_threadsafe(self._end_streams)
+        http.stop(STOP_JOIN_SECONDS)
+        self._http = self._loop = None
+
+    def __enter__(self) -> WebServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._http is None:
+            raise RuntimeError("WebServer not started")
+        return self._http.port
+
+    @property
+    def url(self) -> str:
+        """Base URL without a trailing slash; a wildcard bind is shown as loopback."""
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def active_streams(self) -> int:
+        """Open /api/events streams."""
+        return self._streams
+
+    @property
+    def open_connections(self) -> int:
+        """Connections held (refused ones are not)."""
+        return len(self.guard.open)
+
+    # -- snapshots reach the event loop --
+
+    def _snapshot_published(self) -> None:
+        """After every snapshot attempt (the snapshots' thread): streams send."""
+        snapshot = self.snapshots.latest
+        if snapshot is not None:
+            # One event for every stream.  The JSON has no newline: a single data line.
+            self._channels_event = b"event: channels\ndata: " + snapshot.channels + b"\n\n"
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has ended: stopping
+                loop.call_soon_threadsafe(self._wake_streams)
+
+    def _wake_streams(self) -> None:
+        published, self._published = self._published, asyncio.Event()
+        published.set()
+
+    def _end_streams(self) -> None:
+        self._closing = True
+        self._wake_streams()
+
+    async def _snapshot(self) -> Snapshot:
+        """The latest snapshot; before the first one, wait for it (a while)."""
+        deadline = time.monotonic() + FIRST_SNAPSHOT_WAIT_SECONDS
+        while True:
+            published = self._published
+            snapshot = self.snapshots.latest
+            if snapshot is not None:
+                return snapshot
+            remaining = deadline - time.monotonic()
+            if self.snapshots.failing or remaining <= 0 or self._closing:
+                message = ("the aggregates could not be computed (see the collector's log)"
+                           if self.snapshots.failing else "the aggregates are not ready yet")
+                raise HTTPException(503, message, headers={"Retry-After": RETRY_AFTER})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(published.wait(), remaining)
+
+    # -- the ASGI app --
+
+    async def _asgi(self, scope, receive, send) -> None:
+        """Starlette's app behind what uvicorn's h11 lets through: HTTP/1.x only, and a
+        request target in origin form (absolute form is reduced to its path)."""
+        if scope["type"] == "http":
+            path = scope["path"]
+            problem = None
+            if scope["http_version"] not in ("1.0", "1.1"):
+                problem = _error(505, "HTTP version not supported")
+            elif path.lower().startswith(("http://", "https://")):  # absolute form, RFC 9112
+                scope = {**scope, "path": urlsplit(path).path or "/"}
+            elif not path.startswith("/"):
+                problem = _error(400, "bad request target")
+            if problem is not None:
+                await problem(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
+
+    def _build_app(self) -> Starlette:
+        get = ["GET"]  # Starlette adds HEAD
+        routes = [
+            Route("/api/channels", self._channels, methods=get),
+            Route("/api/channels/", self._channels, methods=get),
+            Route("/api/channels/{name}/history", self._history, methods=get),
+            Route("/api/channels/{name:path}", self._channel, methods=get),
+            Route("/api/range", self._range, methods=get),
+            Route("/api/rejects", self._rejects, methods=get),
+            Route("/api/events", self._events, methods=get),
+            Route("/metrics", self._metrics, methods=get),
+            Route("/", self._index, methods=get),
+            Route("/index.html", self._index, methods=get),
+            Route("/static/{name:path}", self._static_file, methods=get),
+        ]
+        return Starlette(routes=routes, exception_handlers={
+            HTTPException: self._http_error, Exception: self._internal_error})
+
+    async def _channels(self, request: Request) -> Response:
+        return _json((await self._snapshot()).channels)
+
+    async def _channel(self, request: Request) -> Response:
+        return await self._of_channel(request, "channel_details")
+
+    async def _history(self, request: Request) -> Response:
+        return await self._of_channel(request, "histories")
+
+    async def _of_channel(self, request: Request, documents: str) -> Response:
+        """The snapshot's document of the channel the path names (``documents``: which)."""
+        name = request.path_params["name"]
+        body = getattr(await self._snapshot(), documents).get(name)
+        if body is None:
+            raise HTTPException(404, f"no channel named {name!r}")
+        return _json(body)
+
+    async def _range(self, request: Request) -> Response:
+        return _json((await self._snapshot()).range)
+
+    async def _rejects(self, request: Request) -> Response:
+        return _json((await self._snapshot()).rejects)
+
+    async def _metrics(self, request: Request) -> Response:
+        return Response(generate_latest(self._registry), media_type=METRICS_TYPE,
+                        headers=NO_STORE)
+
+    async def _index(self, request: Request) -> Response:
+        return self._file("index.html")
+
+    async def _static_file(self, request: Request) -> Response:
+        return self._file(request.path_params["name"])
+
+    def _file(self, name: str) -> Response:
+        found = self._static.get(name)
+        if found is None:
+            raise HTTPException(404, "not found")
+        content, content_type = found
+        # no-cache (revalidate) rather than caching: an upgraded collector must
+        # not pair a new API with yesterday's app.js.
+        headers = {"Cache-Control": "no-cache"}
+        if name.endswith(".html"):
+            headers["Content-Security-Policy"] = DASHBOARD_CSP
+        return Response(content, media_type=content_type, headers=headers)
+
+    async def _events(self, request: Request) -> Response:
+        """Server-sent events: the channels document at every snapshot.  sse-starlette
+        sends the keep-alive comments, answers HEAD without a stream and notices a
+        client that left."""
+        release = _nothing
+        if request.method != "HEAD":
+            if self._streams >= self.limits.max_event_streams:
+                self.guard.refused["event_streams"] += 1
+                raise HTTPException(503, "too many event streams",
+                                    headers={"Retry-After": RETRY_AFTER})
+            self._streams += 1
+            release = self._release_stream
+        return _EventStream(self._stream(), release=release, sep="\n", ping=KEEPALIVE_SECONDS,
+                            ping_message_factory=_keepalive, headers=NO_STORE)
+
+    async def _stream(self):
+        """The latest snapshot's event now and at every snapshot after (a
+        ``source-error`` event while computing fails) until the server stops."""
+        yield f"retry: {SSE_RETRY_MS}\n\n".encode()
+        while not self._closing:
+            published = self._published
+            event = SOURCE_ERROR_EVENT if self.snapshots.failing else self._channels_event
+            if event is not None:  # None: the first snapshot is not computed yet
+                yield event
+            await published.wait()
+
+    def _release_stream(self) -> None:
+        self._streams -= 1
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ALLOWED_METHODS  # Starlette lists a set, in no set order
+            return _error(405, f"method {request.method} not allowed", headers)
+        message = exc.detail if exc.detail != HTTPStatus(exc.status_code).phrase \
+            else exc.detail.lower()
+        return _error(exc.status_code, message, headers)
+
+    async def _internal_error(self, request: Request, exc: Exception) -> Response:
+        # Starlette re-raises it after this answer, and uvicorn logs it with its traceback.
+        return _error(500, "internal error")
+
+
+def _nothing() -> None:
+    pass
+
+
+def _keepalive() -> ServerSentEvent:
+    return ServerSentEvent(comment="keep-alive", sep="\n")

@@ -1,0 +1,343 @@
+"""A linear channel's mean and histogram, chosen by estimated error (the math only:
+``collector.aggregation.series`` feeds it sums and serves the result).
+
+The mean's candidates, all computed from the same reports:
+
+* ``raw``: the average of the reports.  Unbiased where the mechanism is
+  (OGPM-U, PTT, Duchi); otherwise pulled towards the middle of the domain, which
+  costs nothing when the data sits there and a lot when it does not.
+* ``inversion``: the raw average with the mechanism's bias removed.  Where
+  E[M(x)] = a x + b (PM, SW, their compressed forms, OGPM away from its ends)
+  this is (raw - b) / a exactly; elsewhere one Newton step on E[M(x)] from the
+  maximum-likelihood reconstruction (the Laplace variants, OGPM near an end).
+  It is the reference: unbiased wherever the mechanism lets any estimator be.
+* ``reconstruction``: the mean of the displayed histogram (the EM
+  reconstruction, or the raw histogram where that is closer), so the mean, the
+  quantiles and the histogram agree.
+
+Each candidate's mean squared error is estimated as its variance plus its
+squared bias, the bias measured against the inversion and corrected for the
+noise in that measurement (E[d^2] = bias^2 + Var d, so d^2 - Var d is unbiased
+for bias^2).  Variances come from a bootstrap over the reports: the output-bin
+counts are resampled (multinomial) and the raw average moves with them, so
+every candidate's replicate is computed from the same resample and their
+covariances are kept.
+
+The raw average is the default, and the others replace it only on evidence.
+No estimator is better than the raw average for every distribution of the data
+(it is a fixed shrinkage towards the middle, which is admissible), and where
+the data sits near the middle at small eps the bias-free estimators have 5-10
+times its variance: picking one of them on a chance fluctuation there costs
+far more than it can save (measured on real recordings: 2-5 times the raw
+average's error when the smallest estimated error always won).  So the
+evidence that the raw average is biased is each other estimate's distance
+from it in that distance's standard errors, the smaller of the two (the
+reconstruction's spread is understated with few reports at small eps, the
+inversion's is not); below SHRINK_FROM the raw average stays, from SHRINK_TO
+on the other candidate with the smallest estimated error replaces it, and in
+between the estimate moves from one to the other in proportion
+(``shrinkage``).  docs/BENCHMARKS.md shows how it does.
+
+The 95% interval is estimate +- (1.96 sd + bias bound), clipped to the domain,
+with sd the inversion's standard error and the bias bound the chosen
+estimate's distance from the inversion plus what no estimator can know:
+classical OGPM reports the same distribution for every x within C of an end
+(Theorem 3.7), so the data's position inside those regions is unidentifiable
+(``LinearModel.placed`` puts it in the middle, and the bound allows half the
+region's width for it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from collector.estimation import ems
+from edge_agent.mechanisms import Mechanism
+
+Z95 = 1.959963984540054
+BOOTSTRAP_REPLICATES = 30
+# A bootstrap refit starts from the full fit, so a few accelerated steps suffice.
+REFIT_STEPS = 60
+# The raw average is kept until both other estimates are SHRINK_FROM standard errors of
+# their distance from it away, then shrunk towards the better of them, entirely from
+# SHRINK_TO on (see _choose_mean).
+SHRINK_FROM, SHRINK_TO = 3.0, 5.0
+# Resamples that measure a circular reconstruction's spread (it needs no mean).
+CIRCULAR_REFITS = 12
+# The fits join output bins beyond this many per input bin (see LinearModel).
+OUTPUT_BINS_PER_INPUT_BIN = 2
+# Say so in the summary when more than this share of the data is unidentifiable.
+NOTE_SHARE = 0.05
+
+
+@dataclass(eq=False)
+class LinearModel:
+    """What stays fixed for one mechanism and one set of bins."""
+
+    mechanism: Mechanism
+    in_edges: np.ndarray
+    out_edges: np.ndarray
+    matrix: np.ndarray  # M[j, i] = P(report in out bin j | true value in in bin i)
+    centres: np.ndarray = field(init=False)
+    out_centres: np.ndarray = field(init=False)
+    mean_output: np.ndarray = field(init=False)  # E[M(x)] at the centres
+    mean_slope: np.ndarray = field(init=False)  # its derivative there
+
+    def __post_init__(self):
+        m = self.mechanism
+        centres = 0.5 * (self.in_edges[:-1] + self.in_edges[1:])
+        out_centres = 0.5 * (self.out_edges[:-1] + self.out_edges[1:])
+        if m.name == "duchi":  # two atoms, one per output "bin"
+            out_centres = np.array([m.output_low, m.output_high])
+        h = 1e-4 * (m.high - m.low)
+        slope = (m.mean_output(centres + h) - m.mean_output(centres - h)) / (2 * h)
+        self.centres, self.out_centres = centres, out_centres
+        self.mean_output, self.mean_slope = m.mean_output(centres), slope
+        # Enlarged output domains (PM, SW, OGPM-U at small eps: up to 17 times the input
+        # domain) make hundreds of output bins and EM slow; the fits join neighbouring
+        # output bins so that there are at most OUTPUT_BINS_PER_INPUT_BIN per input bin.
+        # (Only the fits: the kept counts, and so every saved state, stay as they are.)
+        k_out, k_in = self.matrix.shape
+        self.joined = None
+        if k_out > OUTPUT_BINS_PER_INPUT_BIN * k_in:
+            group = math.ceil(k_out / (OUTPUT_BINS_PER_INPUT_BIN * k_in))
+            self.joined = np.arange(0, k_out, group)
+            sizes = np.diff(np.append(self.joined, k_out))
+            self.matrix = np.add.reduceat(self.matrix, self.joined, axis=0)
+            self.out_centres = np.add.reduceat(out_centres, self.joined) / sizes
+
+    def fit_counts(self, out_counts: np.ndarray) -> np.ndarray:
+        """The output-bin counts as the fits see them (joined like ``matrix``)."""
+        counts = np.asarray(out_counts, dtype=np.int64)
+        return counts if self.joined is None else np.add.reduceat(counts, self.joined)
+
+    @property
+    def raw_is_a_histogram(self) -> bool:
+        """Whether the reports' own histogram is over the input bins (the output
+        domain is the input domain), so it can stand for the data's."""
+        return self.out_edges.shape == self.in_edges.shape and bool(
+            np.allclose(self.out_edges, self.in_edges))
+
+    def inversion(self, p: np.ndarray, raw: float) -> tuple[float, float]:
+        """(estimate, slope): the raw mean inverted through E[M(x)] by one Newton step
+        from the reconstruction p; exactly (raw - b) / a where p lies where E[M(x)] is
+        affine, and exactly the raw mean for an unbiased mechanism."""
+        # Shifting the values that E[M(x)] responds to by d moves the mean by (their
+        # mass) d and E[M] by (p @ slope) d: the step divides by their average slope.
+        # (Mass where E[M(x)] is flat cannot move it; ``placed`` has put it.)
+        movable = float(p[self.mean_slope > 0].sum())
+        slope = max(float(p @ self.mean_slope) / max(movable, 1e-12), 1e-3)
+        return float(p @ self.centres) + (raw - float(p @ self.mean_output)) / slope, slope
+
+    @cached_property
+    def flat_ends(self) -> list[tuple[np.ndarray, np.ndarray, float]]:
+        """Per end where E[M(x)] is flat (classical OGPM, Theorem 3.7): the input bins a
+        fit cannot tell from that region (every bin reaching into it), the bins inside
+        it, and how far a value placed at its middle can be from the truth."""
+        affine = self.mechanism.affine_mean()
+        if affine is None:
+            return []
+        m, (_, _, lo, hi) = self.mechanism, affine
+        left, right = self.in_edges[:-1], self.in_edges[1:]
+        width = float(right[0] - left[0])
+        ends = []
+        for touching, inside, span in ((left < lo, right <= lo, lo - m.low),
+                                       (right > hi, left >= hi, m.high - hi)):
+            if span <= 0:
+                continue
+            # A region narrower than a bin holds no whole bin to spread its mass over:
+            # the fit's mass stays where it is, at most the region's width from the truth.
+            ends.append((touching, inside, span / 2 + width if inside.any() else span))
+        return ends
+
+    def placed(self, p: np.ndarray) -> np.ndarray:
+        """p with the mass it cannot locate spread evenly over the region it may be in.
+
+        Inside a flat region every value gives the same reports, so a fit puts that
+        mass anywhere there, or in the bin where the region ends; its middle is the
+        choice whose error is smallest in the worst case."""
+        if not self.flat_ends:
+            return p
+        p = p.copy()
+        for touching, inside, _ in self.flat_ends:
+            if not inside.any():
+                continue
+            mass = p[touching].sum()
+            p[touching] = 0.0
+            p[inside] = mass / np.count_nonzero(inside)
+        return p
+
+    def unidentifiable(self, p: np.ndarray) -> tuple[float, float]:
+        """(mass, bias bound): how much of p the mechanism cannot locate, and how far
+        that can move the mean (``placed`` puts it in the middle of its region)."""
+        mass = bound = 0.0
+        for touching, _, reach in self.flat_ends:
+            share = float(p[touching].sum())
+            mass += share
+            bound += share * reach
+        return mass, bound
+
+
+@dataclass
+class _Fits:
+    """One set of reports' fits: the maximum likelihood and the displayed histogram."""
+
+    raw: float
+    ml: np.ndarray
+    shown: np.ndarray
+
+    def candidates(self, model: LinearModel) -> dict[str, float]:
+        out = {"raw": self.raw,
+               "reconstruction": float(self.shown @ model.centres)}
+        if not model.mechanism.unbiased:
+            out["inversion"] = model.inversion(self.ml, self.raw)[0]
+        return out
+
+
+def _seed(counts: np.ndarray) -> np.random.Generator:
+    """Randomness for the bootstrap and the cross-validation, from the counts: a given
+    state always gives the same answer."""
+    return np.random.default_rng(np.frombuffer(np.ascontiguousarray(counts, np.int64).tobytes(),
+                                               dtype=np.uint32))
+
+
+def linear_estimates(model: LinearModel, *, out_counts: np.ndarray, raw_mean: float,
+                     report_variance: float, n: int) -> dict:
+    """The mean (with its candidates and interval) and the histogram to show.
+
+    ``out_counts``: reports per output bin; ``raw_mean`` and ``report_variance``:
+    the reports' exact mean and variance (from sums of codes); ``n`` reports."""
+    rng = _seed(out_counts)
+    counts = model.fit_counts(out_counts)
+    smoothing = ems.choose_smoothing(counts, model.matrix, seed=int(rng.integers(2**32)))
+    ml = ems.reconstruct(counts, model.matrix, smoothing=0.0)
+    fitted = ems.reconstruct(counts, model.matrix, smoothing=smoothing)
+    ml = model.placed(ml)
+    replicates = []
+    for _ in range(BOOTSTRAP_REPLICATES):
+        resampled = rng.multinomial(n, counts / n)
+        # The raw mean moves with the resample (each report at its bin's centre).
+        raw_star = raw_mean + float((resampled - counts) @ model.out_centres) / n
+        ml_star = ems.reconstruct(resampled, model.matrix, smoothing=0.0, start=ml,
+                                  max_steps=REFIT_STEPS)
+        fitted_star = ems.reconstruct(resampled, model.matrix, smoothing=smoothing,
+                                      start=fitted, max_steps=REFIT_STEPS)
+        replicates.append((resampled, raw_star, model.placed(ml_star), fitted_star))
+
+    shown, method = _raw_or_fit(counts, model.matrix, fitted, smoothing,
+                                [f for *_, f in replicates], raw_is_a_histogram=
+                                model.raw_is_a_histogram)
+    fits = _Fits(raw_mean, ml, shown)
+    boots = [_Fits(raw_star, ml_star, resampled / n if method == "raw" else fitted_star)
+             for resampled, raw_star, ml_star, fitted_star in replicates]
+    mean = _choose_mean(model, fits, boots, report_variance, n)
+    return {"mean": mean, "histogram": shown, "histogram_method": method,
+            "smoothing": smoothing}
+
+
+def _raw_or_fit(counts: np.ndarray, matrix: np.ndarray, fitted: np.ndarray, smoothing: float,
+                refits: list[np.ndarray], *, raw_is_a_histogram: bool,
+                circular: bool = False) -> tuple[np.ndarray, str]:
+    """The histogram to show: the reconstruction, or the raw one where its blur is
+    smaller than the reconstruction's spread over the resamples (``refits``).  The blur,
+    M p - p, is measured on the smoothest fit (EMS): a sharper one carries its own
+    noise into it."""
+    if not raw_is_a_histogram:
+        return fitted, "reconstruction"
+    smooth = fitted if smoothing == 1.0 else ems.reconstruct(counts, matrix, circular=circular)
+    blur = float(np.abs(matrix @ smooth - smooth).sum())
+    spread = float(np.mean([np.abs(refit - fitted).sum() for refit in refits]))
+    if blur < spread:
+        return counts / counts.sum(), "raw"
+    return fitted, "reconstruction"
+
+
+def circular_histogram(counts, matrix: np.ndarray) -> dict:
+    """A circular channel's histogram (its output bins are its input bins): the
+    reconstruction with smoothing chosen from the data, or the raw histogram."""
+    rng = _seed(counts)
+    counts = np.asarray(counts, dtype=np.int64)
+    n = int(counts.sum())
+    smoothing = ems.choose_smoothing(counts, matrix, circular=True,
+                                     seed=int(rng.integers(2**32)))
+    fitted = ems.reconstruct(counts, matrix, smoothing=smoothing, circular=True)
+    refits = [ems.reconstruct(rng.multinomial(n, counts / n), matrix, smoothing=smoothing,
+                              circular=True, start=fitted, max_steps=REFIT_STEPS)
+              for _ in range(CIRCULAR_REFITS)]
+    shown, method = _raw_or_fit(counts, matrix, fitted, smoothing, refits,
+                                raw_is_a_histogram=True, circular=True)
+    return {"estimate": shown, "method": method, "smoothing": smoothing}
+
+
+def _choose_mean(model: LinearModel, fits: _Fits, boots: list[_Fits], report_variance: float,
+                 n: int) -> dict:
+    m = model.mechanism
+    estimates = fits.candidates(model)
+    replicate = {name: np.array([b.candidates(model)[name] for b in boots])
+                 for name in estimates}
+    reference = "raw" if m.unbiased else "inversion"
+    slope = 1.0 if m.unbiased else model.inversion(fits.ml, fits.raw)[1]
+    # The reference's variance: for an unbiased mechanism the raw average's, exactly; else
+    # the bootstrap's, or the exact report variance carried through the slope if larger
+    # (the bootstrap places reports at bin centres).
+    ref_var = report_variance / n if m.unbiased else max(
+        float(np.var(replicate[reference], ddof=1)), report_variance / n / slope**2)
+
+    def mse(name: str) -> float:
+        """Variance plus squared bias, the bias measured against the reference less the
+        noise of that measurement (E[d^2] = bias^2 + Var d)."""
+        if name == reference:
+            return ref_var
+        gap = estimates[name] - estimates[reference]
+        gap_var = float(np.var(replicate[name] - replicate[reference], ddof=1))
+        return float(np.var(replicate[name], ddof=1)) + max(0.0, gap * gap - gap_var)
+
+    errors = {name: mse(name) for name in estimates}
+    # From the raw average towards the better of the others, as the evidence that the
+    # raw average is biased grows: each other estimate's distance from it, in its own
+    # standard errors; both must show it (the reconstruction's spread is understated
+    # when reports are few and eps small, the inversion's is not).
+    raw, toward = estimates["raw"], min((name for name in estimates if name != "raw"),
+                                        key=errors.get, default="raw")
+    weight = 0.0
+    if not m.unbiased:
+        evidence = min(abs(raw - estimates[name]) / max(float(np.std(
+            replicate["raw"] - replicate[name], ddof=1)), 1e-300)
+            for name in estimates if name != "raw")
+        weight = float(np.clip((evidence - SHRINK_FROM) / (SHRINK_TO - SHRINK_FROM), 0, 1))
+    if 0.0 < weight < 1.0:
+        estimates["shrinkage"] = raw + weight * (estimates[toward] - raw)
+        replicate["shrinkage"] = replicate["raw"] + weight * (replicate[toward]
+                                                             - replicate["raw"])
+        errors["shrinkage"] = mse("shrinkage")
+    chosen = "raw" if weight == 0.0 else toward if weight == 1.0 else "shrinkage"
+    mass, bias = model.unidentifiable(fits.ml)
+    if model.flat_ends:
+        # Next to a flat region the reports change only slowly with x, so a fit can
+        # move mass between the region and its neighbourhood almost freely; the
+        # smoothed and the maximum-likelihood fits then disagree, and their
+        # disagreement counts as possible bias too.
+        bias += abs(estimates["reconstruction"] - estimates[reference])
+    # The interval: the reference's, widened by the chosen estimate's distance from it,
+    # so that estimate +- (1.96 stderr + bias bound) holds the reference's interval.
+    sd = math.sqrt(ref_var)
+    unknowable = bias
+    bias += abs(estimates[chosen] - estimates[reference])
+    estimate = float(np.clip(estimates[chosen], m.low, m.high))  # the truth is in the domain
+    half = Z95 * sd + bias
+    note = None
+    if mass > NOTE_SHARE:
+        note = (f"{mass:.0%} of the data lies where {m.name} at epsilon {m.epsilon:g} "
+                f"reports the same distribution for every value (near an end of "
+                f"[{m.low:g}, {m.high:g}]); the interval allows {unknowable:.3g} for where it is "
+                f"there (docs/API.md, 'Data near an end')")
+    return {"raw": fits.raw, "estimate": estimate, "stderr": sd, "bias_bound": bias,
+            "ci95": [max(m.low, estimate - half), min(m.high, estimate + half)],
+            "method": chosen,
+            "candidates": {name: {"estimate": value, "rmse": math.sqrt(errors[name])}
+                           for name, value in estimates.items()},
+            "note": note}

@@ -1,0 +1,57 @@
+"""Category shares from a frequency oracle's support counts (the collector's estimator for
+categorical channels; the oracles are ``edge_agent.mechanisms.categorical``).
+
+* **Unbiased shares**: f_v = (C_v / n - q) / (p - q) (``FrequencyOracle.estimate``); they can
+  be negative and need not sum to 1.
+* **Standard errors** from the oracle's closed-form variance at the estimated shares
+  (clipped to [0, 1]), and 95% intervals f_v ± 1.96 se, clipped to [0, 1].
+* **Consistent shares** (Norm-Sub, Wang, Lopuhaä, Li et al., "Locally differentially private
+  frequency estimation with consistency", NDSS 2020): subtract one constant from every
+  estimate and set the negative ones to 0, the constant chosen so the shares sum to 1.
+  They are what a bar chart shows; the unbiased ones are what an analysis averages.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from collector.estimation.estimators import Z95
+
+
+def norm_sub(estimates: Any) -> np.ndarray:
+    """Shares f'_v = max(f_v + c, 0) with the one c that makes them sum to 1."""
+    f = np.asarray(estimates, dtype=np.float64)
+    if f.ndim != 1 or not f.size:
+        raise ValueError("estimates must be a non-empty 1-D array")
+    if not np.all(np.isfinite(f)):
+        raise ValueError("estimates must be finite")
+    # With the k largest kept, c = (1 - sum of them) / k; the right k is the largest one
+    # whose smallest kept estimate stays positive after adding c.
+    ordered = np.sort(f)[::-1]
+    kept_sums = np.cumsum(ordered)
+    counts = np.arange(1, f.size + 1)
+    shifts = (1.0 - kept_sums) / counts
+    valid = ordered + shifts > 0
+    k = int(np.flatnonzero(valid)[-1]) + 1 if valid.any() else 1
+    return np.maximum(f + shifts[k - 1], 0.0)
+
+
+def frequency_summary(oracle, counts: Any, n: int) -> dict[str, Any]:
+    """Everything a view shows of one categorical window: ``n`` reports, the unbiased
+    shares, their standard errors and 95% intervals, and the consistent shares."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise ValueError(f"n: must be a non-negative integer, got {n!r}")
+    k = oracle.categories
+    if n == 0:
+        empty = [None] * k
+        return {"n": 0, "estimate": empty, "stderr": empty, "ci95": empty, "shares": empty}
+    estimate = oracle.estimate(counts, n)
+    stderr = np.sqrt(oracle.variance(np.clip(estimate, 0.0, 1.0), n))
+    low = np.clip(estimate - Z95 * stderr, 0.0, 1.0)
+    high = np.clip(estimate + Z95 * stderr, 0.0, 1.0)
+    return {"n": int(n), "estimate": estimate.tolist(), "stderr": stderr.tolist(),
+            "ci95": np.stack([low, high], axis=1).tolist(),
+            "shares": norm_sub(estimate).tolist()}

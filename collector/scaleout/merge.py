@@ -1,0 +1,201 @@
+"""The merge view: the scale-out partitions' states, merged (``edge-collector merge``).
+
+Each partition's owner writes its aggregates to key ``p.<n>`` of the NATS KV
+bucket ``<stream>_state`` (typed: ``collector.storage.states.PartitionState``;
+docs/SCALE_OUT.md), which ``scaleout.feed.PartitionFeed`` watches.
+``MergeView`` keeps the latest valid state of each partition and merges them on
+demand (``Ingestor.merge`` is exact); ``MergeService`` serves the result through
+the same ``Views`` and ``WebServer`` as a single collector.  Nothing is unpickled:
+a state is decoded through its types and checked for sums no reports could give.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from collector.aggregation.ingest import Ingestor
+from collector.api.documents import Views
+from collector.api.server import WebServer, latest_channels
+from collector.broker.publisher import CollectorClient
+from collector.config import CollectorConfig
+from collector.range.coordinator import RangeResults
+from collector.scaleout.feed import PartitionFeed
+from collector.scaleout.partition_state import PartitionStateRejected, decode_partition
+from collector.storage.states import AggregateSettings
+from edge_agent import protocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartitionEntry:
+    ingestor: Ingestor
+    t: float
+    every: float
+    received: float
+    size: int
+    owner: str  # the member that wrote it
+
+
+@dataclass
+class MergeView:
+    """The latest valid state of each partition, merged on demand (cached)."""
+
+    fleet: str
+    settings: AggregateSettings
+    clock: Callable[[], float] = time.time
+    partitions: dict[str, PartitionEntry] = field(default_factory=dict)
+    rejects: collections.Counter = field(default_factory=collections.Counter)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._lock = threading.RLock()
+        self._generation = 0
+        self._cache: tuple[int, Ingestor] | None = None
+
+    def update_partition(self, key: str, payload: bytes) -> str:
+        """A partition's state (key ``p.<n>`` of the state bucket): 'accepted', 'removed',
+        'ignored' or 'rejected:<reason>'.  Never raises: a bad payload keeps the
+        partition's last state.  (States arrive in the bucket's revision order: no clock
+        decides which is newer.)"""
+        prefix, _, number = key.partition(".")
+        if prefix != "p" or not number.isdigit() or len(number) > 4:
+            return "ignored"
+        name = f"p{int(number):04d}"
+        if not payload:  # an empty value: forget the partition
+            with self._lock:
+                if self.partitions.pop(name, None) is not None:
+                    log.warning("partition %s removed (its state was emptied)", name)
+                    self._generation += 1
+            return "removed"
+        try:
+            document, ingestor = decode_partition(payload, partition=int(number),
+                                                  fleet=self.fleet, settings=self.settings)
+        except PartitionStateRejected as exc:
+            return self._reject(name, exc.reason, exc.detail)
+        except Exception as exc:  # defence in depth: the merge view must not die of a payload
+            return self._reject(name, "internal", type(exc).__name__)
+        with self._lock:
+            self.partitions[name] = PartitionEntry(ingestor, document.t, document.every,
+                                                   self.clock(), len(payload), document.owner)
+            self.errors.pop(name, None)
+            self._generation += 1
+        return "accepted"
+
+    def _reject(self, name: str, reason: str, detail: str) -> str:
+        with self._lock:
+            self.rejects[reason] += 1
+            self.errors[name] = f"{reason}: {detail}"[:300]
+        log.warning("state of partition %s rejected (%s): %s", name, reason, detail[:300])
+        return f"rejected:{reason}"
+
+    def ingestor(self) -> Ingestor:
+        """All partitions merged."""
+        with self._lock:
+            generation, entries = self._generation, sorted(self.partitions.items())
+            cache = self._cache
+        if cache is None or cache[0] != generation:
+            merged = Ingestor.from_settings(self.fleet, self.settings)
+            for _, entry in entries:
+                merged.merge(entry.ingestor)
+            cache = (generation, merged)
+            with self._lock:
+                if self._generation == generation:
+                    self._cache = cache
+        return cache[1]
+
+    def partitions_json(self) -> dict:
+        """``partitions`` and ``partition_rejects`` for /api/channels (docs/API.md)."""
+        now = self.clock()
+        with self._lock:
+            partitions = {
+                name: {"owner": e.owner, "t": e.t, "age": max(0.0, now - e.t),
+                       "received": e.received, "stale": now - e.t > 3 * e.every + 5,
+                       "messages": e.ingestor.counters["messages"],
+                       "values": e.ingestor.counters["values"],
+                       "duplicates": e.ingestor.counters["duplicates"],
+                       "bytes": e.size, "error": self.errors.get(name)}
+                for name, e in self.partitions.items()}
+            for name, error in self.errors.items():
+                partitions.setdefault(name, {"owner": None, "t": None, "age": None,
+                                             "received": None, "stale": True, "messages": 0,
+                                             "values": 0, "duplicates": 0, "bytes": 0,
+                                             "error": error})
+            rejects = dict(self.rejects)
+        return {"partitions": dict(sorted(partitions.items())), "partition_rejects": rejects}
+
+
+# -- edge-collector merge ------------------------------------------------------------------------
+
+class MergeService:
+    """Watches every partition's state and serves the merged aggregates (``[scale_out]``).
+
+    Stateless: a restart reads every partition's latest state again."""
+
+    def __init__(self, config: CollectorConfig, *, web: bool = True):
+        if config.scale_out is None:
+            raise ValueError("scale_out: the merge view needs the [scale_out] table")
+        self.config = config
+        self.lock = threading.RLock()
+        self.view = MergeView(config.fleet, config.aggregate_settings)
+        self.range_results = RangeResults(
+            config.fleet, coordinator=config.range_discovery.client_id,
+            limit=config.limits.range_results)
+        follow = {protocol.range_result_subscription(config.fleet):
+                  self.range_results.on_message}
+        self.feed = PartitionFeed(config.scale_out, self.view.update_partition,
+                                  name=f"{config.broker.client_id}-merge")
+        self.client = CollectorClient(config, role="merge", label="merge view", follow=follow)
+        self.views = Views(self.view.ingestor, self.lock, broker_status=self.client.status,
+                           range_results=self.range_results.get,
+                           range_ignored=self.range_results.ignored_counts,
+                           extra=self.view.partitions_json)
+        self._stop = threading.Event()
+        self.web = None
+        if web:
+            self.web = WebServer.from_config(self.views, config.http)
+
+    def start(self) -> None:
+        self.client.start()
+        self.feed.start()
+        if self.web is not None:
+            self.web.start()
+        self._thread = threading.Thread(target=self._snapshots, name="merge-snapshots",
+                                        daemon=True)
+        self._thread.start()
+
+    def _snapshots(self) -> None:
+        """The merged aggregates as the retained snapshots a single collector publishes
+        (members do not publish partial ones)."""
+        every = self.config.snapshots.interval_seconds
+        while every and not self._stop.wait(every):
+            try:
+                if self.client.connected and self.view.partitions:
+                    self.client.publish_snapshots(latest_channels(self.web, self.views))
+            except Exception:
+                log.exception("publishing merged snapshots failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.feed.stop()
+        if self.web is not None:
+            self.web.stop()
+        self.client.stop()
+
+    def run_forever(self) -> int:
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        self.start()
+        try:
+            while not stop.wait(0.5):
+                pass
+        finally:
+            self.stop()
+        return 0

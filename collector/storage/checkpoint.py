@@ -1,0 +1,117 @@
+"""Checkpoints: a collector's whole state, saved in its SQLite file and restored at start.
+
+A checkpoint is the typed ``collector.storage.states.Checkpoint`` (versioned
+JSON): the aggregates exactly as a scale-out partition's state carries them,
+and the sequence trackers.  It is stored with the journal position it
+includes (``store.CollectorStore.checkpoint``); ``restore`` loads it and
+replays the journal after it, which gives exactly the committed state.
+
+Checkpoints of the removed collector shards may also hold reports the shard
+had kept aside uncounted (``held``); ``restore`` applies each once.
+
+Checkpoints written before the typed codec (pickles) are migrated on load
+(``checkpoint_v0``); anything else that cannot be read stops the collector with
+a message saying which file and why, instead of starting empty.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from collector.aggregation.dedup import SeqTracker
+from collector.aggregation.ingest import Ingestor
+from collector.aggregation.limits import ingest_limits
+from collector.aggregation.stats import StateError
+from collector.config import CollectorConfig
+from collector.storage import checkpoint_v0
+from collector.storage.states import TrackerState, decode_checkpoint, encode_checkpoint
+from collector.storage.store import CollectorStore
+from edge_agent.protocol import Rejected, ValidReport, check_report
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded (the message says where and why)."""
+
+
+def tracker_states(ingestor: Ingestor) -> list[TrackerState]:
+    return [tracker.to_state(agent, channel)
+            for (agent, channel), tracker in ingestor.trackers.items()]
+
+
+def with_trackers(ingestor: Ingestor, trackers: list[TrackerState]) -> Ingestor:
+    ingestor.trackers = {(state.agent, state.channel): SeqTracker.from_state(state)
+                         for state in trackers}
+    return ingestor
+
+
+def dump(ingestor: Ingestor) -> bytes:
+    return encode_checkpoint(ingestor.to_state(), tracker_states(ingestor), held=[])
+
+
+def load(payload: bytes) -> tuple[Ingestor, list[tuple[ValidReport, float]]]:
+    """(the ingestor with its trackers, the reports an old shard's checkpoint held, with
+    their arrival; none in checkpoints written since)."""
+    if checkpoint_v0.is_legacy(payload):
+        try:
+            payload = checkpoint_v0.migrate(payload)
+        except Exception as exc:  # whatever an old file holds: say so, never start empty
+            raise CheckpointError(f"an old (pickled) checkpoint that cannot be migrated: "
+                                  f"{type(exc).__name__}: {exc}") from None
+    try:
+        checkpoint = decode_checkpoint(payload)
+        held = [(check_report(entry.report), entry.received) for entry in checkpoint.held]
+        ingestor = Ingestor.from_state(checkpoint.state)
+    except Rejected as exc:
+        raise CheckpointError(f"{exc.reason}: {exc.detail}") from None
+    except StateError as exc:
+        raise CheckpointError(str(exc)) from None
+    return with_trackers(ingestor, checkpoint.trackers), held
+
+
+def apply_held(ingestor: Ingestor, held: list[tuple[ValidReport, float]]) -> None:
+    """Count the reports an old shard's checkpoint held (it had not counted them), or
+    count a duplicate for each the trackers have seen; the next checkpoint holds none."""
+    for report, received in held:
+        tracker = ingestor.trackers.get((report.agent, report.channel))
+        if tracker is not None and tracker.seen(report.seq):
+            ingestor.duplicate(report)
+        else:
+            ingestor.accept(report, received)
+
+
+def restore(config: CollectorConfig, store: CollectorStore) -> tuple[Ingestor, int]:
+    """The checkpointed ingestor with the journal replayed on top, and its journal position;
+    it applies the configuration's limits (and reads the registry file)."""
+    limits = ingest_limits(config)
+    state, upto = store.load()
+    held: list = []
+    if state is None:
+        ingestor = Ingestor.from_settings(config.fleet, config.aggregate_settings, limits)
+    else:
+        try:
+            ingestor, held = load(state)
+        except CheckpointError as exc:
+            raise CheckpointError(
+                f"{store.path}: the checkpoint cannot be read ({exc}); move the file away to "
+                f"start with empty aggregates") from None
+        if ingestor.fleet != config.fleet:
+            raise ValueError(f"{store.path} holds fleet {ingestor.fleet!r}, the config says "
+                             f"{config.fleet!r}: use another storage.path")
+        ingestor.limits = limits
+    apply_held(ingestor, held)
+    position, replayed = upto, 0
+    while True:
+        rows, more = store.read_journal(position)
+        with ingestor.batch():
+            for row_id, topic, payload, received in rows:
+                ingestor.ingest(topic, payload, received)
+                position = row_id
+        replayed += len(rows)
+        if not more:
+            break
+    if state is not None or replayed:
+        log.info("restored %d message(s): checkpoint plus %d journaled",
+                 ingestor.counters["messages"], replayed)
+    return ingestor, position

@@ -1,0 +1,283 @@
+"""A collector's state as typed structs: one versioned codec for what is saved and exchanged.
+
+The same types serve
+
+* the **checkpoint** a collector writes to its SQLite file (``Checkpoint``:
+  aggregates and sequence trackers), and
+* the **partition state** a scale-out member writes to the NATS KV bucket for
+  the next owner and the merge view (``PartitionState``, docs/SCALE_OUT.md).
+
+Both are JSON (msgspec): sums of codes are exact integers of any size, which
+msgpack cannot carry.  Decoding checks every type and bound; what depends on
+parameters (a block counting the same values in every statistic, sums a grid
+could produce) is checked where the statistics are rebuilt
+(``collector.aggregation.stats``, ``collector.aggregation.series``).  Totals are not
+stored: they are sums over the agents (and over the series), which must agree.
+"""
+
+from typing import Annotated, Literal, Union
+
+import msgspec
+from msgspec import Meta, Struct
+
+from edge_agent.protocol.messages import (
+    SEQ_LIMIT,
+    BudgetStatus,
+    Count,
+    Fields,
+    Finite,
+    MechanismDescription,
+    Name,
+    NonNegative,
+    Rejected,
+    Report,
+    Seq,
+    Strategy,
+    Text,
+    Unit,
+    decode_checked,
+    define,
+    encode,
+)
+
+CHECKPOINT_VERSION = 2  # 1 kept a tracker's numbers as a bitmap (read, migrated on load)
+MAX_PARTITION_STATE_BYTES = 64 << 20
+MAX_TRACKER_RUNS = 1024  # collector.aggregation.dedup.MAX_RUNS
+DEAD_LETTERS = 200  # recent rejects a collector keeps (and a state may carry)
+MAX_REJECT_REASONS = 256
+
+BigCount = Annotated[int, Meta(ge=0)]  # an exact sum (of codes, of squared codes)
+BinCount = Annotated[int, Meta(ge=0, le=2**63 - 1)]  # summed in int64
+# floor(t / window_seconds) for a finite t: below 2**1024 in size, beyond what msgspec's
+# bounds take; Series.load_state checks it.
+WindowStart = int
+
+# -- statistics (collector.aggregation.stats): their sums, without their parameters ----------------
+CountState = tuple[Count]
+MomentsState = tuple[Count, BigCount, BigCount]  # n, sum of codes, sum of squared codes
+
+
+class TrigState(Struct, array_like=True, forbid_unknown_fields=True):
+    """n, sum of cos, sum of sin, then [sum of cos 2θ, sum of sin 2θ] (the second
+    trigonometric moments, for the exact covariance of the mean resultant vector).
+    States written before the doubled-angle sums existed are the first three alone
+    (``doubled`` null): collector.estimation.circular then bounds the covariance instead."""
+
+    n: Count
+    x: Finite
+    y: Finite
+    doubled: tuple[Finite, Finite] | None = None
+
+
+BinsState = tuple[list[BinCount], Count]  # counts per bin, values outside (drop)
+CrossState = tuple[Count, Finite, Finite]  # n, sum of r cos, sum of r sin
+SupportState = tuple[list[BinCount], Count]  # reports supporting each category, reports
+
+
+class LinearBlockState(Struct, forbid_unknown_fields=True):
+    count: CountState
+    moments: MomentsState
+    raw: BinsState
+    out: BinsState
+
+
+class CircularBlockState(Struct, forbid_unknown_fields=True):
+    count: CountState
+    trig: TrigState
+    hist: BinsState
+
+
+class CrossBlockState(Struct, forbid_unknown_fields=True):
+    count: CountState
+    cross: CrossState
+
+
+class CategoricalBlockState(Struct, forbid_unknown_fields=True):
+    count: CountState
+    support: SupportState
+
+
+class ScalarBlocks(Struct, forbid_unknown_fields=True):
+    value: LinearBlockState
+
+
+class CircularBlocks(Struct, forbid_unknown_fields=True):
+    value: CircularBlockState
+
+
+class PolarBlocks(Struct, forbid_unknown_fields=True):
+    radius: LinearBlockState
+    angle: CircularBlockState
+    cross: CrossBlockState
+
+
+class CategoricalBlocks(Struct, forbid_unknown_fields=True):
+    value: CategoricalBlockState
+
+
+VectorBlocks = dict[Name, LinearBlockState]
+
+
+# -- series (collector.aggregation.series): one channel under one mechanism ------------------------
+
+class _SeriesState(Struct, forbid_unknown_fields=True, tag_field="kind", kw_only=True):
+    channel: Name
+    mechanism: MechanismDescription
+    fields: Fields | None = None
+    strategy: Strategy | None = None
+    unit: Unit | None = None  # the reports' (absent from states written before units)
+    messages: Count
+    agents: list[Name]
+
+
+# A series' blocks of statistics, by kind: cumulative (``total``) and per tumbling window.
+SERIES_BLOCKS = {"linear": ScalarBlocks, "circular": CircularBlocks, "polar": PolarBlocks,
+                 "vector": VectorBlocks, "categorical": CategoricalBlocks}
+SERIES_STATES: dict[str, type[Struct]] = {
+    kind: define(__name__, f"{kind.title()}SeriesState", _SeriesState, kind,
+                 [("total", blocks), ("windows", list[tuple[WindowStart, blocks]])])
+    for kind, blocks in SERIES_BLOCKS.items()}
+SeriesState = Union[tuple(SERIES_STATES.values())]  # noqa: UP007
+
+
+# -- a whole collector (collector.aggregation.ingest.Ingestor) -------------------------------------
+
+class AggregateSettings(Struct, frozen=True, forbid_unknown_fields=True):
+    """What collectors must share to merge their aggregates ([aggregates] of the config)."""
+
+    bins: Annotated[int, Meta(ge=4, le=1000)]
+    window_seconds: Annotated[float, Meta(ge=1.0, le=86400.0)]
+    keep_windows: Annotated[int, Meta(ge=1, le=10_000)]
+
+
+class StatusSummary(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """What a collector keeps of an agent's latest status."""
+
+    state: Literal["online", "offline"] | None = None
+    budget: BudgetStatus | None = None
+    t: Finite | None = None
+
+
+class AgentState(Struct, forbid_unknown_fields=True):
+    messages: Count
+    values: Count
+    duplicates: Count
+    rejects: Count
+    last_seen: Finite | None
+    online: bool | None
+    status: StatusSummary
+
+
+class DeadLetter(Struct, forbid_unknown_fields=True):
+    """A rejected message, truncated (``GET /api/rejects``)."""
+
+    t: Finite
+    topic: Text
+    reason: Text
+    detail: Text
+    payload: Text
+
+
+class IngestorState(Struct, forbid_unknown_fields=True):
+    fleet: Name
+    settings: AggregateSettings
+    rejects: Annotated[dict[Name, Count], Meta(max_length=MAX_REJECT_REASONS)]
+    agents: dict[Name, AgentState]
+    series: list[SeriesState]
+    # channel -> (index of its newest series in ``series``, when it was last reported)
+    latest: dict[Name, tuple[Count, Finite | None]]
+    dead_letters: Annotated[list[DeadLetter], Meta(max_length=DEAD_LETTERS)]
+
+
+# -- the checkpoint (collector.storage.checkpoint) -------------------------------------------------
+
+SeqOrNone = Annotated[int, Meta(ge=-1, lt=SEQ_LIMIT)]  # -1: none yet
+
+
+class TrackerState(Struct, array_like=True, forbid_unknown_fields=True):
+    """A sequence tracker (collector.aggregation.dedup): numbers up to ``floor`` counted, up to
+    ``skipped`` given up on, and the runs [start, end] seen past the larger (checkpoint
+    v1: a little-endian bitmap of them instead)."""
+
+    agent: Name
+    channel: Name
+    floor: SeqOrNone
+    skipped: SeqOrNone
+    runs: Union[Annotated[list[tuple[Seq, Seq]], Meta(max_length=MAX_TRACKER_RUNS)], bytes]
+
+
+class HeldReport(Struct, array_like=True, forbid_unknown_fields=True):
+    """A report a checkpoint kept aside uncounted: only checkpoints written by the removed
+    collector shards have any (``held``); ``collector.storage.checkpoint.restore`` applies them
+    once.  New checkpoints write an empty list."""
+
+    report: Report
+    received: Finite
+
+
+class Checkpoint(Struct, forbid_unknown_fields=True):
+    v: Literal[1, 2]
+    type: Literal["collector-checkpoint"]
+    state: IngestorState
+    trackers: list[TrackerState]
+    held: list[HeldReport]
+
+
+_checkpoint_decoder = msgspec.json.Decoder(Checkpoint)
+
+
+def encode_checkpoint(state: IngestorState, trackers: list[TrackerState],
+                      held: list[HeldReport]) -> bytes:
+    return encode(Checkpoint(v=CHECKPOINT_VERSION, type="collector-checkpoint", state=state,
+                             trackers=trackers, held=held))
+
+
+def decode_checkpoint(payload: bytes) -> Checkpoint:
+    return decode_checked(_checkpoint_decoder, payload, {"v": "version", "type": "version"})
+
+
+# -- a scale-out partition's state (collector.scaleout, docs/SCALE_OUT.md) ------------------
+
+PARTITION_STATE_VERSION = 1
+MAX_PARTITIONS = 1024
+
+
+class PartitionState(Struct, forbid_unknown_fields=True):
+    """One partition's aggregates and sequence trackers with the stream sequence they
+    include, the value of key ``p.<partition>`` in the ``<stream>_state`` KV bucket.
+    Written by the partition's owner with compare-and-set (a stale owner's write
+    fails); read by the next owner and by the merge view."""
+
+    v: Literal[1]
+    type: Literal["partition-state"]
+    partition: Annotated[int, Meta(ge=0, lt=MAX_PARTITIONS)]
+    partitions: Annotated[int, Meta(ge=1, le=MAX_PARTITIONS)]
+    owner: Name  # the member that wrote it
+    t: NonNegative  # when (the member's clock)
+    every: NonNegative  # how often its owner writes it
+    sequence: Annotated[int, Meta(ge=0)]  # the last stream sequence applied
+    state: IngestorState
+    trackers: list[TrackerState]
+
+
+_partition_state_decoder = msgspec.json.Decoder(PartitionState)
+_PARTITION_STATE_REASONS = {"v": "version", "type": "version"}
+
+
+def encode_partition_state(state: IngestorState, trackers: list[TrackerState], *,
+                           partition: int, partitions: int, owner: str, now: float,
+                           every: float, sequence: int) -> bytes:
+    return encode(PartitionState(v=PARTITION_STATE_VERSION, type="partition-state",
+                                 partition=partition, partitions=partitions, owner=owner,
+                                 t=now, every=every, sequence=sequence, state=state,
+                                 trackers=trackers))
+
+
+def decode_partition_state(payload: bytes, partition: int) -> PartitionState:
+    """The typed state of ``partition`` (the number its key gives), or ``Rejected``."""
+    if len(payload) > MAX_PARTITION_STATE_BYTES:
+        raise Rejected("oversized", f"{len(payload)} bytes")
+    document = decode_checked(_partition_state_decoder, payload, _PARTITION_STATE_REASONS)
+    if document.partition != partition:
+        raise Rejected("topic", "the partition differs from the key's")
+    return document

@@ -1,0 +1,280 @@
+"""Generic properties of every statistic: incremental = batch, merge = both streams, pickle,
+empty."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import pickle
+
+import numpy as np
+import pytest
+
+from collector.aggregation.series import Series
+from collector.aggregation.stats import (
+    BinCounts,
+    CodeMoments,
+    Count,
+    PolarCross,
+    StateError,
+    Statistic,
+    SupportCounts,
+    TrigMoments,
+)
+from edge_agent import protocol
+from edge_agent.mechanisms import (
+    CircularOGPM,
+    ClassicalOGPM,
+    Duchi,
+    PolarOGPM,
+    TruncatedLaplace,
+    UnbiasedOGPM,
+)
+from edge_agent.mechanisms.categorical import ORACLES
+
+N_CODES = 1 << 16
+
+
+def _codes(rng, n):
+    return rng.integers(0, N_CODES, n)
+
+
+def all_statistics() -> list[type[Statistic]]:
+    """Every concrete statistic of collector.aggregation.stats, found by walking the subclasses."""
+    found, todo = [], list(Statistic.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if not inspect.isabstract(cls):
+            found.append(cls)
+    return sorted(found, key=lambda cls: cls.__name__)
+
+
+# Examples of each statistic: (name, make, draw a batch of n).  A statistic without
+# one gets a case that fails, so a new statistic cannot skip the generic tests.
+EXAMPLES = {
+    Count: [("count", Count, lambda rng, n: _codes(rng, n))],
+    CodeMoments: [("moments", lambda: CodeMoments(-2.0, 4.0 / N_CODES), _codes)],
+    TrigMoments: [("trig", lambda: TrigMoments(-math.pi, 2 * math.pi / N_CODES, 2 * math.pi),
+                   _codes)],
+    BinCounts: [
+        ("bins-clip", lambda: BinCounts(-6.0, 12.0 / N_CODES, -2.0, 0.08, 50, "clip"), _codes),
+        ("bins-drop", lambda: BinCounts(-6.0, 12.0 / N_CODES, -2.0, 0.08, 50, "drop"), _codes),
+        ("bins-wrap", lambda: BinCounts(0.0, 360.0 / N_CODES, 0.0, 7.2, 50, "wrap"), _codes)],
+    PolarCross: [("polar-cross",
+                  lambda: PolarCross(0.0, 2.0 / N_CODES, 0.0, 6.28 / N_CODES, 6.28),
+                  lambda rng, n: (_codes(rng, n), _codes(rng, n)))],
+    SupportCounts: [
+        (f"support-{name}", lambda name=name: SupportCounts(name, 1.0, 6, 0.0),
+         lambda rng, n, name=name: SupportCounts(name, 1.0, 6, 0.0).oracle.perturb(
+             rng.integers(0, 6, n), rng))
+        for name in ("grr", "oue", "sue", "olh")],
+}
+
+
+def _missing(cls):
+    def make():
+        raise AssertionError(f"{cls.__name__} has no example in EXAMPLES: add one")
+    return make
+
+
+STATISTICS = {name: (make, draw)
+              for cls in all_statistics()
+              for name, make, draw in EXAMPLES.get(
+                  cls, [(f"{cls.__name__}-without-example", _missing(cls), _codes)])}
+
+
+def test_every_statistic_is_discovered_and_has_an_example():
+    assert set(all_statistics()) == set(EXAMPLES)
+
+
+def _split(batch, parts):
+    if isinstance(batch, tuple):
+        return list(zip(*(np.array_split(b, parts) for b in batch)))
+    return np.array_split(batch, parts)
+
+
+def _same(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
+    return a == b
+
+
+@pytest.mark.parametrize("name", STATISTICS)
+def test_incremental_equals_batch_and_merge_equals_both_streams(name):
+    make, draw = STATISTICS[name]
+    rng = np.random.default_rng(1)
+    a_data, b_data = draw(rng, 3000), draw(rng, 2000)
+    whole = make()
+    whole.update(a_data)
+    whole.update(b_data)
+    incremental = make()
+    for part in _split(a_data, 17) + _split(b_data, 5):
+        incremental.update(part)
+    assert _same(incremental.get(), whole.get())
+    a, b = make(), make()
+    a.update(a_data)
+    b.update(b_data)
+    assert _same(a.merge(b).get(), whole.get())
+    # Exact statistics are equal as objects too (integers, not floats).
+    if name in ("count", "moments") or name.startswith(("bins", "support")):
+        assert incremental == whole == a
+
+
+@pytest.mark.parametrize("name", STATISTICS)
+def test_pickle_and_empty(name):
+    make, draw = STATISTICS[name]
+    value = make().get()
+    if isinstance(value, np.ndarray):
+        assert not value.any()
+    elif isinstance(value, dict):
+        assert value["n"] == 0 and all(v is None for k, v in value.items() if k != "n")
+    else:
+        assert value == 0
+    stat = make()
+    stat.update(draw(np.random.default_rng(2), 500))
+    again = pickle.loads(pickle.dumps(stat))
+    assert _same(again.get(), stat.get())
+
+
+def test_merge_refuses_different_parameters():
+    with pytest.raises(ValueError, match="different parameters"):
+        CodeMoments(0.0, 1.0).merge(CodeMoments(0.0, 2.0))
+    with pytest.raises(ValueError):
+        Count().merge(CodeMoments(0.0, 1.0))
+
+
+def test_moments_are_exact_for_grid_values():
+    stat = CodeMoments(-2.0, 0.25)
+    stat.update(np.array([0, 8, 16]))  # values -2, 0, 2
+    assert stat.get() == {"n": 3, "mean": 0.0, "variance": 8.0 / 3.0}
+
+
+# -- series: every kind, through the same properties ---------------------------------------
+
+def _series_cases():
+    polar = PolarOGPM(epsilon=5.0, radius_max=2.0)
+    return {
+        "linear-ogpm": (dict(kind="linear", mechanism=ClassicalOGPM(epsilon=1, low=-2, high=2)),
+                        "scalar"),
+        "linear-unbiased": (dict(kind="linear", mechanism=UnbiasedOGPM(epsilon=1, low=0, high=1)),
+                            "scalar"),
+        "linear-duchi": (dict(kind="linear", mechanism=Duchi(epsilon=1, low=0, high=1)),
+                         "scalar"),
+        "linear-laplace": (dict(kind="linear",
+                                mechanism=TruncatedLaplace(epsilon=2, low=0, high=1)), "scalar"),
+        "circular": (dict(kind="circular", mechanism=CircularOGPM(epsilon=1)), "scalar"),
+        "polar": (dict(kind="polar", mechanism=polar), "polar"),
+        "vector": (dict(kind="vector", mechanism=UnbiasedOGPM(epsilon=1, low=-1, high=1),
+                        fields=("x", "y", "z"),
+                        strategy=protocol.Strategy(k=1, d=3, epsilon=1.0)),
+                   "vector"),
+        **{f"categorical-{name}": (dict(kind="categorical", mechanism=ORACLES[name](
+            epsilon=1.0, categories=5, labels=("a", "b", "c", "d", "e"))), "categorical")
+           for name in ORACLES},
+    }
+
+
+def _message(case, mechanism, rng, n):
+    if case == "scalar":
+        return mechanism.perturb_codes(rng.uniform(mechanism.low, mechanism.high, n), rng)
+    if case == "polar":
+        return mechanism.perturb_codes(rng.uniform(0, 2, n), rng.uniform(0, 6, n), rng)
+    if case == "categorical":  # as a decoded report carries them (unary: sparse)
+        reports = mechanism.perturb(rng.integers(0, mechanism.categories, n), rng)
+        return mechanism.sparse(reports) if mechanism.name in ("oue", "sue") else reports
+    return [mechanism.perturb_codes(rng.uniform(-1, 1, k), rng)
+            for k in rng.integers(0, n, 3)]
+
+
+def _same_view(a, b) -> bool:
+    """Views equal, floats to within rounding (trig sums depend on the merge order)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_view(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_view(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+    return a == b
+
+
+def _make_series(spec):
+    spec = dict(spec)
+    mechanism = spec.pop("mechanism")
+    return Series(channel="c", description=protocol.describe(mechanism), window_seconds=10,
+                  keep_windows=5, **spec)
+
+
+@pytest.mark.parametrize("name", list(_series_cases()))
+def test_series_merge_pickle_and_windows(name):
+    spec, case = _series_cases()[name]
+    mechanism = spec["mechanism"]
+    rng = np.random.default_rng(3)
+    messages = [(f"agent-{i % 3}", 7.0 * i, _message(case, mechanism, rng, 40)) for i in range(12)]
+    whole = _make_series(spec)
+    left, right = _make_series(spec), _make_series(spec)
+    for i, (agent, t, codes) in enumerate(messages):
+        whole.update(agent=agent, t=t, codes=codes)
+        (left if i % 2 else right).update(agent=agent, t=t, codes=codes)
+    merged = left.merge(right)
+    assert merged == whole
+    assert _same_view(merged.get(windows=True), whole.get(windows=True))
+    again = pickle.loads(pickle.dumps(whole))
+    assert again == whole and again.get(windows=True) == whole.get(windows=True)
+    view = whole.get(windows=True)
+    assert view["messages"] == 12 and view["agents"] == 3
+    assert len(view["windows"]) == 5  # only the most recent windows are kept
+    assert view["count"] == sum(whole.values_in(codes) for _, _, codes in messages)
+
+
+@pytest.mark.parametrize("name", list(_series_cases()))
+def test_empty_series_view(name):
+    spec, _ = _series_cases()[name]
+    view = _make_series(spec).get(windows=True)
+    assert view["count"] == 0 and view["messages"] == 0 and view["windows"] == []
+
+
+def test_series_refuse_to_mix_mechanisms():
+    a = Series(channel="c", kind="linear",
+               description=protocol.describe(ClassicalOGPM(epsilon=1, low=0, high=1)))
+    b = Series(channel="c", kind="linear",
+               description=protocol.describe(ClassicalOGPM(epsilon=2, low=0, high=1)))
+    with pytest.raises(ValueError, match="different series"):
+        a.merge(b)
+
+
+@pytest.mark.parametrize("outside", ["clip", "drop", "wrap"])
+def test_bin_lookup_table_equals_the_arithmetic(outside):
+    """Integer codes take a precomputed table; it must bin exactly like the formula."""
+    rng = np.random.default_rng(7)
+    stat = BinCounts(-6.0, 12.0 / N_CODES, -2.0, 0.08, 50, outside)
+    codes = rng.integers(0, N_CODES, 20_000)
+    counts, outside_count = stat.summarize(codes)
+    index = stat.bin_of(codes)
+    inside = (index >= 0) & (index < 50)
+    assert np.array_equal(counts, np.bincount(index[inside], minlength=50))
+    assert outside_count == (int((~inside).sum()) if outside == "drop" else 0)
+    # the table grows when a larger code arrives, and is not part of the state
+    stat.summarize(np.array([3]))
+    assert stat.summarize(np.array([N_CODES - 1]))[0].sum() + \
+        stat.summarize(np.array([N_CODES - 1]))[1] == 1
+    assert "_table" not in pickle.loads(pickle.dumps(stat)).__dict__
+
+
+@pytest.mark.parametrize("name", ["grr", "olh", "oue"])
+def test_support_counts_round_trip_their_state_and_refuse_impossible_sums(name):
+    stat = SupportCounts(name, 2.0, 4, 0.0)
+    stat.update(stat.oracle.perturb(np.arange(4).repeat(50), np.random.default_rng(3)))
+    again = SupportCounts.from_state(stat.params(), stat.to_state())
+    assert again == stat and again.get()["n"] == 200
+    with pytest.raises(StateError, match="expected 4 counts"):
+        SupportCounts.from_state(stat.params(), [[1, 2], 3])
+    with pytest.raises(StateError, match="more reports than 3"):
+        SupportCounts.from_state(stat.params(), [[4, 0, 0, 0], 3])
+    if name == "grr":
+        with pytest.raises(StateError, match="GRR counts add up to the reports"):
+            SupportCounts.from_state(stat.params(), [[1, 1, 0, 0], 3])
