@@ -10,7 +10,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from collector.storage.states import AggregateSettings
 from edge_agent.common.mqtt_client import Endpoint
-from edge_agent.config import (
+from edge_agent.common.config import (
     BrokerConfig,
     ConfigError,
     Epsilon,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write docs/CONFIG_REFERENCE.md from the configuration models, so it cannot drift.
 
-Every table and key of ``AgentConfig`` (edge_agent/config/__init__.py) and
+Every table and key of ``AgentConfig`` (edge_agent/config/) and
 ``CollectorConfig`` (collector/config.py) is listed with its type, default
 and allowed values, all read from the pydantic models: ``Field`` constraints
 (ge/gt/le/lt, lengths, patterns), ``Literal`` choices, and the messages of
@@ -780,7 +780,7 @@ HEADER = """\
      Regenerate with `make docs`; tests/test_config_reference.py fails when it is stale. -->
 
 Every key of the agent's and the collector's TOML configuration, generated
-from the pydantic models (`edge_agent/config/__init__.py`, `collector/config.py`), so
+from the pydantic models (`edge_agent/config/`, `collector/config.py`), so
 the types, defaults and allowed values are the ones the programs enforce.
 {strict}Descriptions come from
 `Field(description=...)`, else from the comment after the key in the sample

@@ -42,7 +42,7 @@ from edge_agent.sources.i2c import ACCEL_XOUT_H, PWR_MGMT_1, decode_block
 from edge_agent.sources.synthetic import stable_seed
 from tests.support import REPO, wait_until
 
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = REPO / "tests" / "data"
 MOTIONSENSE = DATA / "motionsense_sample.csv"
 T0 = 1_700_000_000.0
 PI = math.pi

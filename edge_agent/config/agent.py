@@ -1,0 +1,165 @@
+"""The agent's configuration file: ``AgentConfig`` and the tables only the agent has
+(privacy budget, spool, delivery), checked across tables (channels name sources that
+provide their fields), loaded from TOML.
+
+``load_config(path)`` returns an ``AgentConfig`` or raises ``ConfigError`` naming
+every problem's key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from edge_agent.common.config import (
+    BrokerConfig,
+    ConfigError,
+    Model,
+    Name,
+    format_validation_error,
+    parse_period,
+    read_toml,
+)
+from edge_agent.config.channels import ChannelConfig, mechanism_problem
+from edge_agent.config.sources import SourceConfig, source_fields
+from edge_agent.mechanisms import EPSILON_MAX
+from edge_agent.protocol.messages import MAX_AGENT_CHANNELS
+
+# Most virtual agents ``edge-agent fleet`` runs in one process.
+FLEET_MAX_COUNT = 100_000
+
+
+class PrivacyConfig(Model):
+    budget_epsilon: Annotated[float, Field(gt=0)]
+    # Total delta this agent may spend in any rolling period, all channels together
+    # ((epsilon, delta)-LDP channels; basic composition, docs/PRIVACY.md "δ"); 0: only
+    # pure epsilon-LDP reports.
+    budget_delta: Annotated[float, Field(ge=0, le=1)] = 0.0
+    budget_period: str = "1d"
+    state_dir: Path = Path("/var/lib/edge-agent")
+    # Most epsilon one range-discovery run may take from this agent (0 = never).
+    range_epsilon_max: Annotated[float, Field(ge=0, le=EPSILON_MAX)] = 4.0
+
+    @field_validator("budget_period")
+    @classmethod
+    def _period(cls, value: str) -> str:
+        parse_period(value)
+        return value
+
+    @field_validator("state_dir")
+    @classmethod
+    def _home(cls, value: Path) -> Path:
+        return value.expanduser()  # "~/..." for a user without root
+
+    @property
+    def period_seconds(self) -> float:
+        return parse_period(self.budget_period)
+
+
+class SpoolConfig(Model):
+    # Perturbed messages kept on disk while the broker is unreachable (and, with
+    # [delivery] confirm = "collector", until a collector confirms them); past
+    # this the oldest are dropped (and counted).
+    max_messages: Annotated[int, Field(ge=10, le=100_000_000)] = 200_000
+
+
+class DeliveryConfig(Model):
+    """When a spooled report may leave the spool (docs/DEPLOYMENT.md, "Delivery")."""
+
+    # "broker": on the broker's acknowledgement.  "collector": once a collector confirms
+    # it counted the report durably (ldp/v1/<fleet>/_confirm/<agent>); nothing is then
+    # lost by a broker restarted without persistence, or a collector that lost its disk.
+    confirm: Literal["broker", "collector"] = "broker"
+    # A report acknowledged by the broker but not confirmed this long is sent again
+    # (the wait doubles with each resend of it, up to 64 times); also after a reconnect.
+    resend_seconds: Annotated[float, Field(ge=1, le=86400)] = 120.0
+
+
+# -- the agent ---------------------------------------------------------------------
+
+class AgentConfig(Model):
+    agent_id: Name  # also the MQTT client id and topic level
+    fleet: Name
+    broker: BrokerConfig = BrokerConfig()
+    privacy: PrivacyConfig
+    spool: SpoolConfig = SpoolConfig()
+    delivery: DeliveryConfig = DeliveryConfig()
+    batch_seconds: Annotated[float, Field(ge=0.05, le=3600)] = 1.0
+    sources: Annotated[list[SourceConfig], Field(min_length=1, max_length=MAX_AGENT_CHANNELS)]
+    channels: Annotated[list[ChannelConfig], Field(min_length=1, max_length=MAX_AGENT_CHANNELS)]
+
+    @model_validator(mode="after")
+    def _references(self):
+        _unique("sources", [s.name for s in self.sources])
+        _unique("channels", [c.name for c in self.channels])
+        sources = {s.name: s for s in self.sources}
+        for i, channel in enumerate(self.channels):
+            source = sources.get(channel.source)
+            if source is None:
+                raise ValueError(f"channels[{i}].source: no source named {channel.source!r} "
+                                 f"(have: {', '.join(sources)})")
+            problem = mechanism_problem(channel)
+            if problem:
+                raise ValueError(f"channels[{i}]: its mechanism refuses it: {problem}")
+            if getattr(channel, "delta", 0.0) > 0 and self.privacy.budget_delta == 0:
+                raise ValueError(f"channels[{i}].delta: {channel.delta:g} needs a delta "
+                                 f"budget: set privacy.budget_delta (basic composition: "
+                                 f"each report spends delta)")
+            available = source_fields(source)
+            wanted = [channel.field] if hasattr(channel, "field") else list(channel.fields)
+            if available is not None:
+                for name in wanted:
+                    if name not in available:
+                        raise ValueError(
+                            f"channels[{i}]: source {source.name!r} has no field {name!r} "
+                            f"(it has: {', '.join(sorted(available))})")
+        return self
+
+    @model_validator(mode="after")
+    def _http_requests_outwait_a_batch(self):
+        for i, source in enumerate(self.sources):
+            if source.type == "http" and source.commit_timeout_seconds <= self.batch_seconds:
+                raise ValueError(
+                    f"sources[{i}].commit_timeout_seconds: must exceed batch_seconds "
+                    f"({self.batch_seconds:g}): a request waits for the batch that takes its "
+                    f"readings, got {source.commit_timeout_seconds:g}")
+        return self
+
+    def source(self, name: str):
+        return next(s for s in self.sources if s.name == name)
+
+    def files_read(self) -> dict[str, Path]:
+        """Every file the agent reads, by configuration key (checked at start-up)."""
+        files = self.broker.files()
+        for i, source in enumerate(self.sources):
+            if source.type == "csv" or (source.type == "jsonl" and source.path != "-"):
+                files[f"sources[{i}].path"] = Path(source.path)
+            if source.type == "http":
+                files[f"sources[{i}].token_file"] = source.token_file
+        return files
+
+    def dirs_written(self) -> dict[str, Path]:
+        """Every directory the agent writes, by configuration key."""
+        return {"privacy.state_dir": self.privacy.state_dir}
+
+
+def _unique(what: str, names: list[str]) -> None:
+    seen = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            raise ValueError(f"{what}[{i}].name: {name!r} is used twice")
+        seen.add(name)
+
+
+def parse_config(data: dict[str, Any]) -> AgentConfig:
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+
+def load_config(path: str | Path) -> AgentConfig:
+    return parse_config(read_toml(path))
