@@ -9,7 +9,6 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from collector.storage.states import AggregateSettings
-from edge_agent.common.mqtt_client import Endpoint
 from edge_agent.common.config import (
     BrokerConfig,
     ConfigError,
@@ -19,6 +18,7 @@ from edge_agent.common.config import (
     format_validation_error,
     read_toml,
 )
+from edge_agent.common.mqtt_client import Endpoint
 from edge_agent.protocol import is_name
 
 

@@ -14,19 +14,19 @@ from pathlib import Path
 import msgspec
 
 from collector.storage import states
-from edge_agent.protocol import messages
+from edge_agent.protocol import confirmations, range, reports, snapshots, statuses
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "docs" / "protocol.schema.json"
 
 # Every message on the wire, by the topic that carries it (docs/PROTOCOL.md).
 MESSAGES = {
-    "ldp/v1/<fleet>/<agent>/<channel>": messages.Report,
-    "ldp/v1/<fleet>/<agent>/status": messages.Status,
-    "ldp/v1/<fleet>/_range/control/<run>": messages.RangeControl,
-    "ldp/v1/<fleet>/<agent>/_range/<run>": messages.RangeReply,
-    "ldp/v1/<fleet>/_range/result/<channel>/<side>": messages.RangeResult,
-    "ldp/v1/<fleet>/_aggregates/<channel>": messages.ChannelSnapshot,
-    "ldp/v1/<fleet>/_confirm/<agent>": messages.Confirm,
+    "ldp/v1/<fleet>/<agent>/<channel>": reports.Report,
+    "ldp/v1/<fleet>/<agent>/status": statuses.Status,
+    "ldp/v1/<fleet>/_range/control/<run>": range.RangeControl,
+    "ldp/v1/<fleet>/<agent>/_range/<run>": range.RangeReply,
+    "ldp/v1/<fleet>/_range/result/<channel>/<side>": range.RangeResult,
+    "ldp/v1/<fleet>/_aggregates/<channel>": snapshots.ChannelSnapshot,
+    "ldp/v1/<fleet>/_confirm/<agent>": confirmations.Confirm,
     # Not MQTT: the value of key p.<partition> of the NATS KV bucket <stream>_state.
     "nats-kv:<stream>_state/p.<partition>": states.PartitionState,
 }

@@ -63,7 +63,7 @@ def edges(module: str) -> set[str]:
 
 
 def test_the_module_list_is_the_product():
-    assert {"edge_agent.agent", "edge_agent.protocol.messages", "collector.service",
+    assert {"edge_agent.agent", "edge_agent.protocol.reports", "collector.service",
             "collector.aggregation.ingest"} <= set(MODULES)
 
 

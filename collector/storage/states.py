@@ -20,25 +20,24 @@ from typing import Annotated, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from edge_agent.protocol.messages import (
+from edge_agent.protocol.codec import (
     SEQ_LIMIT,
-    BudgetStatus,
     Count,
     Fields,
     Finite,
-    MechanismDescription,
     Name,
     NonNegative,
     Rejected,
-    Report,
     Seq,
-    Strategy,
     Text,
     Unit,
     decode_checked,
     define,
     encode,
 )
+from edge_agent.protocol.descriptions import MechanismDescription
+from edge_agent.protocol.reports import Report, Strategy
+from edge_agent.protocol.statuses import BudgetStatus
 
 CHECKPOINT_VERSION = 2  # 1 kept a tracker's numbers as a bitmap (read, migrated on load)
 MAX_PARTITION_STATE_BYTES = 64 << 20

@@ -25,7 +25,7 @@ from edge_agent.common.config import (
 from edge_agent.config.channels import ChannelConfig, mechanism_problem
 from edge_agent.config.sources import SourceConfig, source_fields
 from edge_agent.mechanisms import EPSILON_MAX
-from edge_agent.protocol.messages import MAX_AGENT_CHANNELS
+from edge_agent.protocol.statuses import MAX_AGENT_CHANNELS
 
 # Most virtual agents ``edge-agent fleet`` runs in one process.
 FLEET_MAX_COUNT = 100_000

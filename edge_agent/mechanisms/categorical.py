@@ -60,7 +60,7 @@ MAX_UNARY_CATEGORIES = 1 << 10  # OUE sends k bits per value
 MAX_LABELS = 1 << 10
 # A category label: 1-40 characters, none of them a control character or a brace (a
 # collector refuses a report whose braces do not pair up before decoding it:
-# edge_agent.protocol.messages._braces_pair_up).
+# edge_agent.protocol.reports._braces_pair_up).
 LABEL = re.compile(r"[^\x00-\x1f\x7f-\x9f{}]{1,40}")
 # A unit of measurement ("g", "m/s²", "°C", "bpm"): free text of 1-16 such characters.
 UNIT = re.compile(r"[^\x00-\x1f\x7f-\x9f{}]{1,16}")

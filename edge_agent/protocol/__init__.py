@@ -1,56 +1,72 @@
 """The wire protocol between agents and collectors (docs/PROTOCOL.md), used by both sides.
 
 * ``topics``: the MQTT topics, built and parsed in one place;
-* ``messages``: every message as a typed struct with its bounds (reports,
-  statuses, range discovery, aggregate snapshots), with encoders and checking
-  decoders;
-* ``states``: a collector's checkpoint and a scale-out partition's state;
-* ``schema``: docs/protocol.schema.json, generated from the types.
+* ``codec``: the bounded field types every message is made of, ``Rejected``, and
+  the encoder and checking decoder;
+* one module per family of messages, each a typed struct with its bounds, its
+  encoder and its checking decoder: ``descriptions`` (a mechanism's parameters),
+  ``reports``, ``statuses``, ``confirmations``, ``range`` (range discovery) and
+  ``snapshots`` (the collector's retained aggregates).
+
+docs/protocol.schema.json is generated from the types (scripts/gen_protocol_schema.py).
+The states collectors save and exchange are the collector's (collector/storage/states.py).
 """
 
-from edge_agent.protocol.messages import (
-    KINDS,
+from edge_agent.protocol.codec import (
     MAX_CODES,
-    MAX_REPORT_BYTES,
     PROTOCOL_VERSION,
-    RANGE_WINDOW_MAX,
     SEQ_LIMIT,
+    Rejected,
+    encode,
+)
+from edge_agent.protocol.confirmations import (
+    Confirm,
+    decode_confirm,
+)
+from edge_agent.protocol.descriptions import (
+    MechanismDescription,
+    as_dict,
+    describe,
+    description_name,
+    mechanism_of,
+)
+from edge_agent.protocol.range import (
+    RANGE_WINDOW_MAX,
     Announce,
     Answer,
-    ChannelSnapshot,
-    Confirm,
     End,
     Join,
-    MechanismDescription,
     RangeParameters,
     RangeResult,
     RangeTerms,
-    Rejected,
-    Report,
     Round,
     RoundRecord,
-    Status,
-    Strategy,
-    ValidReport,
-    as_dict,
-    check_report,
-    decode_confirm,
     decode_range_control,
     decode_range_reply,
     decode_range_result,
-    decode_report,
-    decode_status,
-    describe,
-    description_name,
-    encode,
-    kind_problem,
-    mechanism_of,
     range_answer,
     range_join,
-    report,
-    snapshot,
-    status,
     terms_of,
+)
+from edge_agent.protocol.reports import (
+    KINDS,
+    MAX_REPORT_BYTES,
+    Report,
+    Strategy,
+    ValidReport,
+    check_report,
+    decode_report,
+    kind_problem,
+    report,
+)
+from edge_agent.protocol.snapshots import (
+    ChannelSnapshot,
+    snapshot,
+)
+from edge_agent.protocol.statuses import (
+    Status,
+    decode_status,
+    status,
 )
 from edge_agent.protocol.topics import (
     NAME,

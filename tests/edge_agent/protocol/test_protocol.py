@@ -23,7 +23,7 @@ from edge_agent.mechanisms import (
 )
 from edge_agent.mechanisms.categorical import ORACLES
 from edge_agent.mechanisms.registry import KIND_CONFIG_NAMES, LINEAR, kind_accepts
-from edge_agent.protocol import messages
+from edge_agent.protocol import descriptions
 from tests.support import REPO
 from tests.support.paths import load_script
 from tests.support.schema import SCHEMA, protocol_validator
@@ -49,7 +49,7 @@ def test_every_topic_names_a_definition():
 # -- one registry of mechanism names -------------------------------------------------------
 
 def test_mechanism_names_come_from_one_registry():
-    assert set(messages.DESCRIPTIONS) == set(MECHANISMS) | set(ORACLES)
+    assert set(descriptions.DESCRIPTIONS) == set(MECHANISMS) | set(ORACLES)
     assert set(LinearMechanism.__args__) == set(LINEAR) == set(KIND_CONFIG_NAMES["linear"])
     assert OgpmOnly.__args__ == KIND_CONFIG_NAMES["circular"] == KIND_CONFIG_NAMES["polar"]
     mapping = SCHEMA["properties"]["mechanism"]["discriminator"]["mapping"]

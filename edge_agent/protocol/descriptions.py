@@ -1,0 +1,117 @@
+"""Mechanism descriptions: a mechanism's parameters as they travel in every report
+(its ``describe()``, tagged by its wire name), and the mechanism a description names."""
+
+from functools import lru_cache
+from typing import Annotated, Union
+
+import msgspec
+from msgspec import Meta, Struct
+
+from edge_agent.mechanisms import (
+    DELTA_MAX,
+    MECHANISMS,
+    PTT,
+    BoundedLaplace,
+    CircularOGPM,
+    ClassicalOGPM,
+    Duchi,
+    Mechanism,
+    PiecewiseMechanism,
+    PolarOGPM,
+    SquareWave,
+    TruncatedLaplace,
+    UnbiasedOGPM,
+    from_description,
+)
+from edge_agent.mechanisms.categorical import MAX_CATEGORIES, MAX_LABELS, ORACLES
+from edge_agent.protocol.codec import (
+    CategoryLabel,
+    Epsilon,
+    Finite,
+    GridBits,
+    Positive,
+    SplitEpsilon,
+    define,
+)
+
+# -- mechanism descriptions (a mechanism's describe(), tagged by its wire name) ---------------
+
+class _Interval(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name"):
+    epsilon: Epsilon
+    low: Finite
+    high: Finite
+    grid_bits: GridBits
+
+
+class _Compressible(_Interval):
+    compressed: bool
+
+
+class _TwoAtoms(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name"):
+    epsilon: Epsilon
+    low: Finite
+    high: Finite
+
+
+class _Circle(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name"):
+    epsilon: Epsilon
+    period: Positive
+    origin: Finite
+    grid_bits: GridBits
+
+
+class _PolarPair(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name"):
+    epsilon: Epsilon
+    radius_max: Positive
+    weight: Positive
+    period: Positive
+    origin: Finite
+    grid_bits: GridBits
+    epsilon_radius: SplitEpsilon
+    epsilon_angle: SplitEpsilon
+
+
+# Each registered mechanism's parameters (what its describe() gives), by wire name; a
+# mechanism registered without a shape here fails at import.
+_SHAPES = {ClassicalOGPM: _Interval, UnbiasedOGPM: _Interval, PTT: _Interval,
+           TruncatedLaplace: _Interval, BoundedLaplace: _Interval,
+           PiecewiseMechanism: _Compressible, SquareWave: _Compressible, Duchi: _TwoAtoms,
+           CircularOGPM: _Circle, PolarOGPM: _PolarPair}
+
+class _Categories(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name",
+                  omit_defaults=True):
+    """A frequency oracle (edge_agent.mechanisms.categorical) over ``categories``
+    categories, named by ``labels`` (numbered without)."""
+
+    epsilon: Epsilon
+    categories: Annotated[int, Meta(ge=2, le=MAX_CATEGORIES)]
+    delta: Annotated[float, Meta(ge=0.0, le=DELTA_MAX)] = 0.0
+    labels: Annotated[tuple[CategoryLabel, ...], Meta(max_length=MAX_LABELS)] | None = None
+
+
+DESCRIPTIONS: dict[str, type[Struct]] = {
+    name: define(__name__, f"{cls.__name__}Description", _SHAPES.get(cls, _Categories), name)
+    for name, cls in {**MECHANISMS, **ORACLES}.items()}
+MechanismDescription = Union[tuple(DESCRIPTIONS.values())]  # noqa: UP007 (built from a tuple)
+
+
+def description_name(description: Struct) -> str:
+    return type(description).__struct_config__.tag
+
+
+def describe(mechanism: Mechanism | dict) -> Struct:
+    """A mechanism's typed description (from the mechanism or its ``describe()`` dict)."""
+    described = mechanism if isinstance(mechanism, dict) else mechanism.describe()
+    return msgspec.convert(described, MechanismDescription)
+
+
+@lru_cache(maxsize=4096)  # bounded: a hostile sender cannot grow it
+def mechanism_of(description: Struct) -> Mechanism:
+    """The mechanism a description names, built once per description (the one cache)."""
+    return from_description({"name": description_name(description),
+                             **msgspec.structs.asdict(description)})
+
+
+def as_dict(message: Struct) -> dict:
+    """A struct as plain JSON values (tags included), e.g. for the API's documents."""
+    return msgspec.to_builtins(message)
