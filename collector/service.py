@@ -32,7 +32,8 @@ from collector.api.server import WebServer, latest_channels
 from collector.broker.network import NetworkProcess, NetworkSettings
 from collector.broker.publisher import CollectorClient
 from collector.config import CollectorConfig, ConfigError, load_registry
-from collector.range.coordinator import RangeResults, RangeSchedule
+from collector.range.results import RangeResults
+from collector.range.schedule import RangeSchedule
 from collector.storage import checkpoint
 from collector.storage.checkpoint import restore
 from collector.storage.store import CollectorStore

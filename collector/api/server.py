@@ -58,7 +58,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from collector.api.documents import Snapshot, Snapshots, SnapshotSource, Views
+from collector.api.documents import SnapshotSource, Views
+from collector.api.snapshots import Snapshot, Snapshots
 from collector.estimation.jsonsafe import to_json
 from edge_agent.common.asgi import ServerThread
 

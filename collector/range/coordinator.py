@@ -27,9 +27,8 @@ A run (docs/PROTOCOL.md, "Range discovery"):
    ``_range/result/<channel>/<side>``.
 
 The search and its error bound are ``edge_agent.mechanisms.rangefind``; this module only
-moves messages.  ``RangeResults`` (what the API serves) also marks a
-channel's min and max of the same time ``insufficient`` when the min exceeds
-the max (``rangefind.pair_conflict``).
+moves messages.  ``collector.range.results`` keeps the results the API serves;
+``collector.range.schedule`` starts runs periodically.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ import logging
 import math
 import queue
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,7 +48,6 @@ from edge_agent.common.mqtt_client import MqttClient
 from edge_agent.mechanisms.rangefind import (
     RangeSearch,
     assigned_round,
-    pair_conflict,
     plan_search,
     uninformed_reason,
 )
@@ -247,137 +244,3 @@ def connect_client(config: CollectorConfig, client_id: str) -> MqttClient:
     ``ConnectionError``."""
     return MqttClient(config.broker.endpoint(), client_id, log=log,
                       label="range coordinator").start_and_wait()
-
-
-class RangeResults:
-    """The latest retained range result per channel and side (``GET /api/range``).
-
-    Only results that name the configured coordinator (``[range_discovery] client_id``)
-    and the channel and side of their topic are kept, for at most ``limit`` channels;
-    others are counted in ``ignored`` by reason."""
-
-    def __init__(self, fleet: str, *, coordinator: str, limit: int):
-        self.fleet = fleet
-        self.coordinator = coordinator
-        self.limit = limit
-        self.ignored: collections.Counter = collections.Counter()
-        self._results: dict[str, dict[str, dict]] = {}  # channel -> side -> result
-        self._lock = threading.Lock()
-
-    def on_message(self, client, userdata, message) -> None:
-        try:
-            channel, side, result = self._check(message.topic, message.payload)
-        except Rejected as exc:
-            log.debug("ignored a range result on %s: %s", message.topic[:256], exc.detail)
-            with self._lock:
-                self.ignored[exc.reason] += 1
-            return
-        with self._lock:
-            if result is None:  # a cleared retained result
-                self._results.get(channel, {}).pop(side, None)
-                if not self._results.get(channel, True):
-                    del self._results[channel]
-            elif channel in self._results or len(self._results) < self.limit:
-                self._results.setdefault(channel, {})[side] = protocol.as_dict(result)
-            else:
-                self.ignored["limit_range_results"] += 1
-
-    def _check(self, topic: str, payload: bytes) -> tuple[str, str, RangeResult | None]:
-        where = protocol.range_result_levels(topic, self.fleet)
-        if where is None:
-            raise Rejected("topic", "not a range result topic of this fleet")
-        result = protocol.decode_range_result(payload)
-        if result is not None:
-            if (result.channel, result.side) != where:
-                raise Rejected("topic", "channel or side differs from the topic's")
-            if result.coordinator != self.coordinator:
-                raise Rejected("coordinator", f"from {result.coordinator!r}, not the "
-                                              f"configured coordinator {self.coordinator!r}")
-        return *where, result
-
-    def get(self) -> dict[str, dict[str, dict]]:
-        """channel -> side -> result; a min and max of the same time whose min exceeds the
-        max are both served ``insufficient`` (``published_status`` keeps what was sent)."""
-        with self._lock:
-            results = {channel: dict(sides) for channel, sides in self._results.items()}
-        for sides in results.values():
-            low, high = sides.get("min"), sides.get("max")
-            if low is None or high is None or not same_time(low, high):
-                continue
-            conflict = pair_conflict(low.get("estimate"), high.get("estimate"))
-            if conflict is not None:
-                for side, result in (("min", low), ("max", high)):
-                    sides[side] = {**result, "status": "insufficient",
-                                   "published_status": result.get("status"),
-                                   "reason": "; ".join(filter(None, (conflict,
-                                                                     result.get("reason"))))}
-        return results
-
-    def ignored_counts(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self.ignored)
-
-
-PAIR_SECONDS = 60.0
-
-
-def same_time(a: dict, b: dict) -> bool:
-    """Whether two results (a channel's min and max) describe the same time: one run
-    started at most ``PAIR_SECONDS`` after the other finished (a schedule runs them one
-    after the other), or they overlapped."""
-    first, second = sorted((a, b), key=lambda r: r["started_at"])
-    end = first.get("finished_at") or first["started_at"]
-    return second["started_at"] <= end + PAIR_SECONDS
-
-
-class RangeSchedule:
-    """Runs ``[[range_discovery.schedule]]`` in a thread (on the designated coordinator only).
-
-    ``channel_domain(channel)`` gives a channel's declared domain when the schedule
-    names none; ``agents_online()`` how many agents a run can expect."""
-
-    def __init__(self, config: CollectorConfig, *,
-                 channel_domain: Callable[[str], tuple[float, float] | None],
-                 agents_online: Callable[[], int]):
-        self.config = config
-        self.channel_domain = channel_domain
-        self.agents_online = agents_online
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="collector-range", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 15.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        settings = self.config.range_discovery
-        due = {(entry.channel, side): time.monotonic() + min(60.0, entry.every_seconds)
-               for entry in settings.schedule for side in entry.sides}
-        entries = {entry.channel: entry for entry in settings.schedule}
-        coordinator = None
-        while not self._stop.wait(1.0):
-            for (channel, side), when in sorted(due.items(), key=lambda item: item[1]):
-                if time.monotonic() < when or self._stop.is_set():
-                    continue
-                due[(channel, side)] = time.monotonic() + entries[channel].every_seconds
-                domain = entries[channel].domain or self.channel_domain(channel)
-                if domain is None:
-                    log.info("range discovery for %s waits for its first reports", channel)
-                    continue
-                try:
-                    if coordinator is None:
-                        coordinator = RangeCoordinator(
-                            connect_client(self.config, settings.client_id),
-                            fleet=self.config.fleet, settings=settings)
-                    coordinator.run(RunRequest(channel, side, *domain),
-                                    expected_agents=self.agents_online())
-                except Exception:
-                    log.exception("range discovery for %s/%s failed", channel, side)
-                    coordinator = None
-        if coordinator is not None:
-            coordinator.client.stop()

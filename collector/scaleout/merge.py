@@ -24,7 +24,7 @@ from collector.api.documents import Views
 from collector.api.server import WebServer, latest_channels
 from collector.broker.publisher import CollectorClient
 from collector.config import CollectorConfig
-from collector.range.coordinator import RangeResults
+from collector.range.results import RangeResults
 from collector.scaleout.feed import PartitionFeed
 from collector.scaleout.partition_state import PartitionStateRejected, decode_partition
 from collector.storage.states import AggregateSettings

@@ -19,7 +19,7 @@ from paho.mqtt.client import topic_matches_sub
 
 from collector.aggregation.ingest import IngestLimits, Ingestor
 from collector.estimation.jsonsafe import json_safe
-from collector.range.coordinator import RangeResults
+from collector.range.results import RangeResults
 from edge_agent import protocol
 from tests.support import (
     CollectorProcess,

@@ -18,7 +18,7 @@ from collector.aggregation.ingest import IngestLimits, Ingestor
 from collector.aggregation.limits import ingest_limits, load_registry
 from collector.aggregation.series import Series
 from collector.config import parse_collector_config
-from collector.range.coordinator import RangeResults
+from collector.range.results import RangeResults
 from edge_agent import protocol
 from edge_agent.config import ConfigError
 from edge_agent.mechanisms import ClassicalOGPM

@@ -12,7 +12,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from collector.aggregation.ingest import Ingestor
-from collector.api.documents import Views, document_metrics
+from collector.api.documents import Views
+from collector.api.metrics import document_metrics
 from collector.api.server import WebServer
 from collector.config import ConfigError, parse_collector_config
 from edge_agent import protocol

@@ -440,7 +440,7 @@ def test_no_access_log_on_stderr(server, capfd):
 
 def test_a_source_failing_from_the_start_gives_503_until_it_succeeds(source, caplog):
     flaky = FlakySource(source)
-    with caplog.at_level("ERROR", logger="collector.api.documents"):
+    with caplog.at_level("ERROR", logger="collector.api.snapshots"):
         web = serve(flaky)
         try:
             assert wait_until(lambda: web.snapshots.errors >= 3)
@@ -468,7 +468,7 @@ def test_a_failing_computation_keeps_the_previous_snapshot(source, caplog):
     web = serve(flaky)
     try:
         before = request(web, "GET", "/api/channels")[2]
-        with caplog.at_level("ERROR", logger="collector.api.documents"):
+        with caplog.at_level("ERROR", logger="collector.api.snapshots"):
             flaky.failing = True
             source.step()
             errors = web.snapshots.errors
@@ -487,7 +487,7 @@ def test_event_stream_survives_a_failing_source(source, caplog):
     web = serve(flaky)
     try:
         reader = EventReader(web)
-        with caplog.at_level("ERROR", logger="collector.api.documents"):
+        with caplog.at_level("ERROR", logger="collector.api.snapshots"):
             name, data = reader.read_event()
         assert name == "source-error" and "error" in strict_json(data.encode())
         flaky.failing = False

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from collector.config import parse_collector_config
-from collector.range.coordinator import RangeCoordinator, RangeResults, RunRequest, connect_client
+from collector.range.coordinator import RangeCoordinator, RunRequest, connect_client
+from collector.range.results import RangeResults
 from edge_agent import protocol
 from edge_agent.mechanisms.rangefind import assigned_round, true_answer
 from tests.support import CollectorProcess, Subscriber, free_port, run_module

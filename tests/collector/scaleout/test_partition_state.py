@@ -17,7 +17,8 @@ import collector.scaleout.member as member_module
 from collector.aggregation.ingest import Ingestor
 from collector.aggregation.series import Series
 from collector.aggregation.stats import StateError
-from collector.api.documents import Views, document_metrics
+from collector.api.documents import Views
+from collector.api.metrics import document_metrics
 from collector.scaleout.member import Member, Partition
 from collector.scaleout.merge import MergeView
 from collector.scaleout.partition_state import decode_partition

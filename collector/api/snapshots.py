@@ -1,0 +1,118 @@
+"""Snapshots: every document of the API computed once per push period, in a thread of its
+own, and serialised once for every request and event stream.
+
+Under the collector's lock a snapshot only takes a copy of the aggregates
+(``SnapshotSource.capture``); it computes the documents outside the lock
+(``SnapshotSource.documents``), so no number of viewers slows ingestion.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client.core import Metric
+
+from collector.api.documents import Documents, SnapshotSource
+from collector.api.metrics import document_metrics
+from collector.estimation.jsonsafe import to_json
+
+log = logging.getLogger(__name__)
+
+STOP_JOIN_SECONDS = 2.0  # how long stop() waits for a computation under way
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every document as of ``t``, serialised once for every request and event stream."""
+
+    t: float  # the aggregates' time (the source's clock)
+    channels: bytes  # JSON of GET /api/channels
+    channel_details: dict[str, bytes]  # JSON of GET /api/channels/<name>, by name
+    histories: dict[str, bytes]  # JSON of GET /api/channels/<name>/history, by name
+    range: bytes  # JSON of GET /api/range
+    rejects: bytes  # JSON of GET /api/rejects
+    metrics: tuple[Metric, ...]  # the documents' families for /metrics
+    documents: Documents  # what they were serialised from (the retained MQTT snapshots)
+    lock_seconds: float  # how long taking it held the collector's lock
+    compute_seconds: float  # taking, computing and serialising it
+    taken: float = field(default_factory=time.monotonic)  # when it was ready (monotonic)
+
+
+class Snapshots:
+    """The latest ``Snapshot`` of a source, refreshed every ``push_seconds`` in a thread.
+
+    A failing computation keeps the previous snapshot (``failing`` is set until
+    one succeeds) and is logged once per failing streak.  ``on_publish`` is
+    called after every attempt, from the computing thread."""
+
+    def __init__(self, source: SnapshotSource, *, push_seconds: float,
+                 on_publish: Callable[[], None] | None = None):
+        self.source = source
+        self.push_seconds = push_seconds
+        self.on_publish = on_publish
+        self.latest: Snapshot | None = None
+        self.failing = False
+        self.errors = 0  # failed computations
+        self._computing = threading.Lock()  # one computation at a time
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Compute the first snapshot now, then every push period, in a thread."""
+        if self._thread is not None:
+            raise RuntimeError("Snapshots already started")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="collector-snapshots",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join(STOP_JOIN_SECONDS)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.refresh()
+            busy = time.monotonic() - started
+            # At most half the time busy: a computation longer than the push period
+            # would otherwise run back to back and keep a core from ingestion.
+            self._stop.wait(max(self.push_seconds - busy, busy))
+
+    def refresh(self) -> Snapshot | None:
+        """Compute a snapshot now; the new one, or None if that failed."""
+        with self._computing:
+            started = time.perf_counter()
+            try:
+                capture = self.source.capture()
+                documents = self.source.documents(capture)
+                snapshot = Snapshot(
+                    t=capture.t, channels=to_json(documents.channels),
+                    channel_details={name: to_json(detail)
+                                     for name, detail in documents.channel_details.items()},
+                    histories={name: to_json(history)
+                               for name, history in documents.histories.items()},
+                    range=to_json(documents.range),
+                    rejects=to_json({"recent": documents.dead_letters}),
+                    metrics=tuple(document_metrics(documents.channels)),
+                    documents=documents, lock_seconds=capture.lock_seconds,
+                    compute_seconds=time.perf_counter() - started)
+            except Exception:
+                self.errors += 1
+                if not self.failing:
+                    log.exception("computing the API documents failed; the previous ones "
+                                  "are served until it succeeds")
+                self.failing, snapshot = True, None
+            else:
+                if self.failing:
+                    log.info("the API documents are computed again")
+                self.latest, self.failing = snapshot, False
+        if self.on_publish is not None:
+            self.on_publish()
+        return snapshot
