@@ -1,32 +1,15 @@
 """The collector's HTTP API and live dashboard (docs/API.md): Starlette on uvicorn.
 
-Every document is served from the latest snapshot (``views.Snapshots``):
-computed once per push period outside the collector's lock and serialised
-once, so a request or an event stream only copies bytes, and no number of
-viewers slows ingestion.  Only aggregates pass through here: the API has no
-field for a single report, let alone a raw reading.
+Every document is served from the latest snapshot (``collector.api.snapshots``):
+computed once per push period outside the collector's lock and serialised once, so
+a request or an event stream only copies bytes, and no number of viewers slows
+ingestion.  Only aggregates pass through here: the API has no field for a single
+report, let alone a raw reading.
 
-uvicorn runs in one thread of the collector process, on asyncio with its
-pure-Python h11 protocol: a connection costs a protocol object, not a thread
-(the previous ``ThreadingHTTPServer`` held 4,718 connections of a slow-loris
-attack with 4,712 threads).  uvicorn itself does not bound what a client can
-hold: it arms its keep-alive timer only once a response is complete and
-cancels it at the next byte received, so a connection that never completes
-its request head (or sends it a byte at a time) is kept forever, and its
-``limit_concurrency`` answers 503 only to requests that did arrive.
-``GuardedH11Protocol`` adds what is missing, per ``HttpLimits``:
-
-* at most ``max_connections`` open: a new connection beyond makes the one that
-  has waited longest for a request (new, idle or slow) close, or, when every
-  connection is busy with a request or an event stream, is refused at once
-  with a 503;
-* a request's line and headers must arrive within ``header_timeout_seconds``
-  of its first byte (or of the connection, for the first request): 408, closed;
-* a keep-alive connection idle for ``idle_timeout_seconds`` is closed, and so
-  is one whose client stopped reading our answer for that long;
-* at most ``max_event_streams`` open ``/api/events`` streams: 503 beyond.
-
-Malformed requests get a JSON error as every other refusal does.  ``stop()``
+uvicorn runs in one thread of the collector process, guarded by
+``edge_agent.common.asgi`` (connections capped with eviction of the longest waiting,
+request and idle deadlines, JSON answers to malformed requests).  Here, on top: at
+most ``max_event_streams`` open ``/api/events`` streams (503 beyond).  ``stop()``
 ends the event streams and lets uvicorn close every connection, so it returns
 promptly even with dashboards attached.
 """
@@ -34,9 +17,7 @@ promptly even with dashboards attached.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import functools
 import importlib.resources
 import logging
 import time
@@ -46,7 +27,6 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import h11
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -56,19 +36,23 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from collector.api.documents import SnapshotSource, Views
 from collector.api.snapshots import Snapshot, Snapshots
-from collector.estimation.jsonsafe import to_json
-from edge_agent.common.asgi import ServerThread
+from edge_agent.common.asgi import (
+    JSON_TYPE,
+    RETRY_AFTER,
+    ConnectionGuard,
+    ConnectionLimits,
+    ServerThread,
+    json_error,
+)
 
 if TYPE_CHECKING:
     from collector.config import HttpConfig
 
 log = logging.getLogger(__name__)
 
-JSON_TYPE = "application/json"
 METRICS_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what generate_latest writes
 
 # Explicit, because mimetypes reads /etc/mime.types, which differs between
@@ -94,17 +78,12 @@ ALLOWED_METHODS = "GET, HEAD"
 NO_STORE = {"Cache-Control": "no-store"}
 KEEPALIVE_SECONDS = 15.0  # an SSE comment this often (proxies drop silent streams)
 SSE_RETRY_MS = 2000       # tells EventSource how soon to reconnect
-RETRY_AFTER = "5"         # seconds, with every 503
 FIRST_SNAPSHOT_WAIT_SECONDS = 10.0  # a request before the first snapshot waits this long for it
 STOP_JOIN_SECONDS = 3.0   # how long start() and stop() wait for the server thread
 GRACEFUL_SHUTDOWN_SECONDS = 1.0  # uvicorn then cancels what is still running
-LINGER_SECONDS = 1.0      # after an error answer, reading what the client still sends ...
-LINGER_BYTES = 1 << 20    # ... up to this much, before closing
-REFUSAL_REASONS = ("connections", "evicted", "header_timeout", "write_timeout",
-                   "event_streams")
 
 SOURCE_ERROR_EVENT = (b"event: source-error\ndata: "
-                      + to_json({"error": "the aggregates could not be computed"}) + b"\n\n")
+                      + json_error("the aggregates could not be computed") + b"\n\n")
 
 
 @dataclass(frozen=True)
@@ -116,177 +95,10 @@ class HttpLimits:
     idle_timeout_seconds: float = 60.0
     header_timeout_seconds: float = 10.0
 
-
-# -- connections ----------------------------------------------------------------------------------
-
-class ConnectionGuard:
-    """The connections of one server and what its limits did (used in its event loop only)."""
-
-    def __init__(self, limits: HttpLimits):
-        self.limits = limits
-        self.open: set[GuardedH11Protocol] = set()
-        # Connections waiting for a request (new, idle between requests, or receiving
-        # one slowly), longest-waiting first: at the cap, the first makes room.
-        self.waiting: dict[GuardedH11Protocol, None] = {}
-        self.refused = collections.Counter(dict.fromkeys(REFUSAL_REASONS, 0))
-
-    def admit(self, connection: GuardedH11Protocol) -> bool:
-        if len(self.open) >= self.limits.max_connections:
-            if not self.waiting:
-                self.refused["connections"] += 1
-                return False
-            next(iter(self.waiting)).close_for("evicted")
-        self.open.add(connection)
-        return True
-
-    def forget(self, connection: GuardedH11Protocol) -> None:
-        self.open.discard(connection)
-        self.waiting.pop(connection, None)
-
-
-def raw_answer(status: int, message: str, headers: dict[str, str] | None = None) -> bytes:
-    """A complete JSON error response, for the protocol to write when no request
-    (or no valid one) was read, so none of the ASGI app's machinery applies."""
-    body = to_json({"error": message})
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", f"Content-Type: {JSON_TYPE}",
-             f"Content-Length: {len(body)}", "Cache-Control: no-store",
-             "X-Content-Type-Options: nosniff", "Connection: close",
-             *(f"{key}: {value}" for key, value in (headers or {}).items())]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with the limits of ``HttpLimits`` (module docstring).
-
-    It leans on ``H11Protocol``'s internals (``cycle``, ``conn``, ``flow``,
-    ``timeout_keep_alive_task``, ``on_response_complete``, ``send_400_response``),
-    which is why pyproject.toml names the uvicorn tested; tests/collector/api/test_web.py
-    exercises each of them."""
-
-    def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.guard = guard
-        self.refused = False    # over the cap: answered 503 and closed
-        self.lingering = False  # an error was answered: reading the rest, then closing
-        self.lingered = 0  # bytes read away meanwhile
-        self.request_deadline: asyncio.TimerHandle | None = None
-        self.write_deadline: asyncio.TimerHandle | None = None
-
-    # -- asyncio.Protocol --
-
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        if not self.guard.admit(self):
-            self.refused = True
-            self.transport = transport
-            transport.write(raw_answer(503, "too many connections", {"Retry-After": RETRY_AFTER}))
-            transport.close()
-            return
-        super().connection_made(transport)
-        self._watch()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.guard.forget(self)
-        self._cancel_deadlines()
-        super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self.lingering:  # read and dropped (see _linger)
-            self.lingered += len(data)
-            if self.lingered > LINGER_BYTES:
-                self.transport.close()
-            return
-        if self.refused:
-            return
-        super().data_received(data)
-        self._watch()
-
-    def eof_received(self) -> bool | None:
-        # A client may half-close once its request is sent (`nc -N`, some HTTP/1.0
-        # clients): answer it, then close.  uvicorn would close at once, answerless.
-        if not self.lingering and self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.keep_alive = False
-            return True
-        return None  # asyncio closes the transport
-
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        if self.write_deadline is None:
-            self.write_deadline = self.loop.call_later(
-                self.guard.limits.idle_timeout_seconds, self.close_for, "write_timeout")
-
-    def resume_writing(self) -> None:
-        super().resume_writing()
-        if self.write_deadline is not None:
-            self.write_deadline.cancel()
-            self.write_deadline = None
-
-    # -- uvicorn's hooks --
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._watch()
-
-    def send_400_response(self, msg: str) -> None:
-        log.debug("malformed request from %s: %s", self.client, msg)
-        self.transport.write(raw_answer(400, "bad request"))
-        self._linger()
-
-    def timeout_keep_alive_handler(self) -> None:
-        if self.transport.get_write_buffer_size():  # the client never read our answer
-            self.transport.abort()
-        else:
-            super().timeout_keep_alive_handler()
-
-    # -- the limits --
-
-    def _watch(self) -> None:
-        """Track whether the connection waits for a request and hold it to the
-        request deadline meanwhile: armed at the connection, or at the first byte
-        after a keep-alive wait (uvicorn's timer covers the wait itself)."""
-        if self.transport.is_closing() or self.lingering:
-            return
-        if self.cycle is not None and not self.cycle.response_complete:  # busy
-            self.guard.waiting.pop(self, None)
-            if self.request_deadline is not None:
-                self.request_deadline.cancel()
-                self.request_deadline = None
-            return
-        self.guard.waiting.setdefault(self, None)
-        if self.timeout_keep_alive_task is None and self.request_deadline is None:
-            self.request_deadline = self.loop.call_later(
-                self.guard.limits.header_timeout_seconds, self.close_for, "header_timeout")
-
-    def close_for(self, reason: str) -> None:
-        """Close the connection because of a limit (``REFUSAL_REASONS``), counted."""
-        self.guard.forget(self)  # at once: a new connection may be taking its place
-        self._cancel_deadlines()
-        if self.transport.is_closing():
-            return
-        self.guard.refused[reason] += 1
-        if reason == "write_timeout":
-            self.transport.abort()  # what is buffered will never be read
-            return
-        if reason == "header_timeout" and self.conn.our_state is h11.IDLE:
-            self.transport.write(raw_answer(408, "request not received in time"))
-        self.transport.close()
-
-    def _linger(self) -> None:
-        """Close after an error answer, but read the client's leftovers first (for up
-        to ``LINGER_SECONDS`` and ``LINGER_BYTES``): closing with unread input makes the
-        kernel send a reset, which can destroy the answer in transit."""
-        self.lingering = True
-        self.guard.waiting.pop(self, None)
-        self._cancel_deadlines()
-        self.flow.resume_reading()
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self.request_deadline = self.loop.call_later(LINGER_SECONDS, self.transport.close)
-
-    def _cancel_deadlines(self) -> None:
-        for deadline in (self.request_deadline, self.write_deadline):
-            if deadline is not None:
-                deadline.cancel()
-        self.request_deadline = self.write_deadline = None
+    def connections(self) -> ConnectionLimits:
+        return ConnectionLimits(max_connections=self.max_connections,
+                                request_seconds=self.header_timeout_seconds,
+                                idle_seconds=self.idle_timeout_seconds, evict_waiting=True)
 
 
 # -- metrics ------------------------------------------------------------------------------------
@@ -348,7 +160,7 @@ def _static_type(name: str) -> str:
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    return Response(to_json({"error": message}), status_code=status, media_type=JSON_TYPE,
+    return Response(json_error(message), status_code=status, media_type=JSON_TYPE,
                     headers={**NO_STORE, **(headers or {})})
 
 
@@ -396,7 +208,8 @@ class WebServer:
         self._requested_port = port
         self.snapshots = Snapshots(source, push_seconds=self.push_seconds,
                                    on_publish=self._snapshot_published)
-        self.guard = ConnectionGuard(limits)
+        self.guard = ConnectionGuard(limits.connections())
+        self.guard.refused["event_streams"] = 0
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(ServerMetrics(self))
         self._static = _static_files()
@@ -428,10 +241,8 @@ class WebServer:
             logging.getLogger("sse_starlette").setLevel(logging.INFO)
         self._http = ServerThread(
             self._asgi, host=self.host, port=self._requested_port, name="collector-web",
-            protocol=functools.partial(GuardedH11Protocol, guard=self.guard),
-            on_loop=self._in_loop,
+            guard=self.guard, on_loop=self._in_loop,
             headers=[("Server", "edge-collector"), ("X-Content-Type-Options", "nosniff")],
-            timeout_keep_alive=self.limits.idle_timeout_seconds,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
         self._closing = False
         self.snapshots.start()
@@ -488,7 +299,7 @@ class WebServer:
     @property
     def open_connections(self) -> int:
         """Connections held (refused ones are not)."""
-        return len(self.guard.open)
+        return self._http.connections if self._http is not None else 0
 
     # -- snapshots reach the event loop --
 
@@ -616,7 +427,7 @@ class WebServer:
         release = _nothing
         if request.method != "HEAD":
             if self._streams >= self.limits.max_event_streams:
-                self.guard.refused["event_streams"] += 1
+                self.guard.count("event_streams")
                 raise HTTPException(503, "too many event streams",
                                     headers={"Retry-After": RETRY_AFTER})
             self._streams += 1

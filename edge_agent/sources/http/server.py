@@ -1,11 +1,9 @@
 """The http source's server: Starlette on uvicorn, in one thread of the agent.
 
 Imported only when an http source starts (``HttpSource.start``): an agent without
-one loads none of the server stack.  uvicorn runs as the collector runs it
-(edge_agent/common/asgi.py): on asyncio with its pure-Python h11 protocol, in a
-daemon thread.
-
-What a sender can make it hold is bounded:
+one loads none of the server stack.  uvicorn runs as the collector runs it, on the
+guarded server of ``edge_agent.common.asgi``, which bounds what a sender can make it
+hold:
 
 * at most ``MAX_CONNECTIONS`` connections; one more is answered 503 and closed;
 * one request per connection (every answer says ``Connection: close``), and that
@@ -25,10 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
-from http import HTTPStatus
 from typing import Any
 
 from starlette.applications import Starlette
@@ -36,9 +32,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from edge_agent.common.asgi import ServerThread
+from edge_agent.common.asgi import JSON_TYPE, ConnectionGuard, ConnectionLimits, ServerThread
 from edge_agent.sources.http.batches import NOT_RECORDED, PATH, RECORDED, Refused, Ticket
 
 log = logging.getLogger(__name__)
@@ -49,74 +44,15 @@ LINGER_BYTES = 1 << 20
 LINGER_SECONDS = 2.0
 RETRY_AFTER = "2"  # seconds, with every 503
 GRACEFUL_SHUTDOWN_SECONDS = 2.0
-JSON_TYPE = "application/json"
 HEADERS = {"Cache-Control": "no-store", "Connection": "close"}
+# The source's refusal reasons (its local status) for the server guard's.
+SOURCE_REASONS = {"header_timeout": "timeout", "write_timeout": "timeout",
+                  "evicted": "connections"}
 
 
 def _json(status: int, document: dict[str, Any], headers: dict[str, str] | None = None):
     return Response(json.dumps(document).encode(), status_code=status, media_type=JSON_TYPE,
                     headers={**HEADERS, **(headers or {})})
-
-
-def raw_answer(status: int, message: str, headers: dict[str, str] | None = None) -> bytes:
-    """A whole JSON error response, for the protocol to write where no request was read."""
-    body = json.dumps({"error": message}).encode()
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", f"Content-Type: {JSON_TYPE}",
-             f"Content-Length: {len(body)}", "Connection: close",
-             *(f"{key}: {value}" for key, value in (headers or {}).items())]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-class LocalH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with the connection cap and the request deadline of the
-    module docstring (it uses ``H11Protocol``'s ``connections``, ``cycle`` and
-    ``transport``, which is why pyproject.toml holds uvicorn to the minor version
-    tested)."""
-
-    def __init__(self, *args: Any, source: Any, **kwargs: Any):  # source: HttpSource
-        super().__init__(*args, **kwargs)
-        self.source = source
-        self.refused = False
-        self.deadline: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        if len(self.connections) >= MAX_CONNECTIONS:
-            self.refused = True
-            self.transport = transport
-            self.source.count("connections")
-            transport.write(raw_answer(503, "too many connections", {"Retry-After": RETRY_AFTER}))
-            transport.close()
-            return
-        super().connection_made(transport)
-        self.deadline = self.loop.call_later(REQUEST_SECONDS, self._too_slow)
-
-    def data_received(self, data: bytes) -> None:
-        if self.refused:
-            return
-        super().data_received(data)
-        cycle = self.cycle
-        if self.deadline is not None and cycle is not None and not cycle.more_body:
-            self._cancel_deadline()  # the whole request is in
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_deadline()
-        if self.refused:
-            return
-        super().connection_lost(exc)
-
-    def _too_slow(self) -> None:
-        self.deadline = None
-        if self.transport.is_closing():
-            return
-        self.source.count("timeout")
-        if self.cycle is None:  # not even the request's head: nothing was answered
-            self.transport.write(raw_answer(408, "the request did not arrive in time"))
-        self.transport.close()
-
-    def _cancel_deadline(self) -> None:
-        if self.deadline is not None:
-            self.deadline.cancel()
-            self.deadline = None
 
 
 class HttpServer:
@@ -132,10 +68,14 @@ class HttpServer:
             routes=[Route(PATH, self._readings, methods=["POST"])],
             exception_handlers={HTTPException: self._http_error,
                                 Exception: self._internal_error})
+        self.guard = ConnectionGuard(
+            ConnectionLimits(max_connections=MAX_CONNECTIONS, request_seconds=REQUEST_SECONDS,
+                             idle_seconds=REQUEST_SECONDS, evict_waiting=False,
+                             retry_after=RETRY_AFTER, answer_after_eof=False),
+            on_refusal=lambda reason: source.count(SOURCE_REASONS.get(reason, reason)))
         self._http = ServerThread(
-            self._app, host=host, port=port, name=f"http-{source.name}",
-            protocol=functools.partial(LocalH11Protocol, source=source), server_header=False,
-            headers=[("X-Content-Type-Options", "nosniff")],
+            self._app, host=host, port=port, name=f"http-{source.name}", guard=self.guard,
+            server_header=False, headers=[("X-Content-Type-Options", "nosniff")],
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
 
     # -- lifecycle ----------------------------------------------------------------------------

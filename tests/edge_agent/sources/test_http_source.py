@@ -7,6 +7,7 @@ against a real Mosquitto."""
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import math
@@ -420,7 +421,8 @@ def test_connections_are_capped_and_must_send_their_request_in_time(start, monke
         refused = raw_request(source.port, "")  # one more: 503 at once
         assert refused.startswith(b"HTTP/1.1 503 ") and b"too many connections" in refused
         # A connection must bring its whole request within REQUEST_SECONDS.
-        monkeypatch.setattr(server_module, "REQUEST_SECONDS", 0.2)
+        guard = source._server.guard
+        guard.limits = dataclasses.replace(guard.limits, request_seconds=0.2)
         idle.pop().close()
         assert wait_until(lambda: source.open_connections == 2, 10)
         with socket.create_connection((LOOPBACK, source.port), timeout=30) as slow:
