@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import time
 from collections.abc import Iterator
 from typing import BinaryIO, NoReturn
 
@@ -281,50 +280,23 @@ def export(config_path: str, out: str) -> None:
 
     Exit 0, 2 if the journal cannot be read or --out written, 78 if --config is invalid.
     """
-    import collections
     import sqlite3
 
-    from collector.storage.store import CollectorStore
-    from collector.tools.replay import journal_lines
+    from collector.tools.export import JournalExport
 
     config = _load(config_path, EXIT_CONFIG)
     path = config.storage.path
-    counts: collections.Counter = collections.Counter()
     if not path.is_file():
         _fail(f"cannot read the journal {path}: no such file")
     try:
-        store = CollectorStore(path, read_only=True)
-        try:
-            with store.reading():  # the checkpoint and the journal as of one instant
-                upto, written = store.checkpoint_position()
-                first = store.first_journal_id()
-                with _output(out) as stream:
-                    for line in journal_lines(store, counts):
-                        stream.write(line)
-        finally:
-            store.close()
+        with JournalExport(path) as export, _output(out) as stream:
+            for line in export.lines():
+                stream.write(line)
     except sqlite3.Error as exc:
         _fail(f"cannot read the journal {path}: {exc}")
     except OSError as exc:  # reading the journal raises sqlite3's errors: this is --out
         _fail(f"cannot write {out}: {exc.strerror or exc}")
-    summary = f"exported {counts['exported']:,} messages from {path}"
-    if counts["base64"]:
-        summary += f" ({counts['base64']:,} of them not JSON objects, as payload_base64)"
-    if counts["too_long"]:
-        summary += (f"; left out {counts['too_long']:,} longer than a replay reads (far "
-                    f"past the protocol's size limit, so refused by any collector)")
-    # Journal ids count from 1; an empty journal after a checkpoint lost all up to it.
-    trimmed = upto if first is None else first - 1
-    if written is None:
-        summary += "; no checkpoint yet, so the journal holds every message received"
-    elif trimmed == 0:
-        summary += "; the journal holds every message received ([storage] keep_journal)"
-    else:
-        when = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(written))
-        summary += (f"; only those received since the checkpoint of {when}: the "
-                    f"{trimmed:,} messages journaled before it are in its aggregates and "
-                    f"no longer in the journal ([storage] keep_journal keeps them)")
-    click.echo(summary + ".", err=True)
+    click.echo(export.summary(), err=True)
 
 
 def _fail(message: str) -> NoReturn:

@@ -1,4 +1,5 @@
-"""Re-analysing a recorded stream offline (``edge-collector replay`` and ``export``).
+"""Re-analysing a recorded stream offline (``edge-collector replay``; ``export`` writes
+recordings: ``collector.tools.export``).
 
 A recording is JSON lines, one MQTT message each::
 
@@ -33,8 +34,8 @@ does not grow with the number of lines, only with the aggregates (and, as in a l
 collector, the sequence trackers: per gap, not per number).
 
 ``replay_lines`` does no I/O.  ``bounded_lines`` reads a stream it is handed (a file's
-lines with a bound on each, for ``replay_lines``), ``journal_lines`` a store it is handed
-(for ``export``); ``collector.cli`` opens and writes the files.
+lines with a bound on each, for ``replay_lines``); ``collector.cli`` opens and writes
+the files.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from collector.api.documents import Views
 from collector.config import CollectorConfig, parse_collector_config
 from collector.estimation.jsonsafe import json_safe
 from collector.storage.states import AggregateSettings
-from collector.storage.store import READ_BYTES, READ_ROWS, CollectorStore
+from collector.storage.store import READ_BYTES, READ_ROWS
 from edge_agent import protocol
 
 # One line at most, without its end of line: a payload as large as the collector's network
@@ -307,63 +308,3 @@ def bounded_lines(stream: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[byt
                 if not rest or rest.endswith(b"\n"):
                     break
         yield line
-
-
-# -- export ----------------------------------------------------------------------------------
-
-def _json_object(payload: bytes) -> bool:
-    """Whether ``payload`` can stand in a line as it is: one JSON object, nothing around
-    it, on one line (so that a replay hands the ingestor these very bytes)."""
-    if not (payload.startswith(b"{") and payload.endswith(b"}")) \
-            or b"\n" in payload or b"\r" in payload:
-        return False
-    try:
-        return isinstance(msgspec.json.decode(payload), dict)
-    except (msgspec.DecodeError, UnicodeDecodeError):  # or nested too deep
-        return False
-
-
-def export_line(topic: str, payload: bytes, received: float | None = None) -> bytes | None:
-    """One message as a recording line, ending in a newline: the payload as it stands if
-    it is a JSON object, else in ``payload_base64``; None if the line would be longer than
-    a replay reads (``MAX_LINE_BYTES``: only a payload far past the protocol's size limit,
-    which any collector refuses, can make it so)."""
-    return _line_of(topic, payload, received, as_json=_json_object(payload))
-
-
-def _line_of(topic: str, payload: bytes, received: float | None, *, as_json: bool) \
-        -> bytes | None:
-    parts = [b'{"topic":', msgspec.json.encode(topic)]
-    if as_json:
-        parts += [b',"payload":', payload]
-    else:
-        parts += [b',"payload_base64":"', base64.b64encode(payload), b'"']
-    if received is not None:
-        parts += [b',"received":', msgspec.json.encode(received)]
-    parts.append(b"}\n")
-    line = b"".join(parts)
-    return line if len(line) - 1 <= MAX_LINE_BYTES else None
-
-
-def journal_lines(store: CollectorStore, counts: collections.Counter) -> Iterator[bytes]:
-    """Every message of ``store``'s journal, oldest first, as a recording line, from one
-    consistent state of the file (a running collector may append and checkpoint
-    meanwhile), read in bounded groups.  ``counts``: ``exported``, of which ``base64``
-    (payloads that are not a JSON object), and ``too_long`` (left out).
-
-    The journal holds only what came after the last checkpoint: a checkpoint deletes the
-    rows it includes (``store.checkpoint_position``)."""
-    with store.reading():
-        position, more = 0, True
-        while more:
-            rows, more = store.read_journal(position)
-            for row_id, topic, payload, received in rows:
-                position = row_id
-                as_json = _json_object(payload)
-                line = _line_of(topic, payload, received, as_json=as_json)
-                if line is None:
-                    counts["too_long"] += 1
-                    continue
-                counts["exported"] += 1
-                counts["base64"] += not as_json
-                yield line

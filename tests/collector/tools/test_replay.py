@@ -24,11 +24,11 @@ from collector.api.documents import Views
 from collector.config import load_collector_config, parse_collector_config
 from collector.estimation.jsonsafe import json_safe
 from collector.service import CollectorService
+from collector.tools.export import export_line
 from collector.tools.replay import (
     MAX_LINE_BYTES,
     ReplayError,
     bounded_lines,
-    export_line,
     replay_lines,
 )
 from edge_agent import protocol
