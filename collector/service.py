@@ -29,8 +29,9 @@ from collections.abc import Callable
 
 from collector.api.documents import Views
 from collector.api.server import WebServer, latest_channels
-from collector.broker.network import NetworkProcess, NetworkSettings
+from collector.broker.network import NetworkProcess
 from collector.broker.publisher import CollectorClient
+from collector.broker.settings import network_settings
 from collector.config import CollectorConfig, ConfigError, load_registry
 from collector.range.results import RangeResults
 from collector.range.schedule import RangeSchedule
@@ -43,25 +44,6 @@ log = logging.getLogger(__name__)
 
 PROGRESS_SECONDS = 0.2  # how often the network child learns how far aggregation got
 CHECKPOINT_RETRY_SECONDS = 5.0
-PACKET_OVERHEAD_BYTES = 64 << 10  # an MQTT packet's header, topic and properties, at most
-
-
-def network_settings(config: CollectorConfig) -> NetworkSettings:
-    """What the network child subscribes to: every report and status; with ``[broker]
-    shared_group`` (several scale-out ingresses, docs/SCALE_OUT.md) the group's share of
-    them, and every status directly, since retained messages skip shared subscriptions."""
-    broker, fleet, group = config.broker, config.fleet, config.broker.shared_group
-    if group is None:
-        subscriptions = [protocol.data_subscription(fleet)]
-    else:
-        subscriptions = [protocol.shared_subscription(group, protocol.data_subscription(fleet)),
-                         protocol.status_subscription(fleet)]
-    return NetworkSettings(
-        path=str(config.storage.path), endpoint=broker.endpoint(), client_id=broker.client_id,
-        session_expiry=broker.session_expiry_seconds,
-        ack_interval=config.storage.ack_interval_seconds, subscriptions=subscriptions,
-        log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
-        max_packet_bytes=protocol.MAX_REPORT_BYTES + PACKET_OVERHEAD_BYTES)
 
 
 class CollectorService:

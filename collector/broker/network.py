@@ -21,7 +21,11 @@ the parent's ``set()`` blocked for ever.  The pipe also ends the child when
 the parent dies (end of file), as does ``PR_SET_PDEATHSIG``.
 
 This module imports only the standard library and paho (no numpy or numba),
-so the process starts fast and stays small.
+so the process starts fast and stays small.  The journal is named by a small
+value that opens it in the child (``SqliteJournal``; an ingress's
+``collector.scaleout.journal.JetStreamJournalSpec``): the child imports only the
+journal it writes.  ``collector.broker.settings`` builds the settings from the
+configuration.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Protocol
 
 from collector.broker.lifetime import die_with_parent
 from collector.storage.store import CollectorStore
@@ -45,11 +50,37 @@ MAX_BACKLOG = 50_000
 MAX_BUFFERED_BYTES = 16 << 20  # journal at once past this much, not at the next interval
 
 
+class Journal(Protocol):
+    """What the network process writes to (``CollectorStore``'s part of it)."""
+
+    def append(self, topic: str, payload: bytes, received: float) -> None: ...
+    def commit(self) -> None: ...
+    def backlog(self) -> int: ...
+    def set_network(self, connected: bool) -> None: ...
+    def close(self) -> None: ...
+
+
+class JournalSpec(Protocol):
+    """A journal named by a plain value: it crosses to the child, which opens it."""
+
+    def open(self) -> Journal: ...
+
+
+@dataclass(frozen=True)
+class SqliteJournal:
+    """The single collector's journal: its SQLite file."""
+
+    path: str
+
+    def open(self) -> CollectorStore:
+        return CollectorStore(self.path)
+
+
 @dataclass(frozen=True)
 class NetworkSettings:
     """What the network process needs (a plain value: it crosses to the child)."""
 
-    path: str  # the SQLite journal
+    journal: JournalSpec
     endpoint: Endpoint
     client_id: str
     session_expiry: int
@@ -59,19 +90,6 @@ class NetworkSettings:
     max_backlog: int = MAX_BACKLOG
     # MQTT 5: the broker drops anything larger for us (bounds a message's memory).
     max_packet_bytes: int | None = None
-    # An ingress (docs/SCALE_OUT.md): the journal is this JetStream stream, not ``path``.
-    scale_out: object | None = None  # a collector.config.ScaleOutConfig
-    fleet: str = ""
-
-
-def open_journal(settings: NetworkSettings):
-    """The SQLite journal, or an ingress's JetStream stream (imported only then: a
-    single collector's network process stays without nats, pydantic and msgspec)."""
-    if settings.scale_out is None:
-        return CollectorStore(settings.path)
-    from collector.scaleout.journal import JetStreamJournal
-
-    return JetStreamJournal(settings.scale_out, settings.fleet, settings.client_id)
 
 
 def run(settings: NetworkSettings, control: Connection) -> None:
@@ -81,7 +99,7 @@ def run(settings: NetworkSettings, control: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    store = open_journal(settings)
+    store = settings.journal.open()
     store.set_network(False)
     lock = threading.Lock()
     # (mid, qos) of messages received, not yet journaled; journaled, not yet acknowledged

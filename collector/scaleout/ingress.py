@@ -11,15 +11,15 @@ report land in the same partition whichever ingress takes them.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import signal
 import threading
 
 from collector.broker.network import NetworkProcess
+from collector.broker.settings import network_settings
 from collector.config import CollectorConfig
 from collector.scaleout.engine import open_engine
-from collector.service import network_settings
+from collector.scaleout.journal import JetStreamJournalSpec
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,8 @@ class Ingress:
         if config.scale_out is None:
             raise ValueError("scale_out: an ingress needs the [scale_out] table")
         self.config = config
-        self.network = NetworkProcess(dataclasses.replace(
-            network_settings(config), path="", scale_out=config.scale_out, fleet=config.fleet))
+        journal = JetStreamJournalSpec(config.scale_out, config.fleet, config.broker.client_id)
+        self.network = NetworkProcess(network_settings(config, journal))
 
     def check_engine(self) -> None:
         """Create or check the stream and buckets before anything is acknowledged

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from collector.config import ScaleOutConfig
 from collector.scaleout.engine import Engine, open_engine
@@ -34,6 +35,19 @@ MAX_BACKOFF = 2.0  # seconds between attempts while the stream does not store
 
 TOPIC_HEADER = "Ldp-Topic"  # the MQTT topic (the member ingests it as a collector would)
 RECEIVED_HEADER = "Ldp-Received"  # when the ingress received it (seconds since the epoch)
+
+
+@dataclass(frozen=True)
+class JetStreamJournalSpec:
+    """An ingress's journal as the network process's settings name it (it crosses to
+    the child, which opens it: ``collector.broker.network.JournalSpec``)."""
+
+    config: ScaleOutConfig
+    fleet: str
+    name: str  # the NATS connection's name
+
+    def open(self) -> JetStreamJournal:
+        return JetStreamJournal(self.config, self.fleet, self.name)
 
 
 class JetStreamJournal:

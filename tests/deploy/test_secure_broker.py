@@ -598,7 +598,7 @@ def test_network_process_on_a_shared_subscription_through_its_own_account(broker
     shared subscriptions), with the collector account and TLS.  Journaled here to SQLite;
     an ingress's journal is the JetStream stream."""
     from collector.broker.network import NetworkProcess
-    from collector.service import network_settings
+    from collector.broker.settings import network_settings
     from collector.storage.store import CollectorStore
 
     config = collector_config(broker, tmp_path, shared_group="collectors")
