@@ -41,7 +41,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.machine import describe_machine  # noqa: E402
-from collector.aggregation.series import Series  # noqa: E402
+from collector.aggregation.series import new_series  # noqa: E402
 from edge_agent import protocol  # noqa: E402
 from edge_agent.config import SyntheticSourceConfig  # noqa: E402
 from edge_agent.mechanisms import (  # noqa: E402
@@ -122,7 +122,8 @@ COLUMNS = [
 
 
 def collect(mechanism, x, rng) -> dict:
-    series = Series(channel="c", kind="linear", description=protocol.describe(mechanism), bins=BINS)
+    series = new_series(channel="c", kind="linear", description=protocol.describe(mechanism),
+                        bins=BINS)
     codes = mechanism.perturb_codes(x, rng)
     for part in np.array_split(codes, MESSAGES):
         series.update(agent="a", t=0.0, codes=part)

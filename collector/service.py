@@ -86,7 +86,7 @@ class CollectorService:
         """The widest [low, high] the channel's linear reports have declared."""
         with self.lock:
             series = list(self.ingestor.series.get(channel, {}).values())
-        domains = [(s.mechanism.low, s.mechanism.high) for s in series if s.kind == "linear"]
+        domains = [domain for domain in (s.domain() for s in series) if domain is not None]
         if not domains:
             return None
         return min(d[0] for d in domains), max(d[1] for d in domains)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from collector.aggregation.dedup import SeqTracker
-from collector.aggregation.series import Series, series_identity
+from collector.aggregation.series import Series, new_series, series_identity
 from collector.aggregation.stats import StateError
 from collector.storage.states import (
     DEAD_LETTERS,
@@ -287,12 +288,12 @@ class Ingestor:
             return by_identity[identity]
         else:
             self._within("limit_series", len(by_identity), self.limits.series_per_channel)
-        if message.kind == "categorical":  # each category is a count in every window
-            categories = message.mechanism.categories
+        categories = getattr(message.mechanism, "categories", None)  # frequency oracles'
+        if categories is not None:  # each category is a count in every window
             self._within("limit_categories", categories - 1, self.limits.categories)
         if not create:
             return None
-        series = self.series.setdefault(message.channel, {})[identity] = Series(
+        series = self.series.setdefault(message.channel, {})[identity] = new_series(
             channel=message.channel, kind=message.kind, description=message.mechanism,
             bins=self.bins, window_seconds=self.window_seconds,
             keep_windows=self.keep_windows, fields=message.fields, strategy=message.strategy,
@@ -365,6 +366,22 @@ class Ingestor:
             self.dead_letters.clear()
             self.dead_letters.extend(letters)  # the deque keeps the newest DEAD_LETTERS
         return self
+
+    def copy_aggregates(self) -> Ingestor:
+        """A detached copy of what the documents show (series, agents, newest series,
+        rejects, dead letters; no trackers), taken under the collector's lock and read
+        without it.  Our own state: copied as it is, not checked as a state from
+        elsewhere is (``from_state``)."""
+        twin = Ingestor.from_settings(self.fleet, self.settings(), self.limits)
+        twin.series = {channel: {identity: series.copy()
+                                 for identity, series in by_identity.items()}
+                       for channel, by_identity in self.series.items()}
+        twin.latest, twin.latest_at = dict(self.latest), dict(self.latest_at)
+        twin.agents = {name: dataclasses.replace(stats) for name, stats in self.agents.items()}
+        twin.rejects.update(self.rejects)
+        twin.dead_letters.extend(self.dead_letters)
+        twin.status_only = set(self.status_only)
+        return twin
 
     # -- saved and exchanged state (collector.storage.states) --------------------------------
     def to_state(self) -> IngestorState:

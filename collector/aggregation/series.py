@@ -18,9 +18,10 @@ turns them into estimates with the mechanism's closed forms:
 
 from __future__ import annotations
 
+import copy
 import math
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -48,7 +49,7 @@ from collector.storage.states import (
     SeriesState,
 )
 from edge_agent.mechanisms import Mechanism
-from edge_agent.protocol import KINDS, as_dict, kind_problem, mechanism_of
+from edge_agent.protocol import as_dict, kind_problem, mechanism_of
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
@@ -137,6 +138,10 @@ class _Block:
         state = dict(self.__dict__)
         state["_cache"] = None  # derived, recomputed on demand
         return state
+
+    def copy(self) -> _Block:
+        """A detached copy of the statistics (fixed parts shared, no computed view)."""
+        return _copy_statistics(self)
 
     def __eq__(self, other):
         return (type(other) is type(self) and other.description == self.description
@@ -288,6 +293,15 @@ class CategoricalBlock(_Block):
             "raw": (counts / n).tolist() if n else [None] * oracle.categories, **shares}}
 
 
+def _copy_statistics(block):
+    twin = copy.copy(block)
+    for name, statistic in zip(block.STATE_NAMES, block._statistics()):
+        setattr(twin, name, statistic.copy())
+    if hasattr(twin, "_cache"):
+        twin._cache = None
+    return twin
+
+
 def _load_block(block, state, where: str) -> None:
     """Load every statistic of a block (a typed block state), then check they counted the
     same values."""
@@ -308,23 +322,25 @@ def _load_block(block, state, where: str) -> None:
                 raise StateError(f"{where}.{name}: sums beyond {n} codes of at most {top}")
 
 
-# Kinds whose series has one block, "value".
-_ONE_BLOCK = ("linear", "circular", "categorical")
-
-
 class Series:
-    """One channel under one mechanism: cumulative and windowed statistics."""
+    """One channel under one mechanism: cumulative and windowed statistics.
 
-    def __init__(self, *, channel: str, kind: str, description, bins: int = 50,
+    One subclass per channel kind (``SERIES_TYPES``, keyed like the protocol's
+    ``KINDS``) says what the kind's blocks are, how a message's codes split among them,
+    and how their views make the kind's document and history point; everything else
+    (windows, merging, states, copies) is here, the same for every kind."""
+
+    kind: ClassVar[str]
+    BLOCK_STATES: ClassVar[type]  # the typed form of one set of blocks (states)
+
+    def __init__(self, *, channel: str, description, bins: int = 50,
                  window_seconds: float = 60.0, keep_windows: int = 60,
                  fields: tuple[str, ...] | None = None, strategy=None,
                  unit: str | None = None):
         """``description``: the typed mechanism description its reports carry
         (``edge_agent.protocol``); ``fields`` and ``strategy``: a vector channel's;
         ``unit``: the reports' (``Report.unit``)."""
-        if kind not in KINDS:
-            raise ValueError(f"unknown kind {kind!r}")
-        self.channel, self.kind = channel, kind
+        self.channel = channel
         self.description = description
         self.bins, self.window_seconds, self.keep_windows = bins, window_seconds, keep_windows
         self.fields, self.strategy, self.unit = fields, strategy, unit
@@ -342,20 +358,52 @@ class Series:
         return series_identity(self.channel, self.kind, self.description, self.fields,
                                self.strategy, self.unit)
 
+    # -- what each kind says ---------------------------------------------------------------
     def _new_blocks(self) -> dict[str, _Block]:
-        if self.kind == "linear":
-            return {"value": LinearBlock(self.description, self.bins)}
-        if self.kind == "circular":
-            return {"value": CircularBlock(self.description, self.bins)}
-        if self.kind == "categorical":
-            return {"value": CategoricalBlock(self.description, self.bins)}
-        if self.kind == "polar":
-            return {"radius": LinearBlock(self.description, self.bins, component=0),
-                    "angle": CircularBlock(self.description, self.bins, component=1),
-                    "cross": _CrossBlock(self.description)}
-        return {field: LinearBlock(self.description, self.bins) for field in self.fields}
+        """An empty set of the kind's blocks, by name."""
+        raise NotImplementedError
 
-    # -- updates --------------------------------------------------------------------------
+    def _split(self, codes) -> dict[str, Any]:
+        """One message's codes (as ``ValidReport.codes``) per block."""
+        raise NotImplementedError
+
+    def _join(self, group: list):
+        """Codes of several messages as one message's."""
+        raise NotImplementedError
+
+    def values_in(self, codes) -> int:
+        """How many values one message's codes hold."""
+        raise NotImplementedError
+
+    def _count(self, blocks: dict) -> int:
+        """How many values a set of blocks counted."""
+        raise NotImplementedError
+
+    def _view(self, blocks: dict) -> dict:
+        """A set of blocks' estimates, as the kind's document has them."""
+        raise NotImplementedError
+
+    def units(self) -> dict:
+        """``unit``: the values' unit (``Report.unit``)."""
+        return {"unit": self.unit}
+
+    def domain(self) -> tuple[float, float] | None:
+        """The [low, high] its reports are declared over, where that is one interval of
+        readings (linear series: what range discovery searches)."""
+        return None
+
+    @staticmethod
+    def history_point(window: dict) -> dict:
+        """One window of the kind's document reduced to what a chart over time draws:
+        its span, count and estimates with their intervals (no histograms)."""
+        return {"start": window["start"], "end": window["end"], "count": window["count"]}
+
+    @staticmethod
+    def history_header(detail: dict) -> dict:
+        """What the kind's history document carries besides its points."""
+        return {}
+
+    # -- updates ------------------------------------------------------------------------------
     def update(self, *, agent: str, t: float, codes) -> int:
         """Add one message's codes (already validated); returns the number of values."""
         self.update_many([(agent, t, codes)])
@@ -375,34 +423,11 @@ class Series:
         self.messages += len(messages)
         for start, group in by_window.items():
             codes = group[0] if len(group) == 1 else self._join(group)
-            if self.kind in _ONE_BLOCK:
-                arrays = {"value": codes}
-            elif self.kind == "polar":
-                arrays = {"radius": codes[0], "angle": codes[1], "cross": codes}
-            else:
-                arrays = dict(zip(self.fields, codes))
             window = self._window_at(start)
-            for name, array in arrays.items():
+            for name, array in self._split(codes).items():
                 summary = self.total[name].summarize(array)
                 self.total[name].apply(summary)
                 window[name].apply(summary)
-
-    def _join(self, group: list):
-        """Codes of several messages as one message's."""
-        if self.kind in _ONE_BLOCK and not isinstance(group[0], tuple):
-            return np.concatenate(group)
-        # Per component, field, or part of an oracle's reports (olh and unary: pairs).
-        parts = [np.concatenate(part) for part in zip(*group)]
-        return tuple(parts) if self.kind == "categorical" else parts
-
-    def values_in(self, codes) -> int:
-        if self.kind == "categorical":
-            return len(codes[0]) if isinstance(codes, tuple) else len(codes)
-        if self.kind in _ONE_BLOCK:
-            return int(np.size(codes))
-        if self.kind == "polar":
-            return int(np.size(codes[0]))
-        return int(sum(np.size(c) for c in codes))
 
     def _window_at(self, start: int) -> dict:
         window = self.windows.get(start)
@@ -429,29 +454,34 @@ class Series:
         self.agents |= other.agents
         return self
 
+    def copy(self) -> Series:
+        """A detached copy of the sums (computed views not taken): what the documents
+        are computed from outside the collector's lock."""
+        twin = copy.copy(self)
+        twin.agents = set(self.agents)
+        twin.total = _copy_blocks(self.total)
+        twin.windows = {start: _copy_blocks(blocks) for start, blocks in self.windows.items()}
+        return twin
+
     def __eq__(self, other):
         return (isinstance(other, Series) and other.identity == self.identity
                 and other.messages == self.messages and other.agents == self.agents
                 and other.total == self.total and other.windows == self.windows)
 
-    # -- saved and exchanged state (collector.storage.states) -----------------------------
+    # -- saved and exchanged state (collector.storage.states) ------------------------------
+    def _blocks_state(self, blocks: dict):
+        return self.BLOCK_STATES(**{name: block.to_state() for name, block in blocks.items()})
+
     def to_state(self) -> SeriesState:
         """Identity, counters and every block's sums, typed."""
-        blocks_type = SERIES_BLOCKS[self.kind]
-
-        def blocks(of: dict):
-            states = {name: block.to_state() for name, block in of.items()}
-            return states if self.kind == "vector" else blocks_type(**states)
-
         return SERIES_STATES[self.kind](
             channel=self.channel, mechanism=self.description, fields=self.fields,
             strategy=self.strategy, unit=self.unit, messages=self.messages,
-            agents=sorted(self.agents),
-            total=blocks(self.total),
-            windows=[(start, blocks(of)) for start, of in sorted(self.windows.items())])
+            agents=sorted(self.agents), total=self._blocks_state(self.total),
+            windows=[(start, self._blocks_state(of)) for start, of in sorted(self.windows.items())])
 
-    @classmethod
-    def from_state(cls, state: SeriesState | dict, *, bins: int, window_seconds: float,
+    @staticmethod
+    def from_state(state: SeriesState | dict, *, bins: int, window_seconds: float,
                    keep_windows: int, where: str = "series") -> Series:
         """A series from ``to_state()`` (typed, or as plain JSON values, which are checked
         here); ``StateError`` if it is not one these reports could have given."""
@@ -468,9 +498,10 @@ class Series:
         problem = kind_problem(kind, mechanism, state.fields, state.strategy)
         if problem is not None:
             raise StateError(f"{where}: {problem[1]}")
-        series = cls(channel=state.channel, kind=kind, description=state.mechanism, bins=bins,
-                     window_seconds=window_seconds, keep_windows=keep_windows,
-                     fields=state.fields, strategy=state.strategy, unit=state.unit)
+        series = SERIES_TYPES[kind](
+            channel=state.channel, description=state.mechanism, bins=bins,
+            window_seconds=window_seconds, keep_windows=keep_windows, fields=state.fields,
+            strategy=state.strategy, unit=state.unit)
         series.messages = state.messages
         series.agents = set(state.agents)
         series._load_blocks(series.total, state.total, f"{where}.total")
@@ -484,11 +515,8 @@ class Series:
         return series
 
     def _load_blocks(self, blocks: dict, state, where: str) -> None:
-        if isinstance(state, dict) and set(state) != set(blocks):  # a vector's axes
-            raise StateError(f"{where}: expected the blocks {list(blocks)}")
         for name, block in blocks.items():
-            block.load_state(state[name] if isinstance(state, dict) else getattr(state, name),
-                             f"{where}.{name}")
+            block.load_state(getattr(state, name), f"{where}.{name}")
 
     # -- the API view -----------------------------------------------------------------------
     def adopt_computed(self, earlier: Series) -> None:
@@ -496,10 +524,10 @@ class Series:
         every block (total, window) whose sums have not changed since.
 
         The web API computes its documents from a copy of the aggregates
-        (``collector.api.documents.Snapshots``), made without caches by ``from_state``;
-        recomputing every kept window's EMS reconstruction for each copy would
-        cost seconds, while between two copies only the total and the newest
-        window change."""
+        (``collector.api.snapshots``), made without computed views (``copy``);
+        recomputing every kept window's EMS reconstruction for each copy would cost
+        seconds, while between two copies only the total and the newest window
+        change."""
         if earlier.identity != self.identity:
             return
         pairs = [(self.total, earlier.total)]
@@ -510,17 +538,12 @@ class Series:
                 block.adopt_computed(theirs[name])
 
     def count(self) -> int:
-        if self.kind == "vector":
-            return sum(block.count.get() for block in self.total.values())
-        first = self.total["radius" if self.kind == "polar" else "value"]
-        return first.count.get()
+        return self._count(self.total)
 
     def get(self, *, windows: bool = False) -> dict:
         out = {"kind": self.kind, "mechanism": as_dict(self.description), "count": self.count(),
                "messages": self.messages, "agents": len(self.agents), **self.units()}
         out.update(self._view(self.total))
-        if self.kind == "vector":
-            out["strategy"] = as_dict(self.strategy)
         if windows:
             out["windows"] = [self.window_view(start) for start in sorted(self.windows)]
         return out
@@ -528,38 +551,224 @@ class Series:
     def window_view(self, start: int) -> dict:
         """The window numbered ``start`` (its span in seconds, count and statistics)."""
         blocks = self.windows[start]
-        count = sum(block.count.get() for block in blocks.values()) \
-            if self.kind == "vector" else blocks[
-                "radius" if self.kind == "polar" else "value"].count.get()
         return {"start": start * self.window_seconds, "end": (start + 1) * self.window_seconds,
-                "count": count, **self._view(blocks)}
+                "count": self._count(blocks), **self._view(blocks)}
 
-    def units(self) -> dict:
-        """``unit``: the values' unit (a circular channel's: its angle's); a polar
-        channel's ``unit`` is its radius's and ``angle_unit`` its angle's.  An angle's
-        unit is its mechanism's period: 360 degrees, 2 pi radians (any other period a
-        sender may choose: null)."""
-        if self.kind not in ("circular", "polar"):
-            return {"unit": self.unit}
-        period = self.mechanism.period if self.kind == "circular" \
-            else self.mechanism.components[1].period
-        angle = {360.0: "deg", 2.0 * math.pi: "rad"}.get(period)
-        return {"unit": angle} if self.kind == "circular" \
-            else {"unit": self.unit, "angle_unit": angle}
+
+def _copy_blocks(blocks: dict) -> dict:
+    return {name: block.copy() for name, block in blocks.items()}
+
+
+def _without_count(view: dict) -> dict:
+    view = dict(view)
+    view.pop("count", None)
+    return view
+
+
+def _mean_point(view: dict) -> dict:
+    mean = view.get("mean") or {}
+    return {"mean": {key: mean.get(key) for key in ("estimate", "stderr", "ci95")}}
+
+
+def _direction_point(view: dict) -> dict:
+    direction = view.get("direction") or {}
+    return {"circular_mean": view.get("circular_mean"),
+            "half_width": direction.get("half_width"), "ci95": direction.get("ci95"),
+            "resultant_length": (view.get("resultant_length") or {}).get("estimate")}
+
+
+def _angle_unit(period: float) -> str | None:
+    """An angle's unit is its mechanism's period: 360 degrees, 2 pi radians (any other
+    period a sender may choose: null)."""
+    return {360.0: "deg", 2.0 * math.pi: "rad"}.get(period)
+
+
+class _OneBlockSeries(Series):
+    """A kind whose reports feed one block, ``value``."""
+
+    BLOCK: ClassVar[type[_Block]]
+
+    def _new_blocks(self) -> dict[str, _Block]:
+        return {"value": self.BLOCK(self.description, self.bins)}
+
+    def _split(self, codes) -> dict[str, Any]:
+        return {"value": codes}
+
+    def _join(self, group: list):
+        return np.concatenate(group)
+
+    def values_in(self, codes) -> int:
+        return int(np.size(codes))
+
+    def _count(self, blocks: dict) -> int:
+        return blocks["value"].count.get()
 
     def _view(self, blocks: dict) -> dict:
-        if self.kind in _ONE_BLOCK:
-            view = dict(blocks["value"].get())
-            view.pop("count", None)
-            return view
-        if self.kind == "polar":
-            radius = dict(blocks["radius"].get())
-            angle = dict(blocks["angle"].get())
-            radius.pop("count", None)
-            angle.pop("count", None)
-            return {"radius": radius, "angle": angle,
-                    "mean_vector": blocks["cross"].mean_vector(blocks["angle"])}
+        return _without_count(blocks["value"].get())
+
+
+class LinearSeries(_OneBlockSeries):
+    """A linear channel: the raw and reconstructed histograms and the mean, chosen by
+    estimated error, with an interval (``collector.estimation.estimators``)."""
+
+    kind = "linear"
+    BLOCK = LinearBlock
+    BLOCK_STATES = SERIES_BLOCKS["linear"]
+
+    def domain(self) -> tuple[float, float]:
+        return self.mechanism.low, self.mechanism.high
+
+    @staticmethod
+    def history_point(window: dict) -> dict:
+        return {**Series.history_point(window), **_mean_point(window)}
+
+
+class CircularSeries(_OneBlockSeries):
+    """A circular channel: mean direction and resultant length with their intervals
+    (``collector.estimation.circular``), circular standard deviation, histograms
+    (wrapping)."""
+
+    kind = "circular"
+    BLOCK = CircularBlock
+    BLOCK_STATES = SERIES_BLOCKS["circular"]
+
+    def units(self) -> dict:
+        """A circular channel's unit is its angle's, its mechanism's period."""
+        return {"unit": _angle_unit(self.mechanism.period)}
+
+    @staticmethod
+    def history_point(window: dict) -> dict:
+        return {**Series.history_point(window), **_direction_point(window)}
+
+
+class CategoricalSeries(_OneBlockSeries):
+    """A categorical channel: how many reports support each category, turned into
+    unbiased shares with standard errors and 95% intervals, and consistent shares
+    (``collector.estimation.frequencies``)."""
+
+    kind = "categorical"
+    BLOCK = CategoricalBlock
+    BLOCK_STATES = SERIES_BLOCKS["categorical"]
+
+    def _join(self, group: list):
+        if not isinstance(group[0], tuple):  # grr: the reported categories
+            return np.concatenate(group)
+        # Per part of an oracle's reports (olh and unary: pairs).
+        return tuple(np.concatenate(part) for part in zip(*group))
+
+    def values_in(self, codes) -> int:
+        return len(codes[0]) if isinstance(codes, tuple) else len(codes)
+
+    @staticmethod
+    def history_point(window: dict) -> dict:
+        frequencies = window.get("frequencies") or {}
+        return {**Series.history_point(window),
+                "frequencies": {key: frequencies.get(key)
+                                for key in ("shares", "estimate", "ci95")}}
+
+    @staticmethod
+    def history_header(detail: dict) -> dict:
+        return {"labels": (detail.get("frequencies") or {}).get("labels")}
+
+
+class PolarSeries(Series):
+    """A polar channel: the radius as a linear block, the angle as a circular one, and
+    their mean vector."""
+
+    kind = "polar"
+    BLOCK_STATES = SERIES_BLOCKS["polar"]
+
+    def _new_blocks(self) -> dict[str, _Block]:
+        return {"radius": LinearBlock(self.description, self.bins, component=0),
+                "angle": CircularBlock(self.description, self.bins, component=1),
+                "cross": _CrossBlock(self.description)}
+
+    def _split(self, codes) -> dict[str, Any]:
+        return {"radius": codes[0], "angle": codes[1], "cross": codes}
+
+    def _join(self, group: list):
+        return [np.concatenate(part) for part in zip(*group)]
+
+    def values_in(self, codes) -> int:
+        return int(np.size(codes[0]))
+
+    def _count(self, blocks: dict) -> int:
+        return blocks["radius"].count.get()
+
+    def _view(self, blocks: dict) -> dict:
+        return {"radius": _without_count(blocks["radius"].get()),
+                "angle": _without_count(blocks["angle"].get()),
+                "mean_vector": blocks["cross"].mean_vector(blocks["angle"])}
+
+    def units(self) -> dict:
+        """A polar channel's ``unit`` is its radius's and ``angle_unit`` its angle's."""
+        return {"unit": self.unit,
+                "angle_unit": _angle_unit(self.mechanism.components[1].period)}
+
+    @staticmethod
+    def history_point(window: dict) -> dict:
+        return {**Series.history_point(window), "radius": _mean_point(window["radius"]),
+                "angle": _direction_point(window["angle"])}
+
+
+class VectorSeries(Series):
+    """A vector channel: one linear block per axis (field)."""
+
+    kind = "vector"
+    BLOCK_STATES = dict  # VectorBlocks: a block per field, by name
+
+    def _new_blocks(self) -> dict[str, _Block]:
+        return {field: LinearBlock(self.description, self.bins) for field in self.fields}
+
+    def _split(self, codes) -> dict[str, Any]:
+        return dict(zip(self.fields, codes))
+
+    def _join(self, group: list):
+        return [np.concatenate(part) for part in zip(*group)]
+
+    def values_in(self, codes) -> int:
+        return int(sum(np.size(c) for c in codes))
+
+    def _count(self, blocks: dict) -> int:
+        return sum(block.count.get() for block in blocks.values())
+
+    def _view(self, blocks: dict) -> dict:
         return {"axes": {field: blocks[field].get() for field in self.fields}}
+
+    def get(self, *, windows: bool = False) -> dict:
+        out = super().get(windows=windows)
+        out["strategy"] = as_dict(self.strategy)
+        return out
+
+    def _load_blocks(self, blocks: dict, state, where: str) -> None:
+        if set(state) != set(blocks):  # the axes
+            raise StateError(f"{where}: expected the blocks {list(blocks)}")
+        for name, block in blocks.items():
+            block.load_state(state[name], f"{where}.{name}")
+
+    @staticmethod
+    def history_point(window: dict) -> dict:
+        return {**Series.history_point(window),
+                "axes": {axis: {"count": view["count"], **_mean_point(view)}
+                         for axis, view in window["axes"].items()}}
+
+
+SERIES_TYPES: dict[str, type[Series]] = {
+    cls.kind: cls for cls in (LinearSeries, CircularSeries, PolarSeries, VectorSeries,
+                              CategoricalSeries)}
+
+
+def series_type(kind: str) -> type[Series]:
+    """The series class of a channel kind (``ValueError`` for a kind the protocol lacks)."""
+    try:
+        return SERIES_TYPES[kind]
+    except KeyError:
+        raise ValueError(f"unknown kind {kind!r}") from None
+
+
+def new_series(*, kind: str, **settings) -> Series:
+    """An empty series of ``kind`` (``Series``' keyword arguments)."""
+    return series_type(kind)(**settings)
 
 
 class _CrossBlock:
@@ -600,6 +809,9 @@ class _CrossBlock:
 
     def load_state(self, state, where: str) -> None:
         _load_block(self, state, where)
+
+    def copy(self) -> _CrossBlock:
+        return _copy_statistics(self)
 
     def __eq__(self, other):
         return isinstance(other, _CrossBlock) and other.cross == self.cross

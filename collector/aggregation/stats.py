@@ -17,6 +17,7 @@ All work is vectorised per message: no Python loop per value.
 
 from __future__ import annotations
 
+import copy
 import math
 from abc import ABC, abstractmethod
 from functools import lru_cache
@@ -114,6 +115,14 @@ class Statistic(ABC):
         statistic = cls(*params)
         statistic.load_state(typed, where)
         return statistic
+
+    def copy(self) -> Statistic:
+        """A detached copy: its sums its own (arrays copied), caches shared (read only)."""
+        twin = copy.copy(self)
+        for name, value in self.__getstate__().items():
+            if isinstance(value, np.ndarray):
+                setattr(twin, name, value.copy())
+        return twin
 
     def __getstate__(self) -> dict:
         """The state without caches (attributes named ``_...`` are derived)."""

@@ -1,4 +1,4 @@
-"""The collector's aggregates as documents: the HTTP API (docs/API.md) and Prometheus metrics.
+"""The collector's aggregates as documents: the HTTP API (docs/API.md).
 
 Computing the documents is slow: every series' EMS reconstruction (with a
 parametric bootstrap where the mean is not affine), for the cumulative
@@ -7,12 +7,12 @@ channels when the windows' results are cached and seconds when they are not.
 The aggregates are shared with the aggregation loop under one lock, so
 computing them per request, under that lock, let every viewer slow ingestion.
 
-``Snapshots`` therefore computes every document once per push period, in its
-own thread.  Under the collector's lock it only takes the aggregates' typed
-state (``Ingestor.to_state``: a few milliseconds); it rebuilds the aggregates
-from that copy and computes outside the lock, reusing the previous copy's
-results for the windows that did not change (``Series.adopt_computed``), and
-serialises each document once.  The web server (``collector.api.server``) answers
+``Snapshots`` (``collector.api.snapshots``) therefore computes every document
+once per push period, in its own thread.  Under the collector's lock it only
+copies the aggregates (``Ingestor.copy_aggregates``: their sums, a few
+milliseconds); it computes outside the lock, reusing the previous copy's results
+for the windows that did not change (``Series.adopt_computed``), and serialises
+each document once.  The web server (``collector.api.server``) answers
 every request and feeds every event stream from the latest snapshot's bytes.
 
 ``Views`` is the collector's source of documents: ``capture``/``documents``
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from collector.aggregation.ingest import Ingestor
-from collector.aggregation.series import Series
+from collector.aggregation.series import Series, series_type
 from edge_agent.protocol import as_dict
 
 # An agent counts as online if its retained status says so, or, for agents
@@ -79,51 +79,18 @@ def range_document(results: dict, ignored: dict, t: float) -> dict:
 
 # -- the history: each kept window's estimates, reduced to what a chart over time draws ---------
 
-def _mean_point(view: dict) -> dict:
-    mean = view.get("mean") or {}
-    return {"mean": {key: mean.get(key) for key in ("estimate", "stderr", "ci95")}}
-
-
-def _direction_point(view: dict) -> dict:
-    direction = view.get("direction") or {}
-    return {"circular_mean": view.get("circular_mean"),
-            "half_width": direction.get("half_width"), "ci95": direction.get("ci95"),
-            "resultant_length": (view.get("resultant_length") or {}).get("estimate")}
-
-
-def history_point(kind: str, window: dict) -> dict:
-    """One window of GET /api/channels/<name>: its span, count and estimates with their
-    intervals (no histograms), in the shape the channel's entry has them."""
-    point = {"start": window["start"], "end": window["end"], "count": window["count"]}
-    if kind == "linear":
-        point.update(_mean_point(window))
-    elif kind == "circular":
-        point.update(_direction_point(window))
-    elif kind == "polar":
-        point["radius"] = _mean_point(window["radius"])
-        point["angle"] = _direction_point(window["angle"])
-    elif kind == "vector":
-        point["axes"] = {axis: {"count": view["count"], **_mean_point(view)}
-                         for axis, view in window["axes"].items()}
-    else:
-        frequencies = window.get("frequencies") or {}
-        point["frequencies"] = {key: frequencies.get(key)
-                                for key in ("shares", "estimate", "ci95")}
-    return point
-
-
 def history_document(name: str, detail: dict, window_seconds: float, windows_kept: int,
                      t: float) -> dict:
     """GET /api/channels/<name>/history: the channel's windowed estimates over the kept
-    windows (``[aggregates] history_seconds``), oldest first.  ``windows_kept``: at most
-    that many (the most recent windows with reports), so that a page extending the
-    history with each entry's ``window`` keeps what the server keeps."""
+    windows (``[aggregates] history_seconds``), oldest first, each reduced by the kind's
+    series class (``Series.history_point``).  ``windows_kept``: at most that many (the
+    most recent windows with reports), so that a page extending the history with each
+    entry's ``window`` keeps what the server keeps."""
+    kind = series_type(detail["kind"])
     units = {key: detail[key] for key in ("unit", "angle_unit") if key in detail}
-    extra = {"labels": (detail.get("frequencies") or {}).get("labels")} \
-        if detail["kind"] == "categorical" else {}
-    return {"channel": name, "kind": detail["kind"], **units, **extra, "t": t,
-            "window_seconds": window_seconds, "windows_kept": windows_kept,
-            "points": [history_point(detail["kind"], window) for window in detail["windows"]]}
+    return {"channel": name, "kind": detail["kind"], **units, **kind.history_header(detail),
+            "t": t, "window_seconds": window_seconds, "windows_kept": windows_kept,
+            "points": [kind.history_point(window) for window in detail["windows"]]}
 
 
 class Views:
@@ -152,16 +119,15 @@ class Views:
     def capture(self) -> Capture:
         with self._lock:
             held = time.perf_counter()
-            state = self._get().to_state()
+            aggregates = self._get().copy_aggregates()
             now = self._clock()
             lock_seconds = time.perf_counter() - held
         context = (self._broker_status(), (self._range_results(), self._range_ignored()),
                    self._extra())
-        return Capture(t=now, content=(state, *context), lock_seconds=lock_seconds)
+        return Capture(t=now, content=(aggregates, *context), lock_seconds=lock_seconds)
 
     def documents(self, capture: Capture) -> Documents:
-        state, broker, ranges, extra = capture.content
-        ingestor = Ingestor.from_state(state)
+        ingestor, broker, ranges, extra = capture.content
         series = {identity: one for by_identity in ingestor.series.values()
                   for identity, one in by_identity.items()}
         for identity, one in series.items():
@@ -234,5 +200,5 @@ class Views:
         # The latest point of the channel's history: the dashboard extends its chart with it.
         newest = view["windows"][-1:] if windows else \
             [series.window_view(max(series.windows))] if series.windows else []
-        view["window"] = history_point(series.kind, newest[0]) if newest else None
+        view["window"] = series.history_point(newest[0]) if newest else None
         return view

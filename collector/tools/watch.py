@@ -129,44 +129,65 @@ def _period(block: dict, mechanism: dict) -> Any:
     return mechanism.get("period", TAU)
 
 
+def _linear_rows(head: list, channel: dict, mechanism: dict, epsilon: str) -> list:
+    return [(*head, *_linear_cells(channel, channel.get("unit")), epsilon)]
+
+
+def _circular_rows(head: list, channel: dict, mechanism: dict, epsilon: str) -> list:
+    return [(*head, *_circular_cells(channel, _period(channel, mechanism), channel.get("unit")),
+             epsilon)]
+
+
+def _polar_rows(head: list, channel: dict, mechanism: dict, epsilon: str) -> list:
+    vector = _dict(channel.get("mean_vector"))
+    radius, angle = _dict(channel.get("radius")), _dict(channel.get("angle"))
+    unit, angle_unit = channel.get("unit"), channel.get("angle_unit")
+    return [
+        (*head, f"|v| {with_unit(fmt(vector.get('magnitude')), unit)} ∠ "
+         f"{with_unit(fmt(vector.get('direction')), angle_unit)}",
+         f"x {fmt(vector.get('x'))}, y {fmt(vector.get('y'))}{_unit(unit)}", epsilon),
+        ("  radius", "", "", "", *_linear_cells(radius, unit), ""),
+        ("  angle", "", "", "",
+         *_circular_cells(angle, _period(angle, mechanism), angle_unit), ""),
+    ]
+
+
+def _vector_rows(head: list, channel: dict, mechanism: dict, epsilon: str) -> list:
+    strategy = _dict(channel.get("strategy"))
+    rows = [(*head, "", f"{fmt_count(strategy.get('k'))} of {fmt_count(strategy.get('d'))} "
+             f"axes per reading", fmt(strategy.get("epsilon", mechanism.get("epsilon"))))]
+    for axis, block in _dict(channel.get("axes")).items():
+        block = _dict(block)
+        rows.append((f"  {axis}", "", fmt_count(block.get("count")), "",
+                     *_linear_cells(block, channel.get("unit")), epsilon))
+    return rows
+
+
+def _categorical_rows(head: list, channel: dict, mechanism: dict, epsilon: str) -> list:
+    unit = channel.get("unit")
+    bins = f" (bin edges in {unit.strip()})" if _unit(unit) else ""
+    return [(*head, "", f"{mechanism.get('name')} over "
+             f"{fmt_count(mechanism.get('categories'))} categories{bins}", epsilon),
+            *_category_rows(_dict(channel.get("frequencies")))]
+
+
+# How each kind of the protocol (edge_agent.protocol.KINDS) is shown: its rows, from
+# the kind's entry of /api/channels (the shapes of collector.aggregation.series).
+KIND_ROWS = {"linear": _linear_rows, "circular": _circular_rows, "polar": _polar_rows,
+             "vector": _vector_rows, "categorical": _categorical_rows}
+
+
 def _rows(name: str, channel: dict) -> list[tuple[str, ...]]:
-    """The table rows of one channel: its own, then one per axis or component."""
+    """The table rows of one channel: its own, then one per axis or component (a kind
+    this version does not know, from a newer collector: one row saying so)."""
     kind = channel.get("kind")
     mechanism = _dict(channel.get("mechanism"))
-    unit = channel.get("unit")
     head = [name, str(kind), fmt_count(channel.get("count")), fmt_count(channel.get("agents"))]
     epsilon = fmt(mechanism.get("epsilon"))
-    if kind == "linear":
-        return [(*head, *_linear_cells(channel, unit), epsilon)]
-    if kind == "circular":
-        return [(*head, *_circular_cells(channel, _period(channel, mechanism), unit), epsilon)]
-    if kind == "polar":
-        vector = _dict(channel.get("mean_vector"))
-        radius, angle = _dict(channel.get("radius")), _dict(channel.get("angle"))
-        angle_unit = channel.get("angle_unit")
-        return [
-            (*head, f"|v| {with_unit(fmt(vector.get('magnitude')), unit)} ∠ "
-             f"{with_unit(fmt(vector.get('direction')), angle_unit)}",
-             f"x {fmt(vector.get('x'))}, y {fmt(vector.get('y'))}{_unit(unit)}", epsilon),
-            ("  radius", "", "", "", *_linear_cells(radius, unit), ""),
-            ("  angle", "", "", "",
-             *_circular_cells(angle, _period(angle, mechanism), angle_unit), ""),
-        ]
-    if kind == "vector":
-        strategy = _dict(channel.get("strategy"))
-        rows = [(*head, "", f"{fmt_count(strategy.get('k'))} of {fmt_count(strategy.get('d'))} "
-                 f"axes per reading", fmt(strategy.get("epsilon", mechanism.get("epsilon"))))]
-        for axis, block in _dict(channel.get("axes")).items():
-            block = _dict(block)
-            rows.append((f"  {axis}", "", fmt_count(block.get("count")), "",
-                         *_linear_cells(block, unit), epsilon))
-        return rows
-    if kind == "categorical":
-        bins = f" (bin edges in {unit.strip()})" if _unit(unit) else ""
-        return [(*head, "", f"{mechanism.get('name')} over "
-                 f"{fmt_count(mechanism.get('categories'))} categories{bins}", epsilon),
-                *_category_rows(_dict(channel.get("frequencies")))]
-    return [(*head, "", f"kind {kind!r} not shown", epsilon)]
+    rows = KIND_ROWS.get(kind) if isinstance(kind, str) else None
+    if rows is None:
+        return [(*head, "", f"kind {kind!r} not shown", epsilon)]
+    return rows(head, channel, mechanism, epsilon)
 
 
 def _category_rows(frequencies: dict) -> list[tuple[str, ...]]:

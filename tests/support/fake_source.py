@@ -21,7 +21,8 @@ import math
 import random
 import threading
 
-from collector.api.documents import Capture, Documents, history_document, history_point
+from collector.aggregation.series import series_type
+from collector.api.documents import Capture, Documents, history_document
 
 FLEET = "demo"
 T0 = 1763780000.0
@@ -139,7 +140,8 @@ def with_latest_windows(document: dict, windows: dict[str, list[dict]]) -> None:
     """Each channel's entry gets its latest window as a history point (``window``)."""
     for name, channel in document["channels"].items():
         kept = windows.get(name)
-        channel["window"] = history_point(channel["kind"], kept[-1]) if kept else None
+        channel["window"] = series_type(channel["kind"]).history_point(kept[-1]) \
+            if kept else None
 
 
 def empty_linear_channel(*, low: float = 0.0, high: float = 100.0) -> dict:

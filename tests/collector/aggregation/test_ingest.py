@@ -59,6 +59,32 @@ def test_valid_reports_of_every_kind_are_accepted_and_match_the_schema():
     assert ingestor.counters["values"] == 3 + 3 + 2 + 3
 
 
+def test_a_copy_of_the_aggregates_is_the_restored_state_and_stays_detached():
+    """What the documents are computed from (``copy_aggregates``, no decoder) equals what
+    a state written and read back gives (the decoder for states from elsewhere)."""
+    polar = PolarOGPM(epsilon=4.0, radius_max=2.0)
+    ingestor = Ingestor(fleet=FLEET)
+    for seq, (topic, payload) in enumerate([
+            report(), report(seq=1, codes=(5, 6)),
+            report(channel="roll", kind="circular", mechanism=CircularOGPM(epsilon=1.0)),
+            report(channel="p", kind="polar", mechanism=polar, codes=[[1, 2], [3, 4]]),
+            report(agent="w2", codes=(7,)), (protocol.status_topic(FLEET, "w3"),
+                                             protocol.status(agent="w3", state="online"))]):
+        ingestor.ingest(topic, payload, 1000.0 + seq)
+    ingestor.ingest(*report(agent="w1", channel="bad", codes=(70000,)), 1010.0)  # a reject
+    twin = ingestor.copy_aggregates()
+    restored = Ingestor.from_state(ingestor.to_state())
+    assert twin.series == restored.series and twin.latest == restored.latest
+    assert twin.agents == restored.agents and twin.rejects == restored.rejects
+    assert list(twin.dead_letters) == list(restored.dead_letters)
+    assert twin.status_only == restored.status_only == {"w3"}
+    assert twin.to_state() == restored.to_state()
+    before = twin.to_state()
+    ingestor.ingest(*report(seq=2, codes=(9,)), 1011.0)
+    ingestor.ingest(*report(agent="w4"), 1012.0)
+    assert twin.to_state() == before and "w4" not in twin.agents
+
+
 @pytest.mark.parametrize("change,reason", [
     (dict(v=2), "version"),
     (dict(seq=-1), "schema"),

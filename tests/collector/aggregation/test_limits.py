@@ -16,7 +16,7 @@ import pytest
 
 from collector.aggregation.ingest import IngestLimits, Ingestor
 from collector.aggregation.limits import ingest_limits, load_registry
-from collector.aggregation.series import Series
+from collector.aggregation.series import LinearSeries
 from collector.config import parse_collector_config
 from collector.range.results import RangeResults
 from edge_agent import protocol
@@ -240,14 +240,14 @@ def test_one_message_that_fails_does_not_stop_the_batch(monkeypatch):
     """Issue 12, defect 1: an exception inside a batch left its position behind, and
     the whole batch was applied again at every retry."""
     ingestor = Ingestor(fleet=FLEET)
-    update = Series.values_in
+    update = LinearSeries.values_in  # the reports below are linear
 
     def fail_for_w2(self, codes):
         if len(codes) == 2:
             raise MemoryError("injected")
         return update(self, codes)
 
-    monkeypatch.setattr(Series, "values_in", fail_for_w2)
+    monkeypatch.setattr(LinearSeries, "values_in", fail_for_w2)
     with ingestor.batch():
         outcomes = [ingestor.ingest(*report(agent=agent, codes=codes), NOW)
                     for agent, codes in (("w1", (1, 2, 3)), ("w2", (1, 2)), ("w3", (4,)))]

@@ -7,10 +7,11 @@ import inspect
 import math
 import pickle
 
+import msgspec
 import numpy as np
 import pytest
 
-from collector.aggregation.series import Series
+from collector.aggregation.series import SERIES_TYPES, new_series
 from collector.aggregation.stats import (
     BinCounts,
     CodeMoments,
@@ -205,8 +206,8 @@ def _same_view(a, b) -> bool:
 def _make_series(spec):
     spec = dict(spec)
     mechanism = spec.pop("mechanism")
-    return Series(channel="c", description=protocol.describe(mechanism), window_seconds=10,
-                  keep_windows=5, **spec)
+    return new_series(channel="c", description=protocol.describe(mechanism), window_seconds=10,
+                      keep_windows=5, **spec)
 
 
 @pytest.mark.parametrize("name", list(_series_cases()))
@@ -232,6 +233,33 @@ def test_series_merge_pickle_and_windows(name):
 
 
 @pytest.mark.parametrize("name", list(_series_cases()))
+def test_a_series_copy_is_equal_and_detached(name):
+    """``copy`` (what the documents are computed from) equals the series, is of its kind,
+    and does not move when the series takes more reports, nor the series when the copy
+    computes its views."""
+    spec, case = _series_cases()[name]
+    mechanism = spec["mechanism"]
+    rng = np.random.default_rng(4)
+    series = _make_series(spec)
+    for i in range(6):
+        series.update(agent=f"a{i % 2}", t=7.0 * i, codes=_message(case, mechanism, rng, 30))
+    twin = series.copy()
+    assert type(twin) is type(series) and twin == series
+    before = series.to_state()
+    assert twin.get(windows=True) == series.copy().get(windows=True)
+    series.update(agent="a9", t=100.0, codes=_message(case, mechanism, rng, 30))
+    assert msgspec.json.encode(twin.to_state()) == msgspec.json.encode(before)
+    assert twin != series and "a9" not in twin.agents
+
+
+def test_every_kind_of_the_protocol_has_its_series_type():
+    assert set(SERIES_TYPES) == set(protocol.KINDS)
+    assert all(SERIES_TYPES[kind].kind == kind for kind in protocol.KINDS)
+    with pytest.raises(ValueError, match="unknown kind 'spiral'"):
+        new_series(kind="spiral", channel="c", description=None)
+
+
+@pytest.mark.parametrize("name", list(_series_cases()))
 def test_empty_series_view(name):
     spec, _ = _series_cases()[name]
     view = _make_series(spec).get(windows=True)
@@ -239,9 +267,9 @@ def test_empty_series_view(name):
 
 
 def test_series_refuse_to_mix_mechanisms():
-    a = Series(channel="c", kind="linear",
+    a = new_series(channel="c", kind="linear",
                description=protocol.describe(ClassicalOGPM(epsilon=1, low=0, high=1)))
-    b = Series(channel="c", kind="linear",
+    b = new_series(channel="c", kind="linear",
                description=protocol.describe(ClassicalOGPM(epsilon=2, low=0, high=1)))
     with pytest.raises(ValueError, match="different series"):
         a.merge(b)

@@ -15,7 +15,7 @@ import pytest
 from scipy import special, stats
 
 from collector.aggregation.ingest import Ingestor
-from collector.aggregation.series import CircularBlock, Series
+from collector.aggregation.series import CircularBlock, Series, new_series
 from collector.aggregation.stats import StateError, TrigMoments
 from collector.api.documents import Views
 from collector.estimation import circular
@@ -136,7 +136,7 @@ def test_a_state_without_the_doubled_sums_gives_wider_intervals_that_still_cover
 # -- a channel at one angle (what used to show resultant length 1, circular std 0) -------
 
 def series(mechanism, readings, rng, *, kind="circular", parts: int = 1) -> Series:
-    s = Series(channel="roll", kind=kind, description=protocol.describe(mechanism), bins=36)
+    s = new_series(channel="roll", kind=kind, description=protocol.describe(mechanism), bins=36)
     for part in np.array_split(mechanism.perturb_codes(readings, rng), parts):
         s.update(agent="a", t=0.0, codes=part)
     return s
@@ -258,10 +258,10 @@ def test_incremental_batch_and_merged_doubled_sums_agree():
     codes = mechanism.perturb_codes(rng.vonmises(1.0, 3.0, 6000), rng)
     batch = CircularBlock(description, 36)
     batch.update(codes)
-    incremental = Series(channel="roll", kind="circular", bins=36, description=description)
+    incremental = new_series(channel="roll", kind="circular", bins=36, description=description)
     for i, part in enumerate(np.array_split(codes, 13)):
         incremental.update(agent="a", t=float(i), codes=part)
-    halves = [Series(channel="roll", kind="circular", bins=36, description=description)
+    halves = [new_series(channel="roll", kind="circular", bins=36, description=description)
               for _ in range(2)]
     halves[0].update(agent="a", t=0.0, codes=codes[:2500])
     halves[1].update(agent="b", t=0.0, codes=codes[2500:])
@@ -307,7 +307,7 @@ def test_an_old_state_without_the_doubled_sums_loads_and_bounds_the_covariance(k
         radius, angle = mechanism.components
         codes = [radius.perturb_codes(rng.uniform(0, 2, 3000), rng),
                  angle.perturb_codes(rng.vonmises(1.0, 3.0, 3000), rng)]
-    new = Series(channel="c", kind=kind, description=protocol.describe(mechanism), bins=36)
+    new = new_series(channel="c", kind=kind, description=protocol.describe(mechanism), bins=36)
     new.update(agent="a", t=0.0, codes=codes)
     old_state = without_doubled_sums(as_json(new.to_state()))
     old = Series.from_state(old_state, bins=36, window_seconds=60.0, keep_windows=60)
@@ -318,7 +318,7 @@ def test_an_old_state_without_the_doubled_sums_loads_and_bounds_the_covariance(k
     assert view["direction"]["half_width"] > fresh["direction"]["half_width"]
     # Saved again, it is the old form still; merged with new sums, the bound stays.
     assert as_json(old.to_state()) == old_state
-    more = Series(channel="c", kind=kind, description=protocol.describe(mechanism), bins=36)
+    more = new_series(channel="c", kind=kind, description=protocol.describe(mechanism), bins=36)
     more.update(agent="b", t=1.0, codes=codes)
     old.merge(more)
     assert old.total[block].get()["covariance"] == "bound"

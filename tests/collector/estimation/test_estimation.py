@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from collector.aggregation.series import Series
+from collector.aggregation.series import new_series
 from collector.estimation import ems
 from edge_agent import protocol
 from edge_agent.mechanisms import (
@@ -42,7 +42,8 @@ def assert_close(mean, truth):
 
 
 def summarise(mechanism, x, rng):
-    series = Series(channel="c", kind="linear", description=protocol.describe(mechanism), bins=50)
+    series = new_series(channel="c", kind="linear", description=protocol.describe(mechanism),
+                        bins=50)
     codes = mechanism.perturb_codes(x, rng)
     for part in np.array_split(codes, 20):
         series.update(agent="a", t=0.0, codes=part)
@@ -112,7 +113,7 @@ def test_circular_mean_within_expected_error(epsilon):
     rng = np.random.default_rng(int(epsilon * 100))
     mechanism = CircularOGPM(epsilon=epsilon, origin=-math.pi)
     theta = rng.vonmises(2.5, 2.0, N)
-    series = Series(channel="r", kind="circular", description=protocol.describe(mechanism))
+    series = new_series(channel="r", kind="circular", description=protocol.describe(mechanism))
     series.update(agent="a", t=0.0, codes=mechanism.perturb_codes(theta, rng))
     view = series.get()
     true_direction = np.angle(np.exp(1j * theta).mean())
@@ -137,7 +138,7 @@ def test_polar_mean_vector_and_components():
     mechanism = PolarOGPM(epsilon=6.0, radius_max=2.0)
     r = np.clip(rng.gamma(6.0, 0.12, N), 0, 2)
     a = rng.vonmises(1.0, 3.0, N) % (2 * math.pi)
-    series = Series(channel="p", kind="polar", description=protocol.describe(mechanism))
+    series = new_series(channel="p", kind="polar", description=protocol.describe(mechanism))
     series.update(agent="a", t=0.0, codes=mechanism.perturb_codes(r, a, rng))
     view = series.get()
     truth = (r * np.exp(1j * a)).mean()

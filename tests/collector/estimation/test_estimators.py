@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from collector.aggregation.series import Series
+from collector.aggregation.series import new_series
 from collector.estimation import ems
 from collector.estimation.estimators import LinearModel
 from edge_agent import protocol
@@ -24,7 +24,7 @@ from edge_agent.mechanisms import (
 
 
 def summarise(mechanism, x, rng, *, bins=50, kind="linear"):
-    series = Series(channel="c", kind=kind, description=protocol.describe(mechanism), bins=bins)
+    series = new_series(channel="c", kind=kind, description=protocol.describe(mechanism), bins=bins)
     codes = mechanism.perturb_codes(x, rng)
     for part in np.array_split(codes, 10):
         series.update(agent="a", t=0.0, codes=part)
@@ -223,7 +223,7 @@ def test_the_estimate_does_not_depend_on_how_the_reports_arrived():
                                     np.random.default_rng(2))
     views = []
     for parts in (1, 7):
-        series = Series(channel="c", kind="linear", description=protocol.describe(mechanism))
+        series = new_series(channel="c", kind="linear", description=protocol.describe(mechanism))
         for part in np.array_split(codes, parts):
             series.update(agent="a", t=0.0, codes=part)
         views.append(series.get()["mean"])
@@ -262,7 +262,7 @@ def test_mean_quantiles_and_histogram_come_from_one_fit():
     mechanism = PolarOGPM(epsilon=4.0, radius_max=2.0)  # the demo's accel_polar channel
     radius = np.clip(rng.gamma(4.0, 0.058, 8000), 0, 2)
     angle = rng.uniform(-math.pi, math.pi, 8000)
-    series = Series(channel="wind", kind="polar", description=protocol.describe(mechanism))
+    series = new_series(channel="wind", kind="polar", description=protocol.describe(mechanism))
     series.update(agent="a", t=0.0, codes=mechanism.perturb_codes(radius, angle, rng))
     view = series.get()["radius"]
     edges, shown = np.array(view["histogram"]["edges"]), np.array(view["histogram"]["estimate"])

@@ -16,6 +16,7 @@ import collector.tools.watch as watch_module
 from collector.api.server import WebServer
 from collector.cli import main
 from collector.tools.watch import channels_url, fmt, fmt_count, render, watch
+from edge_agent import protocol
 from tests.support import free_port
 from tests.support.fake_source import FakeSource, empty_linear_channel
 
@@ -70,6 +71,12 @@ def test_fmt_never_writes_an_exponent():
 def test_fmt_count():
     assert fmt_count(15500) == "15,500"
     assert fmt_count(None) == "–"
+
+
+def test_every_kind_of_the_protocol_is_shown():
+    assert set(watch_module.KIND_ROWS) == set(protocol.KINDS)
+    rows = watch_module._rows("x", {"kind": "spiral", "count": 1})
+    assert rows == [("x", "spiral", "1", "–", "", "kind 'spiral' not shown", "–")]
 
 
 def test_channels_url():
