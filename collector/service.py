@@ -9,10 +9,10 @@ The service composes its parts, each in its own module:
   include, and restored at start (the journal after it replayed);
 * the aggregation loop here: tail the journal in order, validate and
   aggregate each message (``ingest.Ingestor``), checkpoint, publish;
-* ``publisher.CollectorClient``: retained snapshots out, range results in;
-* ``range.RangeSchedule``: periodic range discovery, on the designated
-  coordinator only;
-* ``web.WebServer`` over ``views.Views``: the dashboard, API and metrics.
+* ``front.ServingFront``: the dashboard, API and metrics, the retained
+  snapshots out and the range results in, as the merge view serves them;
+* ``range.schedule.RangeSchedule``: periodic range discovery, on the designated
+  coordinator only.
 
 A restart loads the checkpoint and replays the journal after it: exactly the
 committed state, while the broker re-sends whatever was not acknowledged.
@@ -28,12 +28,10 @@ import time
 from collections.abc import Callable
 
 from collector.api.documents import Views
-from collector.api.server import WebServer, latest_channels
 from collector.broker.network import NetworkProcess
-from collector.broker.publisher import CollectorClient
 from collector.broker.settings import network_settings
 from collector.config import CollectorConfig, ConfigError, load_registry
-from collector.range.results import RangeResults
+from collector.front import ServingFront
 from collector.range.schedule import RangeSchedule
 from collector.storage import checkpoint
 from collector.storage.checkpoint import restore
@@ -54,24 +52,14 @@ class CollectorService:
         self.lock = threading.RLock()
         self.store = CollectorStore(config.storage.path)
         self.ingestor, self.position = restore(config, self.store)
-        self.range_results = RangeResults(
-            config.fleet, coordinator=config.range_discovery.client_id,
-            limit=config.limits.range_results)
-        follow = {protocol.range_result_subscription(config.fleet): self.range_results.on_message}
-        self.client = CollectorClient(config, role="publisher", label="snapshot publisher",
-                                      follow=follow)
-        self.views = Views(lambda: self.ingestor, self.lock, clock,
-                           broker_status=self.store.network,
-                           range_results=self.range_results.get,
-                           range_ignored=self.range_results.ignored_counts)
+        self.front = ServingFront(config, lambda: self.ingestor, self.lock, role="publisher",
+                                  label="snapshot publisher", clock=clock,
+                                  broker_status=self.store.network, web=web)
         self.network = NetworkProcess(network_settings(config))
         discovery = config.range_discovery
         self.range_schedule = RangeSchedule(config, channel_domain=self.channel_domain,
                                             agents_online=self.agents_online) \
             if discovery.coordinator and discovery.schedule else None
-        self.web = None
-        if web:
-            self.web = WebServer.from_config(self.views, config.http)
         self._stop = threading.Event()
         self._stop_requested = threading.Event()  # set by SIGTERM / SIGINT
         self._reload_requested = threading.Event()  # set by SIGHUP
@@ -79,7 +67,8 @@ class CollectorService:
 
     @property
     def connected(self) -> bool:
-        return self.client.connected
+        """Whether the snapshot publisher is connected."""
+        return self.front.connected
 
     # -- what range discovery asks --------------------------------------------------------------
     def channel_domain(self, channel: str) -> tuple[float, float] | None:
@@ -144,12 +133,12 @@ class CollectorService:
     def publish_confirmations(self, confirmations: dict[str, bytes]) -> None:
         """What is now durable, to each agent (retained: a reconnecting agent gets it at
         once); not connected: at the next checkpoint."""
-        if not self.client.connected:
+        if not self.front.connected:
             with self.lock:
                 self.ingestor.unconfirmed.update(confirmations)
             return
         for agent, payload in confirmations.items():
-            self.client.publish(protocol.confirm_topic(self.config.fleet, agent), payload)
+            self.front.client.publish(protocol.confirm_topic(self.config.fleet, agent), payload)
 
     def reload_registry(self) -> bool:
         """Re-read the registry file (SIGHUP); on an error the registry in force stays."""
@@ -167,14 +156,9 @@ class CollectorService:
         log.info("registry reloaded from %s: %d agents", registry.file, len(agents))
         return True
 
-    def publish_snapshots(self) -> None:
-        self.client.publish_snapshots(latest_channels(self.web, self.views))
-
     def _aggregate(self) -> None:
-        storage, snapshots = self.config.storage, self.config.snapshots
+        storage = self.config.storage
         next_checkpoint = time.monotonic() + storage.checkpoint_seconds
-        snapshot_every = snapshots.interval_seconds or float("inf")
-        next_snapshot = time.monotonic() + snapshot_every
         while not self._stop.is_set():
             try:
                 if self._reload_requested.is_set():
@@ -188,9 +172,6 @@ class CollectorService:
                     next_checkpoint = now + (storage.checkpoint_seconds if self.checkpoint()
                                              else CHECKPOINT_RETRY_SECONDS)
                 self.network.supervise()
-                if now >= next_snapshot and self.connected:
-                    self.publish_snapshots()
-                    next_snapshot = now + snapshot_every
             except Exception:  # keep aggregating; the next round retries
                 log.exception("aggregation step failed")
                 self._stop.wait(1.0)
@@ -198,14 +179,12 @@ class CollectorService:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         self.network.start()
-        self.client.start()
         self._thread = threading.Thread(target=self._aggregate, name="collector-aggregate",
                                         daemon=True)
         self._thread.start()
         if self.range_schedule is not None:
             self.range_schedule.start()
-        if self.web is not None:
-            self.web.start()
+        self.front.start()
 
     def stop(self) -> None:
         self.network.stop()  # the child commits, acknowledges and leaves
@@ -216,9 +195,7 @@ class CollectorService:
         while self.catch_up():  # whatever the child committed last
             pass
         self.checkpoint()
-        if self.web is not None:
-            self.web.stop()
-        self.client.stop()
+        self.front.stop()
         self.store.close()
 
     def run_forever(self) -> int:

@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from collector.api.documents import SnapshotSource, Views
+from collector.api.documents import SnapshotSource
 from collector.api.snapshots import Snapshot, Snapshots
 from edge_agent.common.asgi import (
     JSON_TYPE,
@@ -182,32 +182,27 @@ class _EventStream(EventSourceResponse):
             self.release()
 
 
-def latest_channels(web: WebServer | None, views: Views) -> dict:
-    """The /api/channels document: the web server's latest snapshot (computed outside the
-    ingest lock), or, without one, computed now."""
-    latest = web.snapshots.latest if web is not None else None
-    return latest.documents.channels if latest is not None else views.channels_json()
-
-
 class WebServer:
     """The collector's HTTP server: ``start()`` binds and serves from a thread,
     ``stop()`` ends it and every open connection.
 
-    ``source`` gives the documents (``views.SnapshotSource``: ``views.Views`` for
-    a collector).  ``port=0`` binds a free port; ``.port`` and ``.url`` tell which.
+    It serves ``snapshots`` (``collector.api.snapshots.Snapshots``, started and stopped
+    by their owner, ``collector.front``), or, given a ``source`` instead
+    (``SnapshotSource``), snapshots of its own, computed every ``push_seconds`` while it
+    runs.  ``port=0`` binds a free port; ``.port`` and ``.url`` tell which.
     """
 
-    def __init__(self, source: SnapshotSource, *, host: str, port: int,
-                 push_seconds: float = 1.0, limits: HttpLimits = HttpLimits()):
-        if not push_seconds > 0:
-            raise ValueError(f"push_seconds must be > 0, got {push_seconds}")
-        self.source = source
+    def __init__(self, source: SnapshotSource | None = None, *, host: str, port: int,
+                 snapshots: Snapshots | None = None, push_seconds: float = 1.0,
+                 limits: HttpLimits = HttpLimits()):
+        if (source is None) == (snapshots is None):
+            raise TypeError("WebServer serves a source or snapshots: give one of them")
         self.host = host
-        self.push_seconds = float(push_seconds)
         self.limits = limits
         self._requested_port = port
-        self.snapshots = Snapshots(source, push_seconds=self.push_seconds,
-                                   on_publish=self._snapshot_published)
+        self._owns_snapshots = snapshots is None
+        self.snapshots = snapshots or Snapshots(source, push_seconds=push_seconds)
+        self.snapshots.subscribe(self._snapshot_published)
         self.guard = ConnectionGuard(limits.connections())
         self.guard.refused["event_streams"] = 0
         self._registry = CollectorRegistry(auto_describe=False)
@@ -223,8 +218,8 @@ class WebServer:
         self._channels_event: bytes | None = None  # the latest snapshot's SSE event
 
     @classmethod
-    def from_config(cls, source: SnapshotSource, http: HttpConfig) -> WebServer:
-        return cls(source, host=http.host, port=http.port, push_seconds=http.push_seconds,
+    def from_config(cls, snapshots: Snapshots, http: HttpConfig) -> WebServer:
+        return cls(snapshots=snapshots, host=http.host, port=http.port,
                    limits=HttpLimits(max_connections=http.max_connections,
                                      max_event_streams=http.max_event_streams,
                                      idle_timeout_seconds=http.idle_timeout_seconds,
@@ -245,11 +240,13 @@ class WebServer:
             headers=[("Server", "edge-collector"), ("X-Content-Type-Options", "nosniff")],
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
         self._closing = False
-        self.snapshots.start()
+        if self._owns_snapshots:
+            self.snapshots.start()
         try:
             self._http.start()
         except RuntimeError:
-            self.snapshots.stop()
+            if self._owns_snapshots:
+                self.snapshots.stop()
             self._http = None
             raise
         log.info("dashboard and API on %s", self.url)
@@ -263,7 +260,8 @@ class WebServer:
         http = self._http
         if http is None:
             return
-        self.snapshots.stop()
+        if self._owns_snapshots:
+            self.snapshots.stop()
         loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop has ended already

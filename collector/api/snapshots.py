@@ -46,20 +46,25 @@ class Snapshots:
     """The latest ``Snapshot`` of a source, refreshed every ``push_seconds`` in a thread.
 
     A failing computation keeps the previous snapshot (``failing`` is set until
-    one succeeds) and is logged once per failing streak.  ``on_publish`` is
-    called after every attempt, from the computing thread."""
+    one succeeds) and is logged once per failing streak.  Every callback given to
+    ``subscribe`` is called after every attempt, from the computing thread."""
 
-    def __init__(self, source: SnapshotSource, *, push_seconds: float,
-                 on_publish: Callable[[], None] | None = None):
+    def __init__(self, source: SnapshotSource, *, push_seconds: float):
+        if not push_seconds > 0:
+            raise ValueError(f"push_seconds must be > 0, got {push_seconds}")
         self.source = source
-        self.push_seconds = push_seconds
-        self.on_publish = on_publish
+        self.push_seconds = float(push_seconds)
+        self._subscribers: list[Callable[[], None]] = []
         self.latest: Snapshot | None = None
         self.failing = False
         self.errors = 0  # failed computations
         self._computing = threading.Lock()  # one computation at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every attempt (set before ``start``)."""
+        self._subscribers.append(callback)
 
     def start(self) -> None:
         """Compute the first snapshot now, then every push period, in a thread."""
@@ -113,6 +118,6 @@ class Snapshots:
                 if self.failing:
                     log.info("the API documents are computed again")
                 self.latest, self.failing = snapshot, False
-        if self.on_publish is not None:
-            self.on_publish()
+        for callback in self._subscribers:
+            callback()
         return snapshot

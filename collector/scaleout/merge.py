@@ -5,7 +5,7 @@ bucket ``<stream>_state`` (typed: ``collector.storage.states.PartitionState``;
 docs/SCALE_OUT.md), which ``scaleout.feed.PartitionFeed`` watches.
 ``MergeView`` keeps the latest valid state of each partition and merges them on
 demand (``Ingestor.merge`` is exact); ``MergeService`` serves the result through
-the same ``Views`` and ``WebServer`` as a single collector.  Nothing is unpickled:
+the same serving front as a single collector (``collector.front``).  Nothing is unpickled:
 a state is decoded through its types and checked for sums no reports could give.
 """
 
@@ -20,15 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from collector.aggregation.ingest import Ingestor
-from collector.api.documents import Views
-from collector.api.server import WebServer, latest_channels
-from collector.broker.publisher import CollectorClient
 from collector.config import CollectorConfig
-from collector.range.results import RangeResults
+from collector.front import ServingFront
 from collector.scaleout.feed import PartitionFeed
 from collector.scaleout.partition_state import PartitionStateRejected, decode_partition
 from collector.storage.states import AggregateSettings
-from edge_agent import protocol
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +130,9 @@ class MergeView:
 # -- edge-collector merge ------------------------------------------------------------------------
 
 class MergeService:
-    """Watches every partition's state and serves the merged aggregates (``[scale_out]``).
+    """Watches every partition's state and serves the merged aggregates (``[scale_out]``)
+    through the same serving front as a single collector (``collector.front``); members
+    publish no partial snapshots.
 
     Stateless: a restart reads every partition's latest state again."""
 
@@ -142,51 +140,20 @@ class MergeService:
         if config.scale_out is None:
             raise ValueError("scale_out: the merge view needs the [scale_out] table")
         self.config = config
-        self.lock = threading.RLock()
         self.view = MergeView(config.fleet, config.aggregate_settings)
-        self.range_results = RangeResults(
-            config.fleet, coordinator=config.range_discovery.client_id,
-            limit=config.limits.range_results)
-        follow = {protocol.range_result_subscription(config.fleet):
-                  self.range_results.on_message}
+        self.front = ServingFront(config, self.view.ingestor, threading.RLock(), role="merge",
+                                  label="merge view", extra=self.view.partitions_json,
+                                  web=web)
         self.feed = PartitionFeed(config.scale_out, self.view.update_partition,
                                   name=f"{config.broker.client_id}-merge")
-        self.client = CollectorClient(config, role="merge", label="merge view", follow=follow)
-        self.views = Views(self.view.ingestor, self.lock, broker_status=self.client.status,
-                           range_results=self.range_results.get,
-                           range_ignored=self.range_results.ignored_counts,
-                           extra=self.view.partitions_json)
-        self._stop = threading.Event()
-        self.web = None
-        if web:
-            self.web = WebServer.from_config(self.views, config.http)
 
     def start(self) -> None:
-        self.client.start()
+        self.front.start()
         self.feed.start()
-        if self.web is not None:
-            self.web.start()
-        self._thread = threading.Thread(target=self._snapshots, name="merge-snapshots",
-                                        daemon=True)
-        self._thread.start()
-
-    def _snapshots(self) -> None:
-        """The merged aggregates as the retained snapshots a single collector publishes
-        (members do not publish partial ones)."""
-        every = self.config.snapshots.interval_seconds
-        while every and not self._stop.wait(every):
-            try:
-                if self.client.connected and self.view.partitions:
-                    self.client.publish_snapshots(latest_channels(self.web, self.views))
-            except Exception:
-                log.exception("publishing merged snapshots failed")
 
     def stop(self) -> None:
-        self._stop.set()
         self.feed.stop()
-        if self.web is not None:
-            self.web.stop()
-        self.client.stop()
+        self.front.stop()
 
     def run_forever(self) -> int:
         stop = threading.Event()

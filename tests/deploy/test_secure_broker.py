@@ -557,7 +557,7 @@ def start_collector(config):
 
 
 def api(service, path="/api/channels"):
-    with urllib.request.urlopen(service.web.url.rstrip("/") + path, timeout=5) as response:
+    with urllib.request.urlopen(service.front.web.url.rstrip("/") + path, timeout=5) as response:
         return json.loads(response.read())
 
 

@@ -338,17 +338,17 @@ def test_unknown_paths_are_json_404(server, path):
 
 
 @pytest.mark.parametrize("path", [
-    "/static/../web.py",
-    "/static/%2e%2e/web.py",
-    "/static/..%2fweb.py",
+    "/static/../server.py",
+    "/static/%2e%2e/server.py",
+    "/static/..%2fserver.py",
     "/static/..%2F__init__.py",
-    "/static/%2e%2e%2f%2e%2e%2fpyproject.toml",
-    "/static/..%5cweb.py",
+    "/static/%2e%2e%2f%2e%2e%2f%2e%2e%2fpyproject.toml",
+    "/static/..%5cserver.py",
     "/static//etc/passwd",
     "/static/%2fetc%2fpasswd",
     "/static/.",
     "/static/..",
-    "/../collector/web.py",
+    "/../collector/api/server.py",
     "//etc/passwd",
     "/static/app.js%00.html",
 ])

@@ -368,7 +368,7 @@ def test_export_of_the_journal_the_collector_wrote_replays_to_its_document(tmp_p
         service.store.commit()
         while service.catch_up():  # as the aggregation loop applies the journal
             pass
-        live = json_safe(service.views.channels_json())
+        live = json_safe(service.front.views.channels_json())
         assert live["ingest"]["rejects"] == {"json": 1, "oversized": 1, "bad_code": 1,
                                              "status": 1}
         assert live["ingest"]["duplicates"] == 5
@@ -425,7 +425,7 @@ def test_a_collector_keeping_its_journal_exports_the_whole_stream(tmp_path):
     try:
         while restarted.catch_up():
             pass
-        live = json_safe(restarted.views.channels_json())
+        live = json_safe(restarted.front.views.channels_json())
     finally:
         restarted.store.close()
     assert live["ingest"]["messages"] == len(first) + len(later)  # nothing applied twice
