@@ -5,12 +5,14 @@ in tests/support."""
 from __future__ import annotations
 
 import multiprocessing.resource_tracker
+import os
 
 import pytest
 
 from tests.support import Mosquitto, stop_leftover_processes
 from tests.support.nats import NatsCluster
 from tests.support.reaper import Reaper, become_subreaper
+from tests.support.web import CHROMIUM, CHROMIUM_ARGS
 
 
 def pytest_configure(config):
@@ -63,3 +65,15 @@ def nats_cluster(tmp_path):
     cluster = NatsCluster(tmp_path / "nats").start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"Chromium not found at {CHROMIUM}: run `make test` (it installs it with apt) "
+                    "or set CHROMIUM")
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()

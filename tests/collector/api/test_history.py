@@ -18,7 +18,7 @@ from collector.api.server import WebServer
 from collector.config import ConfigError, parse_collector_config
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM
-from tests.collector.api.test_web import request, strict_json
+from tests.support.web import request, strict_json
 
 FLEET = "demo"
 WINDOW = 10.0

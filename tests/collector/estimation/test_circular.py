@@ -22,17 +22,7 @@ from collector.estimation import circular
 from collector.estimation.jsonsafe import json_safe
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, PolarOGPM
-from tests.collector.api.test_web import (
-    Dashboard,
-    assert_shows,
-    browser,
-    card,
-    request,
-    serve,
-    strict_json,
-)
-
-__all__ = ["browser"]  # the module-scoped Chromium fixture of test_web
+from tests.support.web import Dashboard, assert_shows, card, request, serve, strict_json
 
 REPETITIONS = 400
 # Fewer covered than this in REPETITIONS has probability below 1e-6 at 95% coverage.
