@@ -7,7 +7,7 @@ import sys
 import time
 
 from collector.broker.lifetime import running
-from tests.support.ports import wait_until
+from tests.support.ports import HANG_GUARD_SECONDS, wait_until
 from tests.support.reaper import Reaper, die_with_test
 
 # A child that starts a grandchild and exits: the grandchild is an orphan, re-parented to
@@ -55,7 +55,7 @@ def test_a_child_started_with_die_with_test_dies_with_its_parent():
     assert running(child)
     parent.kill()
     parent.wait()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + HANG_GUARD_SECONDS
     while running(child) and time.monotonic() < deadline:
         time.sleep(0.05)
         try:

@@ -30,6 +30,7 @@ from tests.support import (
     write_agent_config,
 )
 from tests.support import wait_for_api as wait_until
+from tests.support.ports import HANG_GUARD_SECONDS
 
 RSS_GROWTH_MAX_KB = 50_000
 
@@ -125,15 +126,16 @@ def test_a_collector_next_to_a_fleet_takes_the_corpus_unharmed(tmp_path, mosquit
                        if topic.split("/")[3] in hostile.FLEET_AGENTS][:100]
         corpus = hostile.build(time.time(), replays)
 
-        latencies: list[float] = []
+        answers: list[object] = []  # the API's answers, or what failed instead
         sending = threading.Event()
         sending.set()
 
         def watch_api():  # the API keeps answering while the corpus arrives
             while sending.is_set():
-                started = time.monotonic()
-                collector.api()
-                latencies.append(time.monotonic() - started)
+                try:
+                    answers.append(collector.api()["fleet"])
+                except Exception as exc:
+                    answers.append(exc)
                 time.sleep(0.1)
 
         watcher = threading.Thread(target=watch_api, daemon=True)
@@ -148,7 +150,7 @@ def test_a_collector_next_to_a_fleet_takes_the_corpus_unharmed(tmp_path, mosquit
         assert wait_until(lambda: collector.api()["ingest"]["rejects"] == expected_rejects,
                           120), (collector.api()["ingest"]["rejects"], expected_rejects)
         sending.clear()
-        watcher.join(10)
+        watcher.join(HANG_GUARD_SECONDS)
         assert fleet.wait(120) == 0, fleet.output()[-3000:]
         rss_after = sum(map(rss_kb, pids))
 
@@ -189,7 +191,8 @@ def test_a_collector_next_to_a_fleet_takes_the_corpus_unharmed(tmp_path, mosquit
         assert sorted(ranges["channels"]) == ["r0", "r1"]
         assert ranges["ignored"] == {reason: n for reason, n in
                                      hostile.expected(corpus, "range").items() if reason != "shown"}
-        assert max(latencies) < 5.0, max(latencies)
+        # Every request answered (how fast: benchmarks/bench_collector_load.py).
+        assert answers and set(answers) == {hostile.FLEET}, answers
         assert rss_after - rss_before < RSS_GROWTH_MAX_KB, (rss_before, rss_after)
     finally:
         attacker.close()

@@ -38,6 +38,7 @@ from tests.deploy.secure_broker import (
     make_credentials,
 )
 from tests.support import AgentProcess, MqttClient, configs, wait_until, write_toml
+from tests.support.ports import HANG_GUARD_SECONDS
 
 FLEET = "demo"
 NOT_AUTHORIZED = 135  # MQTT v5 reason code
@@ -557,7 +558,8 @@ def start_collector(config):
 
 
 def api(service, path="/api/channels"):
-    with urllib.request.urlopen(service.front.web.url.rstrip("/") + path, timeout=5) as response:
+    url = service.front.web.url.rstrip("/") + path
+    with urllib.request.urlopen(url, timeout=HANG_GUARD_SECONDS) as response:
         return json.loads(response.read())
 
 

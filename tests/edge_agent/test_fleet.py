@@ -32,6 +32,7 @@ from tests.support import (
     agent_config,
     write_agent_config,
 )
+from tests.support.ports import HANG_GUARD_SECONDS
 
 T0 = 1_700_000_000.0
 
@@ -456,7 +457,7 @@ def test_crash_fires_the_connections_last_will_only(tmp_path, mosquitto):
         assert subscriber.wait_for(lambda: set(statuses_per_agent(subscriber)) >= set(ids),
                                    60), fleet.output()
         fleet.process.kill()  # no clean shutdown: only the broker's last will speaks
-        fleet.wait(10)
+        fleet.wait(HANG_GUARD_SECONDS)
     finally:
         fleet.kill()
     assert subscriber.wait_for(lambda: "w1" in statuses_per_agent(subscriber), 10)

@@ -1,6 +1,7 @@
 """The helpers the tests and the benchmarks share, each in one place.
 
-- ports: free_port, port_open, wait_until
+- ports: free_port, port_open, wait_until, stays_false, returns_within (waits are
+  guards against a hang, never bounds on speed)
 - brokers: find_mosquitto, require_mosquitto, Mosquitto
 - configs: agent and collector configurations as dicts and TOML files
 - mqtt: MqttClient, Subscriber, session_present
@@ -29,7 +30,15 @@ from tests.support.configs import (
 from tests.support.fakes import FakeTransport, SimulatedTime
 from tests.support.mqtt import MqttClient, Subscriber, session_present
 from tests.support.paths import REPO, child_env
-from tests.support.ports import LOOPBACK, free_port, port_open, wait_until
+from tests.support.ports import (
+    HANG_GUARD_SECONDS,
+    LOOPBACK,
+    free_port,
+    port_open,
+    returns_within,
+    stays_false,
+    wait_until,
+)
 from tests.support.processes import (
     AgentProcess,
     ChildProcess,
@@ -43,11 +52,11 @@ from tests.support.processes import (
 )
 
 __all__ = [
-    "AX_CHANNEL", "FLEET", "LOOPBACK", "REPO", "SYNTHETIC_IMU", "AgentProcess", "ChildProcess",
-    "CollectorProcess", "FakeTransport", "FleetProcess", "Mosquitto", "MqttClient",
-    "SimulatedTime",
-    "Subscriber", "agent_config", "broker_table", "child_env", "collector_config",
-    "find_mosquitto", "free_port", "port_open", "python_module", "require_mosquitto",
-    "run_module", "session_present", "stop_leftover_processes", "to_toml", "toml_value", "track",
-    "wait_for_api", "wait_until", "write_agent_config", "write_toml",
+    "AX_CHANNEL", "FLEET", "HANG_GUARD_SECONDS", "LOOPBACK", "REPO", "SYNTHETIC_IMU",
+    "AgentProcess", "ChildProcess", "CollectorProcess", "FakeTransport", "FleetProcess",
+    "Mosquitto", "MqttClient", "SimulatedTime", "Subscriber", "agent_config", "broker_table",
+    "child_env", "collector_config", "find_mosquitto", "free_port", "port_open",
+    "python_module", "require_mosquitto", "returns_within", "run_module", "session_present",
+    "stays_false", "stop_leftover_processes", "to_toml", "toml_value", "track", "wait_for_api",
+    "wait_until", "write_agent_config", "write_toml",
 ]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tests.support.configs import collector_config, write_toml
 from tests.support.paths import REPO, child_env
-from tests.support.ports import LOOPBACK, free_port, wait_until
+from tests.support.ports import HANG_GUARD_SECONDS, LOOPBACK, free_port, wait_until
 from tests.support.reaper import die_with_test
 
 _started: list[subprocess.Popen] = []
@@ -158,5 +158,5 @@ class CollectorProcess(ChildProcess):
         return self
 
     def api(self, path: str = "/api/channels"):
-        with urllib.request.urlopen(self.url + path, timeout=5) as response:
+        with urllib.request.urlopen(self.url + path, timeout=HANG_GUARD_SECONDS) as response:
             return json.loads(response.read())

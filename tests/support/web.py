@@ -13,6 +13,7 @@ from decimal import Decimal
 
 from collector.api.documents import Capture, Documents
 from collector.api.server import WebServer
+from tests.support.ports import HANG_GUARD_SECONDS
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -32,7 +33,7 @@ def strict_json(body: bytes):
 def request(server: WebServer, method: str, path: str, *, body: bytes | None = None,
             headers: dict | None = None):
     """(status, lower-cased headers, body); the path is sent exactly as given."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HANG_GUARD_SECONDS)
     try:
         conn.request(method, path, body=body, headers=headers or {})
         response = conn.getresponse()
@@ -44,7 +45,7 @@ def request(server: WebServer, method: str, path: str, *, body: bytes | None = N
 
 def raw_exchange(server: WebServer, data: bytes) -> bytes:
     """Send bytes on a fresh connection; whatever comes back until it closes."""
-    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HANG_GUARD_SECONDS) as sock:
         sock.sendall(data)
         sock.shutdown(socket.SHUT_WR)  # no further request: the server answers and closes
         chunks = []
@@ -59,7 +60,7 @@ def raw_exchange(server: WebServer, data: bytes) -> bytes:
 class EventReader:
     """A minimal SSE client over http.client: read_event() -> (name, data)."""
 
-    def __init__(self, server: WebServer, timeout: float = 5):
+    def __init__(self, server: WebServer, timeout: float = HANG_GUARD_SECONDS):
         self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout)
         self.conn.request("GET", "/api/events", headers={"Accept": "text/event-stream"})
         self.sock = self.conn.sock  # the response takes it over (Connection: close)
@@ -184,7 +185,7 @@ class Dashboard:
     def updates(self) -> int:
         return int(self.page.get_attribute("body", "data-updated"))
 
-    def wait_updates(self, n: int, timeout: float = 10) -> None:
+    def wait_updates(self, n: int, timeout: float = HANG_GUARD_SECONDS) -> None:
         # A function, not an expression string: the page's CSP forbids eval.
         self.page.wait_for_function("(n) => Number(document.body.dataset.updated) >= n",
                                     arg=n, timeout=timeout * 1000)

@@ -10,6 +10,7 @@ import pytest
 
 from collector.api.documents import Capture, Documents
 from tests.support.fake_source import FakeSource
+from tests.support.ports import HANG_GUARD_MS
 from tests.support.web import (
     CANVAS_STATE,
     Dashboard,
@@ -113,7 +114,7 @@ def test_dashboard_updates_itself_without_reloading(dashboard, source):
     page.wait_for_function(
         """([selector, expected]) => document.querySelector(selector).textContent
              .replace(/,/g, "") === String(expected)""",
-        arg=[card("accel_x", "count"), new], timeout=5000)
+        arg=[card("accel_x", "count"), new], timeout=HANG_GUARD_MS)
     assert dashboard.text(card("accel_x", "count")) != old
     assert dashboard.updates() > before
     assert page.evaluate("window.__sameDocument") is True
@@ -127,14 +128,14 @@ def test_broker_disconnection_is_shown(dashboard, source):
     source.broker_connected = False
     source.step()
     broker = dashboard.page.locator('#fleet [data-stat="broker"][data-state="disconnected"]')
-    broker.wait_for(timeout=5000)
+    broker.wait_for(timeout=HANG_GUARD_MS)
     assert broker.inner_text().startswith("disconnected since ")
     assert dashboard.problems == []
 
 
 def test_a_channel_appearing_later_with_null_statistics(dashboard, source):
     source.add_channel("humidity")
-    dashboard.page.wait_for_selector('[data-channel="humidity"]', timeout=5000)
+    dashboard.page.wait_for_selector('[data-channel="humidity"]', timeout=HANG_GUARD_MS)
     dashboard.wait_updates(dashboard.updates() + 1)
     for stat in ("mean-estimate", "stderr", "ci-low", "ci-high", "method", "median",
                  "bias-bound"):
@@ -192,7 +193,7 @@ def test_dashboard_shows_range_bounds_and_why_a_result_is_insufficient(browser):
         served = strict_json(request(web, "GET", "/api/range")[2])["channels"]
         assert served["accel_x"]["min"]["error_bound"] == 1.172
         page = board.page
-        page.wait_for_selector("#range:not([hidden])", timeout=5000)
+        page.wait_for_selector("#range:not([hidden])", timeout=HANG_GUARD_MS)
 
         def cell(channel, side, stat=None):
             inner = f' [data-range-stat="{stat}"]' if stat else ""
@@ -246,7 +247,7 @@ def test_charts_are_drawn_and_follow_a_resize(browser, source):
             (c) => c.clientWidth * window.devicePixelRatio > old + 20
                 && Math.abs(c.width - Math.round(c.clientWidth * window.devicePixelRatio)) <= 1)""",
                                arg=max(c["width"] for c in charts if c["chart"] == "trend"),
-                               timeout=5000)
+                               timeout=HANG_GUARD_MS)
         resized = page.evaluate(CANVAS_STATE)
         assert board.updates() == 1
         for before, after in zip(charts, resized):
@@ -285,7 +286,7 @@ def test_falls_back_to_polling(browser, server, source, how):
         board.page.wait_for_function(
             """([selector, expected]) => document.querySelector(selector).textContent
                  .replace(/,/g, "") === String(expected)""",
-            arg=[card("roll", "count"), new], timeout=6000)
+            arg=[card("roll", "count"), new], timeout=HANG_GUARD_MS)
         assert_shows(board, card("roll", "circular-mean"),
                      source.channels_json()["channels"]["roll"]["circular_mean"])
         # Only the refused stream itself may be reported (Chromium logs it without its URL).

@@ -10,6 +10,7 @@ import time
 from collector.aggregation.ingest import Ingestor
 from collector.api.documents import Capture, Documents, Views
 from edge_agent import protocol
+from tests.support.ports import HANG_GUARD_MS
 from tests.support.web import (
     PUSH,
     Dashboard,
@@ -108,7 +109,7 @@ def test_a_categorical_channel_is_a_bar_chart_with_intervals(browser):
     board = Dashboard(browser, web, init_script=NO_ALERTS)
     try:
         page = board.page
-        page.wait_for_selector('[data-channel="activity"] .bar-row', timeout=5000)
+        page.wait_for_selector('[data-channel="activity"] .bar-row', timeout=HANG_GUARD_MS)
         channel = strict_json(request(web, "GET", "/api/channels")[2])["channels"]["activity"]
         freq = channel["frequencies"]
         assert freq["labels"] == labels and channel["count"] == 360
@@ -162,7 +163,7 @@ def test_categorical_cards_without_data_with_new_labels_with_delta_and_many_cate
     board = Dashboard(browser, web)
     try:
         page = board.page
-        page.wait_for_selector('[data-channel="activity"] .bar-row', timeout=5000)
+        page.wait_for_selector('[data-channel="activity"] .bar-row', timeout=HANG_GUARD_MS)
         # No report yet: empty bars, dashes, no whiskers.
         empty = page.evaluate(BAR_ROWS, "activity")
         assert [r["label"] for r in empty] == ["rest", "walk", "run"]
@@ -179,7 +180,7 @@ def test_categorical_cards_without_data_with_new_labels_with_delta_and_many_cate
         source.set({"activity": categorical_channel(labels, shares, delta=1e-6)})
         page.wait_for_function(
             "() => document.querySelectorAll('[data-channel=\"activity\"] .bar-row').length === 4",
-            timeout=5000)
+            timeout=HANG_GUARD_MS)
         assert page.evaluate(
             "document.querySelector('[data-channel=\"activity\"]').__first") is None
         assert page.locator("[data-channel]").count() == 1
@@ -200,7 +201,7 @@ def test_categorical_cards_without_data_with_new_labels_with_delta_and_many_cate
         source.set({"activity": categorical_channel(numbered, shares, mechanism_labels=False)})
         page.wait_for_function(
             "() => document.querySelectorAll('[data-channel=\"activity\"] .bar-row').length === 64",
-            timeout=5000)
+            timeout=HANG_GUARD_MS)
         assert "top 64 of 100 categories by share" in board.text(
             '[data-channel="activity"] [data-block="frequencies"] .chart-label')
         many = page.evaluate(BAR_ROWS, "activity")
@@ -219,7 +220,7 @@ def test_categorical_cards_without_data_with_new_labels_with_delta_and_many_cate
         first = sorted(range(100), key=lambda i: (-reverse[i], i))[0]
         page.wait_for_function(
             """(first) => document.querySelector('[data-channel="activity"] .bar-row')
-                 .dataset.category === String(first)""", arg=first, timeout=5000)
+                 .dataset.category === String(first)""", arg=first, timeout=HANG_GUARD_MS)
         assert page.evaluate(
             "document.querySelector('[data-channel=\"activity\"]').__same") is True
         assert page.locator('[data-channel="activity"] .bar-row').count() == 64

@@ -16,6 +16,7 @@ import pytest
 from collector.api.server import WebServer
 from tests.support import wait_until
 from tests.support.fake_source import FakeSource, empty_linear_channel
+from tests.support.ports import HANG_GUARD_MS, HANG_GUARD_SECONDS
 from tests.support.web import (
     CANVAS_STATE,
     CHROMIUM,
@@ -235,7 +236,7 @@ def test_values_show_their_unit_and_what_the_plus_minus_is(dashboard, source):
 
     # A channel that names no unit shows none.
     source.add_channel("humidity")
-    page.wait_for_selector('[data-channel="humidity"]', timeout=5000)
+    page.wait_for_selector('[data-channel="humidity"]', timeout=HANG_GUARD_MS)
     assert term_text(board, "humidity", "mean-estimate") == "– ± – (s.e.)"
     assert term_text(board, "humidity", "ci-low") == "[–, –]"
     assert page.locator('[data-channel="humidity"] [data-unit]').count() == 0
@@ -325,7 +326,7 @@ def test_the_static_view_fetches_once_and_says_when_it_is_done(browser, source):
     board = Dashboard(browser, web, init_script=COUNT_TIMERS, path="/?static=1", wait=False)
     try:
         page = board.page
-        page.wait_for_function(READY, timeout=10000)
+        page.wait_for_function(READY, timeout=HANG_GUARD_MS)
         channels = strict_json(request(web, "GET", "/api/channels")[2])["channels"]
         connection = board.text('[data-stat="connection"]')
         assert re.fullmatch(r"static view as of \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", connection)
@@ -366,7 +367,7 @@ def test_the_static_view_says_why_it_could_not_load(browser):
     try:
         page = board.page
         page.wait_for_function("() => document.documentElement.dataset.state === 'error'",
-                               timeout=10000)
+                               timeout=HANG_GUARD_MS)
         connection = board.text('[data-stat="connection"]')
         assert connection.startswith("could not load the collector's data"), connection
         assert "HTTP 503 the aggregates could not be computed" in connection
@@ -409,5 +410,5 @@ def test_a_headless_screenshot_of_the_static_view_finishes(source, tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
+        process.wait(timeout=HANG_GUARD_SECONDS)
         web.stop()

@@ -13,6 +13,7 @@ from collector.estimation.jsonsafe import json_safe
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM
 from tests.support import wait_until
+from tests.support.ports import HANG_GUARD_SECONDS
 from tests.support.web import (
     PUSH,
     EventReader,
@@ -91,7 +92,7 @@ def test_fifty_streams_and_requests_share_one_computation_per_push(source):
     web = serve(source)
     readers = []
     try:
-        readers = [EventReader(web, timeout=10) for _ in range(50)]
+        readers = [EventReader(web) for _ in range(50)]
         for reader in readers:
             assert reader.read_event()[0] == "channels"
         computes, started = source.computes, time.monotonic()
@@ -136,14 +137,14 @@ def test_the_collectors_lock_is_free_while_a_snapshot_is_computed(monkeypatch):
 
     def blocking_get(self, *, windows=False):  # runs only while documents are computed
         computing.set()
-        assert go_on.wait(10)
+        assert go_on.wait(HANG_GUARD_SECONDS)
         return real_get(self, windows=windows)
 
     monkeypatch.setattr(Series, "get", blocking_get)
     web = serve(views)
     try:
-        assert computing.wait(5)  # the first snapshot is being computed ...
-        assert lock.acquire(timeout=2)  # ... and the aggregation loop could go on
+        assert computing.wait(HANG_GUARD_SECONDS)  # the first snapshot is being computed ...
+        assert lock.acquire(timeout=HANG_GUARD_SECONDS)  # ... and the aggregation loop could go on
         lock.release()
         go_on.set()
         status, _, body = request(web, "GET", "/api/channels")

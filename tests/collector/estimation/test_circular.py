@@ -22,6 +22,7 @@ from collector.estimation import circular
 from collector.estimation.jsonsafe import json_safe
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, PolarOGPM
+from tests.support.ports import HANG_GUARD_MS
 from tests.support.web import Dashboard, assert_shows, card, request, serve, strict_json
 
 REPETITIONS = 400
@@ -370,7 +371,7 @@ def test_the_dashboard_shows_the_direction_and_length_intervals(browser):
     web = serve(Views(lambda: ingestor))
     board = Dashboard(browser, web)
     try:
-        board.page.wait_for_selector(card("roll", "circular-half-width"), timeout=5000)
+        board.page.wait_for_selector(card("roll", "circular-half-width"), timeout=HANG_GUARD_MS)
         channels = strict_json(request(web, "GET", "/api/channels")[2])["channels"]
         stats = channels["roll"]
         direction, length = stats["direction"], stats["resultant_length"]

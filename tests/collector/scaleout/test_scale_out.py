@@ -19,16 +19,16 @@ from collector.scaleout.engine import open_engine
 from collector.scaleout.partitions import message_id
 from tests.support import CollectorProcess, MqttClient, run_module, wait_until, write_toml
 from tests.support import wait_for_api as wait_for
+from tests.support.scaleout import (
+    DUPLICATE_WINDOW,
+    PARTITIONS,
+    STREAM,
+    Role,
+    ingress,
+    member,
+    scale_out,
+)
 from tests.support.streams import AGENTS, CHANNELS, Publisher, SteadyStream, comparable
-
-STREAM = "ldp_reports"
-PARTITIONS = 8
-DUPLICATE_WINDOW = 2.0
-
-
-def scale_out(cluster, **extra) -> dict:
-    return {"servers": cluster.urls, "partitions": PARTITIONS, "lease_seconds": 10,
-            "checkpoint_seconds": 0.5, "duplicate_window_seconds": DUPLICATE_WINDOW, **extra}
 
 
 def stored_ids(cluster) -> list[str]:
@@ -52,43 +52,6 @@ def stored_ids(cluster) -> list[str]:
         except nats.errors.Error:
             time.sleep(0.5)
     return asyncio.run(read())
-
-
-class Role(CollectorProcess):
-    """An ingress or a member: no HTTP API; ready once its log says so."""
-
-    def __init__(self, tmp_path, broker, cluster, command: str, name: str, ready: str,
-                 **settings):
-        super().__init__(tmp_path, broker, name=name, command=command,
-                         broker_settings={"client_id": name},
-                         scale_out=scale_out(cluster, member=name, **settings))
-        self.ready = ready
-
-    def start_raw(self) -> Role:
-        """Start without waiting for anything."""
-        super(CollectorProcess, self).start()
-        return self
-
-    def start(self) -> Role:
-        mark = len(self.output())
-        self.start_raw()
-
-        def ready() -> bool:
-            if not self.running():
-                raise RuntimeError(self.output()[-3000:])
-            return self.ready in self.output()[mark:]
-
-        assert wait_until(ready, 60, interval=0.1), self.output()[-3000:]
-        return self
-
-
-def ingress(tmp_path, broker, cluster, **settings) -> Role:
-    return Role(tmp_path, broker, cluster, "ingress", "ingress", "MQTT subscription up",
-                **settings)
-
-
-def member(tmp_path, broker, cluster, name: str, **settings) -> Role:
-    return Role(tmp_path, broker, cluster, "member", name, "took partition", **settings)
 
 
 def counts(process) -> dict:
@@ -206,21 +169,20 @@ def test_a_role_refuses_a_stream_made_with_another_partition_count(tmp_path, mos
         in done.stderr
 
 
-def test_takeover_and_failover_times_are_bounded_by_configuration(request, tmp_path,
-                                                                  mosquitto, nats_cluster):
-    """While reports stream in: SIGKILL the stream's leader node, then a member.  How long
-    until the merged view counts everything published before the kill?
+def test_a_node_failover_moves_no_partition_and_a_dead_members_are_taken_over(
+        request, tmp_path, mosquitto, nats_cluster):
+    """While reports stream in: SIGKILL the stream's leader node, then a member.
 
-    A node failover is the cluster's (it elects new leaders in 4-9 s) and moves no
-    partition: it ends within ``lease_seconds``, so no lease expires (members read with
-    direct gets, which any replica answers).  A dead member's partitions are taken over
-    once its leases expire: within ``lease_seconds``, plus the survivor's renewal period
-    (``lease_seconds / 4``), plus a checkpoint and the merge view's push; the killed node
-    stays down meanwhile."""
-    # Long enough for a node failover on a loaded machine (23 s seen with a CPU-bound
-    # process beside three other test workers; 4-9 s idle).
-    lease, checkpoint = 30.0, 0.5
-    settings = {"lease_seconds": lease, "checkpoint_seconds": checkpoint}
+    A node failover is the cluster's (it elects new leaders) and moves no partition:
+    the leases outlast it, so every partition keeps its owner (members read with direct
+    gets, which any replica answers).  A dead member's partitions are taken over once
+    its leases expire, by the survivor; the killed node stays down meanwhile.  After
+    each kill the merged view counts everything published before it.  How long each
+    takes is measured by benchmarks/bench_failover.py, against the bounds the
+    configuration sets (docs/BENCHMARKS.md)."""
+    # Longer than a node failover on a loaded machine (23 s seen with a CPU-bound process
+    # beside three other test workers; 4-9 s idle), so that no lease expires during one.
+    settings = {"lease_seconds": 30.0, "checkpoint_seconds": 0.5}
     entry = ingress(tmp_path, mosquitto, nats_cluster, **settings).start()
     members = [member(tmp_path, mosquitto, nats_cluster, f"m{i}", **settings).start()
                for i in range(2)]
@@ -229,36 +191,27 @@ def test_takeover_and_failover_times_are_bounded_by_configuration(request, tmp_p
                              scale_out=scale_out(nats_cluster, **settings)).start()
     stream = SteadyStream(mosquitto, agents=16, rate=10.0, seed=5).start()
     request.addfinalizer(stream.stop)
-    # A loaded 2-core machine (full runs with a CPU-bound process beside them): process
-    # start-up, the merge view's push, members starved of CPU; 27 s seen for a takeover
-    # with 16 s leases (a bound of 26.5), 42.6 s with 30 s leases on a quiet machine.
-    # Still below what a takeover waiting for a second lease period would take (over
-    # 2 x lease = 60 s).
-    slack = 15.0
 
-    def caught_up(phase: int) -> float:
-        """Seconds from now until the merged view counts every report of ``phase``."""
-        began = time.monotonic()
-        assert wait_for(lambda: stream.counted(merge.api(), phase) == stream.sent[phase], 90), \
-            (stream.counted(merge.api(), phase), stream.sent[phase])
-        return time.monotonic() - began
+    def caught_up(phase: int) -> None:
+        """The merged view counts every report of ``phase`` (a takeover waits out a
+        lease: the guard allows several)."""
+        assert wait_for(lambda: stream.counted(merge.api(), phase) == stream.sent[phase],
+                        300), (stream.counted(merge.api(), phase), stream.sent[phase])
 
     def owners() -> dict[str, str]:
         return {name: p["owner"] for name, p in merge.api()["partitions"].items()}
 
-    time.sleep(3)
     caught_up(stream.next_phase())
+    assert wait_for(lambda: len(owners()) == PARTITIONS)
     before = owners()
-    assert len(before) == PARTITIONS and set(before.values()) == {"m0", "m1"}
+    assert set(before.values()) == {"m0", "m1"}
 
     nats_cluster.kill(nats_cluster.stream_leader(STREAM))
-    node_failover = caught_up(stream.next_phase())
-    assert node_failover < lease, node_failover
+    caught_up(stream.next_phase())
     assert owners() == before  # no lease expired: no partition moved
 
     members[1].kill()
-    takeover = caught_up(stream.next_phase())
-    assert takeover <= lease * 1.25 + checkpoint + slack, takeover
+    caught_up(stream.next_phase())
     assert set(owners().values()) == {"m0"}
 
     stream.stop()
@@ -266,8 +219,5 @@ def test_takeover_and_failover_times_are_bounded_by_configuration(request, tmp_p
     caught_up(last)
     merged = merge.api()["ingest"]
     assert merged["messages"] == sum(stream.sent), (merged, stream.sent)
-    print(f"\nnode failover: everything published before the kill merged within "
-          f"{node_failover:.1f} s; member takeover: within {takeover:.1f} s "
-          f"(lease_seconds {lease}, checkpoint_seconds {checkpoint})")
     for process in (merge, members[0], entry):
         assert process.terminate() == 0, process.output()[-3000:]

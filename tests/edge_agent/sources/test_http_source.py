@@ -42,6 +42,7 @@ from tests.support import (
     write_toml,
 )
 from tests.support.configs import commented_source
+from tests.support.ports import HANG_GUARD_SECONDS
 
 TOKEN = "phone-token-" + "7f3a" * 6
 T0 = 1_763_780_000.25  # 2025-11-22, seconds since the epoch
@@ -153,7 +154,7 @@ class PlayedAgent:
 
     def stop(self):
         self._stop.set()
-        self._thread.join(10)
+        self._thread.join(HANG_GUARD_SECONDS)
 
 
 @pytest.fixture
@@ -322,14 +323,14 @@ def test_a_full_queue_answers_503_and_keeps_what_it_holds(start):
         readings = source.poll(time.time())
         assert readings.times.tolist() == [T0, T0 + 0.25, T0 + 0.5]  # the first request's
         source.committed()
-        assert first.result(10).status == 200
+        assert first.result(HANG_GUARD_SECONDS).status == 200
     # Room again: the second request, sent again, is taken.
     with ThreadPoolExecutor(1) as pool:
         again = pool.submit(post, source.port, records(2, start=T0 + 10))
         assert wait_until(lambda: source.local_counters()["queued_readings"] == 2, 10)
         assert len(source.poll(time.time())) == 2
         source.committed()
-        assert again.result(10).status == 200
+        assert again.result(HANG_GUARD_SECONDS).status == 200
 
 
 # -- acknowledgement: 200 only once the batch that took the readings is committed -------------
@@ -345,7 +346,7 @@ def test_a_request_is_answered_only_after_its_batch_is_committed(start):
         time.sleep(0.5)
         assert not answer.done()  # ... and the answer waits for the commit
         source.committed()
-        assert answer.result(10).status == 200
+        assert answer.result(HANG_GUARD_SECONDS).status == 200
     assert source.local_counters()["accepted_readings"] == 3
 
 
@@ -357,7 +358,7 @@ def test_a_batch_that_was_not_committed_is_not_acknowledged(start):
         assert len(source.poll(time.time())) == 2
         # The next poll comes without a commit in between: that batch's commit failed.
         assert len(source.poll(time.time())) == 0
-        result = answer.result(10)
+        result = answer.result(HANG_GUARD_SECONDS)
     assert result.status == 503 and "send it again" in result.error
     assert source.local_counters()["refused"]["not_recorded"] == 1
 
@@ -376,7 +377,7 @@ def test_a_timeout_while_the_batch_is_being_committed_says_a_resend_may_duplicat
         answer = pool.submit(post, source.port, records(2))
         assert wait_until(lambda: source.local_counters()["queued_readings"] == 2, 10)
         assert len(source.poll(time.time())) == 2  # taken; the commit never comes in time
-        result = answer.result(10)
+        result = answer.result(HANG_GUARD_SECONDS)
     assert result.status == 503 and "recorded twice" in result.error
     source.committed()  # late: nobody waits any more
 
@@ -384,7 +385,8 @@ def test_a_timeout_while_the_batch_is_being_committed_says_a_resend_may_duplicat
 def test_a_sender_that_hangs_up_has_its_readings_withdrawn(start):
     source = start()
     body = json.dumps(records(2)).encode()
-    with socket.create_connection((LOOPBACK, source.port), timeout=10) as connection:
+    address = (LOOPBACK, source.port)
+    with socket.create_connection(address, timeout=HANG_GUARD_SECONDS) as connection:
         connection.sendall(f"POST /readings HTTP/1.1\r\nHost: phone\r\nAuthorization: Bearer "
                            f"{TOKEN}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         assert wait_until(lambda: source.local_counters()["queued_readings"] == 2, 10)
@@ -403,8 +405,8 @@ def test_stopping_answers_what_the_last_batch_took_and_refuses_the_rest(start):
         assert wait_until(lambda: source.local_counters()["queued_readings"] == 1, 10)
         source.committed()
         source.stop()
-        assert taken.result(10).status == 200
-        refused = late.result(10)
+        assert taken.result(HANG_GUARD_SECONDS).status == 200
+        refused = late.result(HANG_GUARD_SECONDS)
     assert refused.status == 503 and refused.headers["retry-after"]
     assert source.local_counters()["refused"]["stopping"] == 1
     with pytest.raises(OSError):  # and the port is closed
@@ -466,7 +468,7 @@ def test_the_agent_acknowledges_after_every_commit_even_when_it_reports_nothing(
                        for i in range(2)]
             assert wait_until(lambda: source.local_counters()["queued_readings"] == 8, 10)
             core.tick(time.time())
-            assert [a.result(10).status for a in answers] == [200, 200]
+            assert [a.result(HANG_GUARD_SECONDS).status for a in answers] == [200, 200]
         assert store.spooled == 1  # one report: report_interval dropped the other seven
         assert core.local_status()["sources"]["phone"]["accepted_readings"] == 8
     finally:
@@ -609,7 +611,7 @@ class Phone:
             body = records(self.per_request, start=self.start + batch * 10, step=0.01)
             self.sent += self.per_request
             try:
-                status = post(self.port, body, timeout=15).status
+                status = post(self.port, body, timeout=HANG_GUARD_SECONDS).status
             except OSError:  # refused while the agent is down, reset when it is killed
                 status = "no answer"
             self.statuses[status] += 1
@@ -655,7 +657,7 @@ def test_an_agent_killed_mid_stream_loses_nothing_it_acknowledged(tmp_path, mosq
     try:
         assert wait_until(lambda: acknowledged() >= 200, 90), agent.output()
         agent.process.send_signal(signal.SIGKILL)  # in the middle of the stream
-        agent.wait(10)
+        agent.wait(HANG_GUARD_SECONDS)
         at_kill = acknowledged()
         agent = AgentProcess(config, tmp_path / "agent.log").start()
         assert wait_until(lambda: acknowledged() >= at_kill + 200, 90), agent.output()

@@ -40,7 +40,7 @@ from edge_agent.sources import csv_source as csv_module
 from edge_agent.sources.derive import apply_derive, horizontal, tilt, wrap_2pi, wrap_pi
 from edge_agent.sources.i2c import ACCEL_XOUT_H, PWR_MGMT_1, decode_block
 from edge_agent.sources.synthetic import stable_seed
-from tests.support import REPO, wait_until
+from tests.support import HANG_GUARD_SECONDS, REPO, wait_until
 
 DATA = REPO / "tests" / "data"
 MOTIONSENSE = DATA / "motionsense_sample.csv"
@@ -48,7 +48,7 @@ T0 = 1_700_000_000.0
 PI = math.pi
 
 
-def wait_for(condition, timeout=10.0):
+def wait_for(condition, timeout=HANG_GUARD_SECONDS):
     """``wait_until`` at this module's pace: sources are polled every 10 ms, for 10 s."""
     return wait_until(condition, timeout, interval=0.01)
 
@@ -69,7 +69,7 @@ def assert_times(times, offsets, base=T0):
     np.testing.assert_allclose(np.asarray(times) - base, offsets, rtol=0, atol=1e-6)
 
 
-def drain(source, until, timeout=10.0) -> Readings:
+def drain(source, until, timeout=HANG_GUARD_SECONDS) -> Readings:
     """Poll (with the real clock) until ``until(batches)`` holds; all batches joined."""
     parts: list[Readings] = []
 
@@ -509,7 +509,7 @@ class TestJsonl:
             assert rest.fields["x"].tolist() == [99]
         finally:
             source.stop()
-            producer.wait(10)
+            producer.wait(HANG_GUARD_SECONDS)
             producer.stdout.close()
 
     def test_standard_input(self):
@@ -523,7 +523,7 @@ class TestJsonl:
                                                    timestamp_field="t"))
             source.start()
             parts = []
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + HANG_GUARD_SECONDS
             while not source.finished and time.monotonic() < deadline:
                 parts.append(source.poll(time.time()))
                 time.sleep(0.01)
