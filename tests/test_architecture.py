@@ -134,7 +134,7 @@ def test_one_mqtt_client_constructor():
 LOCAL_INPUTS = {"edge_agent.sources.jsonl", "edge_agent.sources.mqtt_source",
                 "edge_agent.sources.http.batches",
                 "collector.tools.watch", "collector.tools.demo", "collector.cli",
-                "collector.tools.replay"}
+                "collector.tools.replay", "collector.tools.export"}
 
 
 # The typed formats: agent <-> collector messages, and the states collectors save and
@@ -191,3 +191,83 @@ def test_the_http_sources_server_is_imported_inside_a_function_only():
                        for name in named):
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert found == []
+
+
+# -- the layers (README, "Architecture") ----------------------------------------------------------
+
+def _product_imports(module: str) -> list[tuple[str, int]]:
+    """(imported module, line) of every import of ``module`` (top-level or not)."""
+    return [(f"{target}.{name}" if name and f"{target}.{name}" in MODULES else target, line)
+            for target, name, line in imports(module)]
+
+
+def _offences(modules, allowed) -> list[str]:
+    """Imports of project modules by ``modules`` that ``allowed(module, target)`` refuses."""
+    return [f"{MODULES[module].relative_to(REPO)}:{line} imports {target}"
+            for module in modules for target, line in _product_imports(module)
+            if target.split(".")[0] in PACKAGES and not allowed(module, target)]
+
+
+def _under(module: str, *packages: str) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in packages)
+
+
+# What does I/O, or waits for it: the math imports none of it.
+# (ssl is not one: the noise is drawn from OpenSSL's RAND_bytes, mechanisms/randomness.py.)
+IO_MODULES = ("socket", "sqlite3", "paho", "nats", "starlette", "uvicorn", "h11",
+              "sse_starlette", "prometheus_client", "threading", "asyncio", "multiprocessing",
+              "subprocess", "urllib", "http", "selectors", "bleak", "smbus2")
+PURE_MATH = ("edge_agent.mechanisms", "collector.estimation")
+
+
+def test_the_math_does_no_io():
+    found = [f"{MODULES[module].relative_to(REPO)}:{line} imports {target}"
+             for module in MODULES if _under(module, *PURE_MATH)
+             for target, _, line in imports(module) if target.split(".")[0] in IO_MODULES]
+    assert found == []
+
+
+def test_mechanisms_import_only_mechanisms():
+    assert _offences([m for m in MODULES if _under(m, "edge_agent.mechanisms")],
+                     lambda module, target: _under(target, "edge_agent.mechanisms")) == []
+
+
+def test_the_protocol_imports_nothing_of_the_agent_program():
+    """The protocol is both programs' (agent <-> collector messages): it stands on the
+    mechanisms only."""
+    assert _offences([m for m in MODULES if _under(m, "edge_agent.protocol")],
+                     lambda module, target: _under(target, "edge_agent.protocol",
+                                                   "edge_agent.mechanisms")) == []
+
+
+def test_what_both_programs_run_stands_below_the_agent_program():
+    assert _offences([m for m in MODULES if _under(m, "edge_agent.common")],
+                     lambda module, target: _under(target, "edge_agent.common",
+                                                   "edge_agent.protocol",
+                                                   "edge_agent.mechanisms")) == []
+
+
+def test_the_agent_never_imports_collector_code():
+    assert _offences([m for m in MODULES if _under(m, "edge_agent")],
+                     lambda module, target: not _under(target, "collector")) == []
+
+
+def test_the_collector_uses_the_shared_layers_of_edge_agent_only():
+    """mechanisms, protocol and common: never the agent program, its config or sources."""
+    assert _offences([m for m in MODULES if _under(m, "collector")],
+                     lambda module, target: not _under(target, "edge_agent") or _under(
+                         target, "edge_agent.mechanisms", "edge_agent.protocol",
+                         "edge_agent.common")) == []
+
+
+def test_every_package_says_what_it_holds():
+    """Each folder of the product is a package with a docstring (the README's tree)."""
+    missing = [str(path.relative_to(REPO)) for package in PACKAGES
+               for path in sorted((REPO / package).rglob("*"))
+               if path.is_dir() and any(path.glob("*.py"))
+               and not ast.get_docstring(ast.parse((path / "__init__.py").read_text()))
+               if (path / "__init__.py").exists()] + \
+              [str(path.relative_to(REPO)) for package in PACKAGES
+               for path in sorted((REPO / package).rglob("*"))
+               if path.is_dir() and any(path.glob("*.py")) and not (path / "__init__.py").exists()]
+    assert missing == []

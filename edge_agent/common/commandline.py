@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import click
 
-from edge_agent.config import ConfigError
+from edge_agent.common.config import ConfigError
 
 # sysexits EX_CONFIG: the units' RestartPreventExitStatus=78 stops systemd from
 # restarting a service whose configuration cannot work.
