@@ -1,2 +1,3 @@
 """Aggregating reports: decoding and counting (``ingest``, ``dedup``, ``limits``) into
-mergeable series of statistics (``series``, ``stats``).  No I/O."""
+mergeable series (``series``: one class per channel kind) of blocks of statistics
+(``blocks``, over ``stats``).  No I/O."""

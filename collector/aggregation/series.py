@@ -1,57 +1,44 @@
-"""A channel's aggregation series: statistics plus what the mechanism says about them.
+"""A channel's aggregation series: blocks of statistics, cumulative and per window.
 
-A *series* is one channel under one set of mechanism parameters.  When an
-agent changes a channel's epsilon or domain its reports start a new series;
-series are never mixed.  Each series keeps cumulative statistics and the
-most recent tumbling windows, all mergeable (``merge``) and picklable, and
-turns them into estimates with the mechanism's closed forms:
+A *series* is one channel under one set of mechanism parameters.  When an agent
+changes a channel's epsilon or domain its reports start a new series; series are never
+mixed.  Each series keeps cumulative statistics and the most recent tumbling windows,
+all mergeable (``merge``) and picklable.  One class per channel kind says which blocks
+(``collector.aggregation.blocks``) it is made of and how their estimates make the
+kind's document:
 
-* linear: the raw and reconstructed histograms and the mean, chosen by
-  estimated error, with an interval (``collector.estimation.estimators``);
-* circular: mean direction and resultant length with their intervals
-  (``collector.estimation.circular``), circular standard deviation, histograms (wrapping);
-* polar: both components and the mean vector; vector: one linear block per axis;
-* categorical: how many reports support each category, turned into unbiased
-  shares with standard errors and 95% intervals, and consistent shares
-  (``collector.estimation.frequencies``).
+* linear: one linear block; circular: one circular block; categorical: one block of
+  support counts;
+* polar: the radius (linear), the angle (circular) and their mean vector;
+* vector: one linear block per axis.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from functools import lru_cache
 from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
 
-from collector.aggregation.stats import (
-    BinCounts,
-    CodeMoments,
-    Count,
-    PolarCross,
-    StateError,
-    SupportCounts,
-    TrigMoments,
+from collector.aggregation.blocks import (
+    Block,
+    CategoricalBlock,
+    CircularBlock,
+    CrossBlock,
+    LinearBlock,
 )
-from collector.estimation import circular, ems
-from collector.estimation.estimators import LinearModel, circular_histogram, linear_estimates
-from collector.estimation.frequencies import frequency_summary
-from collector.estimation.jsonsafe import finite, json_safe
+from collector.aggregation.stats import (
+    StateError,
+)
 from collector.storage.states import (
     SERIES_BLOCKS,
     SERIES_STATES,
-    CategoricalBlockState,
-    CircularBlockState,
-    CrossBlockState,
-    LinearBlockState,
     SeriesState,
 )
 from edge_agent.mechanisms import Mechanism
 from edge_agent.protocol import as_dict, kind_problem, mechanism_of
-
-QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
 def series_identity(channel: str, kind: str, description, fields: tuple | None,
@@ -60,266 +47,6 @@ def series_identity(channel: str, kind: str, description, fields: tuple | None,
     channel, its kind and the typed mechanism description, fields, strategy and unit
     (values in g and in m/s² are never averaged together)."""
     return (channel, kind, description, fields, strategy, unit)
-
-
-@lru_cache(maxsize=256)
-def _transition(description, component: int | None, in_edges: tuple, out_edges: tuple,
-                circular: bool) -> np.ndarray:
-    mechanism = _component(mechanism_of(description), component)
-    return ems.transition_matrix(mechanism, np.array(in_edges), np.array(out_edges),
-                                 circular=circular)
-
-
-def _component(mechanism: Mechanism, component: int | None) -> Mechanism:
-    """The mechanism itself, or one component of a pair (polar: 0 radius, 1 angle)."""
-    return mechanism if component is None else mechanism.components[component]
-
-
-class _Block:
-    """Statistics of one scalar mechanism's codes (a channel, a polar component, an axis).
-
-    The mechanism is named by a typed description (``component``: which of a pair's)
-    rather than held, so a block pickles small and compares by value."""
-
-    STATE_NAMES: tuple[str, ...]
-
-    def __init__(self, description, bins: int, component: int | None = None):
-        self.description = description
-        self.component = component
-        self.bins = bins
-        self.count = Count()
-        self._cache = None
-        self._setup()
-
-    @property
-    def mechanism(self) -> Mechanism:
-        return _component(mechanism_of(self.description), self.component)
-
-    def _transition(self, in_edges: np.ndarray, out_edges: np.ndarray,
-                    circular: bool) -> np.ndarray:
-        return _transition(self.description, self.component, tuple(in_edges), tuple(out_edges),
-                           circular)
-
-    def _setup(self) -> None:
-        raise NotImplementedError
-
-    def update(self, codes: np.ndarray) -> None:
-        self.apply(self.summarize(codes))
-
-    def summarize(self, codes: np.ndarray) -> tuple:
-        """One message's contribution, computed once for the total and the window."""
-        return tuple(statistic.summarize(codes) for statistic in self._statistics())
-
-    def apply(self, summary: tuple) -> None:
-        self._cache = None
-        for statistic, part in zip(self._statistics(), summary):
-            statistic.add(part)
-
-    def merge(self, other: _Block) -> _Block:
-        if (other.description, other.component, other.bins) != (self.description,
-                                                                self.component, self.bins):
-            raise ValueError("cannot merge blocks of different mechanisms")
-        self._cache = None
-        for mine, theirs in zip(self._statistics(), other._statistics()):
-            mine.merge(theirs)
-        return self
-
-    def _statistics(self):
-        raise NotImplementedError
-
-    def to_state(self):
-        return self.STATE_TYPE(*(statistic.to_state() for statistic in self._statistics()))
-
-    def load_state(self, state, where: str) -> None:
-        self._cache = None
-        _load_block(self, state, where)
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_cache"] = None  # derived, recomputed on demand
-        return state
-
-    def copy(self) -> _Block:
-        """A detached copy of the statistics (fixed parts shared, no computed view)."""
-        return _copy_statistics(self)
-
-    def __eq__(self, other):
-        return (type(other) is type(self) and other.description == self.description
-                and other.component == self.component
-                and all(a == b for a, b in zip(self._statistics(), other._statistics())))
-
-    def get(self) -> dict:
-        if self._cache is None:
-            self._cache = self._compute()
-        return self._cache
-
-    def adopt_computed(self, earlier: _Block) -> None:
-        """Take ``earlier``'s computed view if its sums equal ours (see ``Series``)."""
-        if self._cache is None and earlier._cache is not None and earlier == self:
-            self._cache = earlier._cache
-
-
-class LinearBlock(_Block):
-    STATE_TYPE = LinearBlockState
-
-    def _setup(self) -> None:
-        m = self.mechanism
-        origin, step = m.grid_values
-        self.in_edges = np.linspace(m.low, m.high, self.bins + 1)
-        width = (m.high - m.low) / self.bins
-        if m.name == "duchi":  # two atoms: the output "bins" are the two codes
-            self.out_edges = np.array([m.output_low, 0.5 * (m.output_low + m.output_high),
-                                       m.output_high])
-        elif (m.output_low, m.output_high) == (m.low, m.high):
-            self.out_edges = self.in_edges
-        else:
-            n_out = max(1, math.ceil((m.output_high - m.output_low) / width - 1e-9))
-            self.out_edges = m.output_low + width * np.arange(n_out + 1)
-        self.moments = CodeMoments(origin, step)
-        self.raw = BinCounts(origin, step, m.low, width, self.bins, outside="drop")
-        out_width = float(self.out_edges[1] - self.out_edges[0])
-        self.out = BinCounts(origin, step, float(self.out_edges[0]), out_width,
-                             self.out_edges.size - 1, outside="clip")
-
-    STATE_NAMES = ("count", "moments", "raw", "out")
-
-    def _statistics(self):
-        return (self.count, self.moments, self.raw, self.out)
-
-    def summarize(self, codes: np.ndarray) -> tuple:
-        if self.out_edges is self.in_edges:
-            # Same bins, and every report lies inside the domain: bin once.
-            bins = self.out.summarize(codes)
-            return (self.count.summarize(codes), self.moments.summarize(codes), bins, bins)
-        return super().summarize(codes)
-
-    def model(self) -> LinearModel:
-        return _linear_model(self.description, self.component, self.bins)
-
-    def _compute(self) -> dict:
-        n = self.count.get()
-        raw_counts = self.raw.get()
-        histogram = {"edges": self.in_edges.tolist(),
-                     "raw": (raw_counts / n).tolist() if n else [0.0] * self.bins,
-                     "estimate": None, "method": None, "smoothing": None}
-        if n == 0:
-            return {"count": 0, "mean": {"raw": None, "estimate": None, "stderr": None,
-                                         "bias_bound": None, "ci95": None, "method": None,
-                                         "candidates": None, "note": None},
-                    "histogram": histogram, "quantiles": None}
-        moments = self.moments.get()
-        found = linear_estimates(self.model(), out_counts=self.out.get(),
-                                 raw_mean=moments["mean"], report_variance=moments["variance"],
-                                 n=n)
-        shown = found["histogram"]
-        histogram.update(estimate=shown.tolist(), method=found["histogram_method"],
-                         smoothing=found["smoothing"])
-        return {"count": n, "mean": json_safe(found["mean"]), "histogram": histogram,
-                "quantiles": ems.quantiles(self.in_edges, shown, QUANTILES)}
-
-
-@lru_cache(maxsize=256)
-def _linear_model(description, component: int | None, bins: int) -> LinearModel:
-    """A block's fixed parts, shared by a series' total and every window and copy."""
-    block = LinearBlock(description, bins, component)
-    return LinearModel(block.mechanism, block.in_edges, block.out_edges,
-                       block._transition(block.in_edges, block.out_edges, False))
-
-
-class CircularBlock(_Block):
-    STATE_TYPE = CircularBlockState
-
-    def _setup(self) -> None:
-        m = self.mechanism
-        origin, step = m.grid_values
-        self.edges = np.linspace(m.origin, m.origin + m.period, self.bins + 1)
-        self.trig = TrigMoments(origin, step, m.period)
-        self.hist = BinCounts(origin, step, m.origin, m.period / self.bins, self.bins,
-                              outside="wrap")
-
-    STATE_NAMES = ("count", "trig", "hist")
-
-    def _statistics(self):
-        return (self.count, self.trig, self.hist)
-
-    def _compute(self) -> dict:
-        m, n = self.mechanism, self.count.get()
-        counts = self.hist.get()
-        histogram = {"edges": self.edges.tolist(),
-                     "raw": (counts / n).tolist() if n else [0.0] * self.bins,
-                     "estimate": None, "method": None, "smoothing": None}
-        if n:
-            shown = circular_histogram(counts, self._transition(self.edges, self.edges, True))
-            histogram.update(shown, estimate=shown["estimate"].tolist())
-        trig = self.trig.get()
-        stats = circular.summary(n, trig["x"], trig["y"], trig["x2"], trig["y2"],
-                                 rho=m.mean_resultant_length(),
-                                 rho2=self._noise(self.description, self.component),
-                                 period=m.period, origin=m.origin)
-        return {"count": n, **stats, "histogram": histogram}
-
-    @staticmethod
-    @lru_cache(maxsize=256)
-    def _noise(description, component: int | None) -> float:
-        """The mechanism's E[cos 2(θ' − x)] (once per mechanism, not per window)."""
-        return circular.noise_second_moment(_component(mechanism_of(description), component))
-
-
-class CategoricalBlock(_Block):
-    """A frequency oracle's reports: how many support each category (exact counts)."""
-
-    STATE_TYPE = CategoricalBlockState
-    STATE_NAMES = ("count", "support")
-
-    def _setup(self) -> None:
-        oracle = self.mechanism
-        self.support = SupportCounts(oracle.name, oracle.epsilon, oracle.categories,
-                                     oracle.delta)
-
-    def _statistics(self):
-        return (self.count, self.support)
-
-    def summarize(self, reports) -> tuple:
-        support = self.support.summarize(reports)
-        return support[1], support  # the count is the support's number of reports
-
-    def _compute(self) -> dict:
-        oracle, n = self.mechanism, self.count.get()
-        counts = self.support.counts
-        shares = frequency_summary(oracle, counts, n)
-        del shares["n"]
-        return {"count": n, "frequencies": {
-            "labels": [oracle.label(v) for v in range(oracle.categories)],
-            "raw": (counts / n).tolist() if n else [None] * oracle.categories, **shares}}
-
-
-def _copy_statistics(block):
-    twin = copy.copy(block)
-    for name, statistic in zip(block.STATE_NAMES, block._statistics()):
-        setattr(twin, name, statistic.copy())
-    if hasattr(twin, "_cache"):
-        twin._cache = None
-    return twin
-
-
-def _load_block(block, state, where: str) -> None:
-    """Load every statistic of a block (a typed block state), then check they counted the
-    same values."""
-    for name, statistic in zip(block.STATE_NAMES, block._statistics()):
-        statistic.load_state(getattr(state, name), f"{where}.{name}")
-    n = block.count.n
-    for name, statistic in zip(block.STATE_NAMES, block._statistics()):
-        # Python integers: an int64 sum of hostile bins could wrap around to n.
-        seen = (sum(statistic.counts.tolist()) + statistic.outside_count
-                if isinstance(statistic, BinCounts) else statistic.n)
-        if seen != n:
-            raise StateError(f"{where}.{name}: counts {seen} values, the block {n}")
-        if isinstance(statistic, CodeMoments):
-            # Codes lie in [0, n_cells): sums beyond that are not from reports, and
-            # absurd ones would overflow floats when the mean is read.
-            top = block.mechanism.n_cells - 1
-            if statistic.sum > n * top or statistic.sum_sq > n * top * top:
-                raise StateError(f"{where}.{name}: sums beyond {n} codes of at most {top}")
 
 
 class Series:
@@ -359,7 +86,7 @@ class Series:
                                self.strategy, self.unit)
 
     # -- what each kind says ---------------------------------------------------------------
-    def _new_blocks(self) -> dict[str, _Block]:
+    def _new_blocks(self) -> dict[str, Block]:
         """An empty set of the kind's blocks, by name."""
         raise NotImplementedError
 
@@ -586,9 +313,9 @@ def _angle_unit(period: float) -> str | None:
 class _OneBlockSeries(Series):
     """A kind whose reports feed one block, ``value``."""
 
-    BLOCK: ClassVar[type[_Block]]
+    BLOCK: ClassVar[type[Block]]
 
-    def _new_blocks(self) -> dict[str, _Block]:
+    def _new_blocks(self) -> dict[str, Block]:
         return {"value": self.BLOCK(self.description, self.bins)}
 
     def _split(self, codes) -> dict[str, Any]:
@@ -678,10 +405,10 @@ class PolarSeries(Series):
     kind = "polar"
     BLOCK_STATES = SERIES_BLOCKS["polar"]
 
-    def _new_blocks(self) -> dict[str, _Block]:
+    def _new_blocks(self) -> dict[str, Block]:
         return {"radius": LinearBlock(self.description, self.bins, component=0),
                 "angle": CircularBlock(self.description, self.bins, component=1),
-                "cross": _CrossBlock(self.description)}
+                "cross": CrossBlock(self.description)}
 
     def _split(self, codes) -> dict[str, Any]:
         return {"radius": codes[0], "angle": codes[1], "cross": codes}
@@ -717,7 +444,7 @@ class VectorSeries(Series):
     kind = "vector"
     BLOCK_STATES = dict  # VectorBlocks: a block per field, by name
 
-    def _new_blocks(self) -> dict[str, _Block]:
+    def _new_blocks(self) -> dict[str, Block]:
         return {field: LinearBlock(self.description, self.bins) for field in self.fields}
 
     def _split(self, codes) -> dict[str, Any]:
@@ -771,68 +498,3 @@ def new_series(*, kind: str, **settings) -> Series:
     return series_type(kind)(**settings)
 
 
-class _CrossBlock:
-    """Polar mean vector: E[r' e^{i t'}] = m_r(r) rho e^{i t}, the components being
-    independent."""
-
-    STATE_NAMES = ("count", "cross")
-    STATE_TYPE = CrossBlockState
-
-    def __init__(self, description):
-        self.description = description
-        r, a = mechanism_of(description).components
-        r_origin, r_step = r.grid_values
-        a_origin, a_step = a.grid_values
-        self.cross = PolarCross(r_origin, r_step, a_origin, a_step, a.period)
-        self.count = Count()
-
-    def update(self, codes) -> None:
-        self.apply(self.summarize(codes))
-
-    def summarize(self, codes) -> tuple:
-        return self.cross.summarize(codes), self.count.summarize(codes[0])
-
-    def apply(self, summary) -> None:
-        self.cross.add(summary[0])
-        self.count.add(summary[1])
-
-    def merge(self, other: _CrossBlock) -> _CrossBlock:
-        self.cross.merge(other.cross)
-        self.count.merge(other.count)
-        return self
-
-    def _statistics(self):
-        return (self.count, self.cross)
-
-    def to_state(self) -> CrossBlockState:
-        return CrossBlockState(*(statistic.to_state() for statistic in self._statistics()))
-
-    def load_state(self, state, where: str) -> None:
-        _load_block(self, state, where)
-
-    def copy(self) -> _CrossBlock:
-        return _copy_statistics(self)
-
-    def __eq__(self, other):
-        return isinstance(other, _CrossBlock) and other.cross == self.cross
-
-    def adopt_computed(self, earlier: _CrossBlock) -> None:
-        """Nothing cached: the mean vector is computed on demand, cheaply."""
-
-    def mean_vector(self, angle_block: CircularBlock) -> dict:
-        r_mech, a_mech = mechanism_of(self.description).components
-        cross = self.cross.get()
-        trig = angle_block.trig
-        rho = a_mech.mean_resultant_length()
-        affine = r_mech.affine_mean()
-        if cross["n"] == 0 or rho <= 0 or affine is None or affine[0] <= 0:
-            return {"x": None, "y": None, "magnitude": None, "direction": None}
-        a, b = affine[0], affine[1]
-        # E[r e^{it}] = (mean(r' e^{it'}) / rho - b mean(e^{it'}) / rho) / a
-        mean_cos, mean_sin = trig.x / trig.n, trig.y / trig.n
-        x = (cross["x"] / rho - b * mean_cos / rho) / a
-        y = (cross["y"] / rho - b * mean_sin / rho) / a
-        unit = a_mech.period / (2.0 * math.pi)
-        direction = circular.wrap(math.atan2(y, x) * unit, a_mech.origin, a_mech.period)
-        return {"x": finite(x), "y": finite(y), "magnitude": finite(math.hypot(x, y)),
-                "direction": finite(direction)}

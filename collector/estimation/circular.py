@@ -1,5 +1,6 @@
 """Circular summaries of perturbed angles: mean direction and mean resultant length, with
-standard errors and 95% intervals (no I/O; ``collector.aggregation.series.CircularBlock`` calls it).
+standard errors and 95% intervals (no I/O; ``collector.aggregation.blocks.CircularBlock``
+calls it).
 
 **Model.**  A circular mechanism is symmetric about its input (NOTES.md, "Circular OGPM"),
 so each report's unit vector u = (cos θ', sin θ') has E[u] = ρ(ε)·e^{iθ} for an input θ,

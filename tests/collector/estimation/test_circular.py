@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
+from collector.aggregation.blocks import CircularBlock
 from collector.aggregation.ingest import Ingestor
-from collector.aggregation.series import CircularBlock, Series, new_series
+from collector.aggregation.series import Series, new_series
 from collector.aggregation.stats import StateError, TrigMoments
 from collector.api.documents import Views
 from collector.estimation import circular
