@@ -40,7 +40,7 @@ def stop_leftover_processes() -> None:
             process.wait(10)
 
 
-def wait_for_api(predicate: Callable[[], object], timeout: float) -> bool:
+def wait_for_api(predicate: Callable[[], object], timeout: float = HANG_GUARD_SECONDS) -> bool:
     """``wait_until`` for a predicate that asks a service's HTTP API: every 0.2 s (each
     poll is a request the service has to answer), and a refused connection (the
     service is starting or was just killed) counts as "not yet"."""
