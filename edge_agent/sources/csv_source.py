@@ -63,22 +63,63 @@ MAX_FAST_ROWS = 5000
 MAX_ROWS_PER_POLL = 200_000
 
 
-# Files replayed by many strided sources (the fleet simulator), read once per
-# process: N open files would exhaust descriptors, and paho's select() cannot
-# use a socket numbered above 1023.  Keyed by path, size and modification time.
-_SHARED_LINES: dict[tuple[str, int, int], list[str]] = {}
+# Files replayed by many strided sources (the fleet simulator), read and parsed once
+# per process: N open files would exhaust descriptors (paho's select() cannot use a
+# socket numbered above 1023), and N sources each parsing every row to keep 1 of N
+# cost O(N) per row: 17 s a batch for 1,000 agents.  Keyed by path, size and
+# modification time.
+_SHARED: dict[tuple[str, int, int], SharedRecording] = {}
 
 
-def shared_lines(path: Path) -> list[str]:
+class SharedRecording:
+    """A CSV file parsed once: its header, and its data records in order (blank lines are
+    not records; a line the csv module cannot parse is None).  ``header`` is None for an
+    empty file; ``header_error`` is set when the header itself cannot be parsed."""
+
+    def __init__(self, lines: list[str]):
+        reader = csv.reader(iter(lines))
+        self.header: list[str] | None = None
+        self.header_error = False
+        self.records: list[list[str] | None] = []
+        self._times: dict[tuple[int, int], tuple[float, float] | None] = {}
+        try:
+            self.header = next(reader, None)
+        except csv.Error:
+            self.header_error = True
+            return
+        while True:
+            try:
+                row = next(reader, None)
+            except csv.Error:  # e.g. an over-long field: that line is a bad record
+                self.records.append(None)
+                continue
+            if row is None:
+                return
+            if row:
+                self.records.append(row)
+
+    def time_span(self, ts_index: int, width: int) -> tuple[float, float] | None:
+        """(first, largest) finite timestamp of the valid rows (``width`` cells), for the
+        recorded pace: every row of a pass counts, own or not, so strided sources share
+        one time line; None without any."""
+        key = (ts_index, width)
+        if key not in self._times:
+            stamps = [stamp for row in self.records if row is not None and len(row) == width
+                      and math.isfinite(stamp := parse_float(row[ts_index]))]
+            self._times[key] = (stamps[0], max(stamps)) if stamps else None
+        return self._times[key]
+
+
+def shared_recording(path: Path) -> SharedRecording:
     info = path.stat()
     key = (str(path.resolve()), info.st_size, info.st_mtime_ns)
-    lines = _SHARED_LINES.get(key)
-    if lines is None:
+    recording = _SHARED.get(key)
+    if recording is None:
         with open(path, newline="", encoding="utf-8-sig", errors="replace") as file:
-            lines = file.read().splitlines(keepends=True)
-        _SHARED_LINES.clear()  # the previous version of a file is not needed any more
-        _SHARED_LINES[key] = lines
-    return lines
+            recording = SharedRecording(file.read().splitlines(keepends=True))
+        _SHARED.clear()  # the previous version of a file is not needed any more
+        _SHARED[key] = recording
+    return recording
 
 
 def parse_float(cell: str) -> float:
@@ -113,7 +154,7 @@ class CsvSource(Source):
         self.loop = config.loop
         self.names = tuple(config.columns)
         self._file: io.TextIOBase | None = None
-        self._lines: list[str] | None = None  # strided: the shared lines of the file
+        self._shared: SharedRecording | None = None  # strided: the file, parsed once
         self._reader = None
         self._indices: list[int] = []
         self._ts_index: int | None = None
@@ -157,22 +198,25 @@ class CsvSource(Source):
         if self._file is not None:
             self._file.close()
         self._file = None
-        self._lines = None
+        self._shared = None
         self._reader = None
 
     def _open(self) -> None:
         # utf-8-sig drops the byte-order mark phone apps like to write;
         # undecodable bytes end up in a cell, which then parses as NaN.
         if self.stride > 1:  # one of many virtual agents: no file handle of its own
-            self._lines = shared_lines(self.path)
-            self._reader = csv.reader(iter(self._lines))
+            self._shared = shared_recording(self.path)
+            self._reader = iter(())  # rows are taken from the shared records by number
+            if self._shared.header_error:
+                raise _HeaderError("the header row cannot be parsed as CSV")
+            header = self._shared.header
         else:
             self._file = open(self.path, newline="", encoding="utf-8-sig", errors="replace")
             self._reader = csv.reader(self._file)
-        try:
-            header = next(self._reader, None)
-        except csv.Error:
-            raise _HeaderError("the header row cannot be parsed as CSV") from None
+            try:
+                header = next(self._reader, None)
+            except csv.Error:
+                raise _HeaderError("the header row cannot be parsed as CSV") from None
         if not header:
             raise _HeaderError("the file is empty (no header row)")
         header = [name.strip() for name in header]
@@ -196,17 +240,18 @@ class CsvSource(Source):
 
     def _rewind(self) -> None:
         """Back to the first data row for another pass (loop = true)."""
-        if self._lines is not None:
-            self._reader = csv.reader(iter(self._lines))
-        else:
-            self._file.seek(0)
-            self._reader = csv.reader(self._file)
-        next(self._reader, None)  # the header
         self._record = 0
+        if self._shared is not None:
+            return
+        self._file.seek(0)
+        self._reader = csv.reader(self._file)
+        next(self._reader, None)  # the header
 
     # -- reading rows ----------------------------------------------------------------
     def _read_row(self) -> tuple[list[float], float] | None:
         """The next valid own row as (values, offset or NaN); None at the end of the pass."""
+        if self._shared is not None:
+            return self._read_shared_row()
         while True:
             mine = self._record % self.stride == self.offset
             try:
@@ -231,6 +276,37 @@ class CsvSource(Source):
                     continue
             if mine:
                 return [parse_cell(row[i]) for i in self._indices], offset
+
+    def _read_shared_row(self) -> tuple[list[float], float] | None:
+        """``_read_row`` of a strided source: its own records taken by number (records
+        ``offset``, ``offset + stride``, ...) from the file parsed once, the recorded
+        pace placed on the time line of every row of the pass, as ``_read_row`` does."""
+        records = self._shared.records
+        span = None
+        if self._ts_index is not None:
+            span = self._shared.time_span(self._ts_index, self._width)
+        # The next own record: the first at or after ``_record`` (the records read).
+        index = self._record + (self.offset - self._record) % self.stride
+        while index < len(records):
+            row = records[index]
+            self._record = index + 1
+            index += self.stride
+            if row is None or len(row) != self._width:
+                self.rejected_rows += 1
+                continue
+            offset = math.nan
+            if span is not None:
+                stamp = parse_float(row[self._ts_index])
+                offset = self._pass_offset + (stamp - span[0])  # NaN without a stamp
+                if not math.isfinite(offset):
+                    self.rejected_rows += 1  # cannot be placed in time
+                    continue
+            return [parse_cell(row[i]) for i in self._indices], offset
+        self._record = len(records)  # the pass is over: every row of it placed
+        if span is not None:
+            self._first_ts = span[0]
+            self._last_offset = max(self._last_offset, self._pass_offset + span[1] - span[0])
+        return None
 
     def _place(self, timestamp: float) -> float:
         """recorded pace: a row's offset from the first poll (NaN if it has no timestamp).

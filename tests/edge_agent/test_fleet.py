@@ -3,6 +3,7 @@ and N virtual agents against a real Mosquitto with a real paho subscriber."""
 
 from __future__ import annotations
 
+import csv
 import json
 import signal
 import sqlite3
@@ -126,6 +127,45 @@ def test_csv_stride_invalid_rows_counted_by_their_owner(tmp_path):
         rejected[i] = source.rejected_rows
     assert rows == {0: [0, 2, 4], 1: [5]}
     assert rejected == {0: 0, 1: 2}
+
+
+def test_strided_sources_together_read_what_one_source_reads(tmp_path):
+    """N strided sources (each takes its records from the file parsed once) read together
+    exactly what one source reading the whole file reads, over two passes of the recorded
+    time line: the same rows at the same times, and the same refusals (wrong widths,
+    rows without a time, a line the csv module cannot parse; blank lines are no rows)."""
+    lines = ["t,x"]
+    for i in range(40):
+        if i % 7 == 3:
+            lines.append(f"{1000 + 0.1 * i:.1f},{i},extra")  # wrong width
+        elif i % 11 == 5:
+            lines.append(f",{i}")  # no timestamp: cannot be placed in time
+        elif i == 18:
+            lines.append(f'{1000 + 0.1 * i:.1f},"{"x" * (csv.field_size_limit() + 1)}"')
+        else:
+            lines.append(f"{1000 + 0.1 * i:.1f},{i}")
+        if i % 9 == 0:
+            lines.append("")  # a blank line
+    path = tmp_path / "mixed.csv"
+    path.write_text("\n".join(lines) + "\n")
+
+    def read(source, until: float) -> tuple[list[tuple[float, float]], int]:
+        data = Readings.concat([source.poll(T0), source.poll(T0 + until)])
+        source.stop()
+        rows = [(round(t - T0, 6), x) for t, x in zip(data.times, data.fields["x"].tolist())]
+        return rows, source.rejected_rows
+
+    for loop, until in ((False, 10.0), (True, 7.95)):  # the file spans 3.9 s, the next
+        # pass starts 0.1 s after its last row: two passes by 8 s
+        options = dict(pace="recorded", timestamp_column="t", rate_hz=10, loop=loop)
+        whole_rows, whole_rejected = read(strided(path, 0, 1, **options), until)
+        parts = [read(strided(path, i, 4, **options), until) for i in range(4)]
+        assert sorted(row for rows, _ in parts for row in rows) == sorted(whole_rows)
+        if not loop:  # each read to the end of the file: every refusal counted once
+            assert sum(rejected for _, rejected in parts) == whole_rejected == 10
+        else:
+            assert len(whole_rows) == 2 * len(read(strided(path, 0, 1, pace="recorded",
+                                                           timestamp_column="t"), 10.0)[0])
 
 
 def test_csv_stride_agent_without_rows(tmp_path):
@@ -475,7 +515,7 @@ def test_strided_csv_sources_share_one_copy_and_hold_no_file(tmp_path):
     could not connect when every agent kept the file open)."""
     import os
 
-    from edge_agent.sources.csv_source import shared_lines
+    from edge_agent.sources.csv_source import shared_recording
 
     path = write_rows(tmp_path, 40)
     before = len(os.listdir("/proc/self/fd"))
@@ -485,7 +525,7 @@ def test_strided_csv_sources_share_one_copy_and_hold_no_file(tmp_path):
     for source in sources:
         source.start()
     assert len(os.listdir("/proc/self/fd")) - before < 5
-    assert all(s._lines is shared_lines(path) for s in sources)
+    assert all(s._shared is shared_recording(path) for s in sources)
     first = sources[3].poll(1000.0)
     assert first.column("x").tolist() == [3.0]
     for source in sources:
