@@ -90,6 +90,9 @@ class NetworkSettings:
     max_backlog: int = MAX_BACKLOG
     # MQTT 5: the broker drops anything larger for us (bounds a message's memory).
     max_packet_bytes: int | None = None
+    # Topics acknowledged without being journaled: the collectors' own (retained
+    # snapshots and confirmations), which the subscription matches and nothing counts.
+    unjournaled_prefix: str | None = None
 
 
 def run(settings: NetworkSettings, control: Connection) -> None:
@@ -128,10 +131,15 @@ def run(settings: NetworkSettings, control: Connection) -> None:
 
     buffered = [0]  # payload bytes received since the last commit
 
+    skip = settings.unjournaled_prefix
+
     def on_message(client, userdata, message):
         with lock:
-            store.append(message.topic, message.payload, time.time())
+            # Acknowledged in order with the others, once those are journaled.
             received.append((message.mid, message.qos))
+            if skip is not None and message.topic.startswith(skip):
+                return
+            store.append(message.topic, message.payload, time.time())
             buffered[0] += len(message.payload)
             if buffered[0] >= MAX_BUFFERED_BYTES:
                 flush.set()

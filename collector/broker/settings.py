@@ -31,4 +31,5 @@ def network_settings(config: CollectorConfig, journal: JournalSpec | None = None
         session_expiry=broker.session_expiry_seconds,
         ack_interval=config.storage.ack_interval_seconds, subscriptions=subscriptions,
         log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
-        max_packet_bytes=protocol.MAX_REPORT_BYTES + PACKET_OVERHEAD_BYTES)
+        max_packet_bytes=protocol.MAX_REPORT_BYTES + PACKET_OVERHEAD_BYTES,
+        unjournaled_prefix=protocol.collector_topics(fleet))

@@ -45,6 +45,13 @@ def data_subscription(fleet: str) -> str:
     return f"{TOPIC_ROOT}/{fleet}/+/+"
 
 
+def collector_topics(fleet: str) -> str:
+    """The prefix of every topic of ``fleet`` the collectors own (aggregates, range runs,
+    confirmations: a level that starts with ``_``, which no agent name can), which the
+    data subscription also matches."""
+    return f"{TOPIC_ROOT}/{fleet}/_"
+
+
 def status_subscription(fleet: str) -> str:
     return f"{TOPIC_ROOT}/{fleet}/+/{STATUS}"
 
