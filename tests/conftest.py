@@ -6,13 +6,25 @@ from __future__ import annotations
 
 import multiprocessing.resource_tracker
 import os
+import subprocess
+import sys
 
 import pytest
 
-from tests.support import Mosquitto, stop_leftover_processes
+from tests.support import REPO, Mosquitto, child_env, stop_leftover_processes
 from tests.support.nats import NatsCluster
 from tests.support.reaper import Reaper, become_subreaper
 from tests.support.web import CHROMIUM, CHROMIUM_ARGS
+
+
+def pytest_sessionstart(session):
+    """Once, before pytest-xdist starts its workers (its own hook runs last): fill numba's
+    cache (tests/support/warm.py), so that on a fresh clone the workers and every agent
+    and collector they start load the kernels rather than all compiling them at once."""
+    if hasattr(session.config, "workerinput"):  # a worker: the controller has done it
+        return
+    subprocess.run([sys.executable, "-m", "tests.support.warm"], cwd=REPO, env=child_env(),
+                   check=True, timeout=600)
 
 
 def pytest_configure(config):
