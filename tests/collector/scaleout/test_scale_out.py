@@ -201,17 +201,22 @@ def test_a_node_failover_moves_no_partition_and_a_dead_members_are_taken_over(
     def owners() -> dict[str, str]:
         return {name: p["owner"] for name, p in merge.api()["partitions"].items()}
 
-    caught_up(stream.next_phase())
+    def traffic() -> int:
+        """A phase of reports that runs on a while (through a failover, say), ended."""
+        time.sleep(3)
+        return stream.next_phase()
+
+    caught_up(traffic())
     assert wait_for(lambda: len(owners()) == PARTITIONS)
     before = owners()
     assert set(before.values()) == {"m0", "m1"}
 
     nats_cluster.kill(nats_cluster.stream_leader(STREAM))
-    caught_up(stream.next_phase())
+    caught_up(traffic())
     assert owners() == before  # no lease expired: no partition moved
 
     members[1].kill()
-    caught_up(stream.next_phase())
+    caught_up(traffic())
     assert set(owners().values()) == {"m0"}
 
     stream.stop()
