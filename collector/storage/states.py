@@ -20,22 +20,19 @@ from typing import Annotated, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from edge_agent.protocol.codec import (
+from edge_agent.protocol.codec import Rejected, decode_checked, define, encode
+from edge_agent.protocol.descriptions import MechanismDescription
+from edge_agent.protocol.fields import (
     SEQ_LIMIT,
     Count,
     Fields,
     Finite,
     Name,
     NonNegative,
-    Rejected,
     Seq,
     Text,
     Unit,
-    decode_checked,
-    define,
-    encode,
 )
-from edge_agent.protocol.descriptions import MechanismDescription
 from edge_agent.protocol.reports import Report, Strategy
 from edge_agent.protocol.statuses import BudgetStatus
 

@@ -1,8 +1,9 @@
 """The wire protocol between agents and collectors (docs/PROTOCOL.md), used by both sides.
 
 * ``topics``: the MQTT topics, built and parsed in one place;
-* ``codec``: the bounded field types every message is made of, ``Rejected``, and
-  the encoder and checking decoder;
+* ``fields``: the bounded field types every message is made of;
+* ``codec``: ``Rejected``, how a family of structs is defined, and the encoder and
+  checking decoder;
 * one module per family of messages, each a typed struct with its bounds, its
   encoder and its checking decoder: ``descriptions`` (a mechanism's parameters),
   ``reports``, ``statuses``, ``confirmations``, ``range`` (range discovery) and
@@ -12,13 +13,7 @@ docs/protocol.schema.json is generated from the types (scripts/gen_protocol_sche
 The states collectors save and exchange are the collector's (collector/storage/states.py).
 """
 
-from edge_agent.protocol.codec import (
-    MAX_CODES,
-    PROTOCOL_VERSION,
-    SEQ_LIMIT,
-    Rejected,
-    encode,
-)
+from edge_agent.protocol.codec import PROTOCOL_VERSION, Rejected, encode
 from edge_agent.protocol.confirmations import (
     Confirm,
     decode_confirm,
@@ -30,6 +25,7 @@ from edge_agent.protocol.descriptions import (
     description_name,
     mechanism_of,
 )
+from edge_agent.protocol.fields import MAX_CODES, SEQ_LIMIT
 from edge_agent.protocol.range import (
     RANGE_WINDOW_MAX,
     Announce,

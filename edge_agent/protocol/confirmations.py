@@ -6,7 +6,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from edge_agent.protocol.codec import Finite, Name, Rejected, Seq, decode_checked
+from edge_agent.protocol.codec import Rejected, decode_checked
+from edge_agent.protocol.fields import Finite, Name, Seq
 from edge_agent.protocol.statuses import MAX_AGENT_CHANNELS
 from edge_agent.protocol.topics import confirm_agent
 

@@ -24,14 +24,14 @@ from edge_agent.mechanisms import (
     from_description,
 )
 from edge_agent.mechanisms.categorical import MAX_CATEGORIES, MAX_LABELS, ORACLES
-from edge_agent.protocol.codec import (
+from edge_agent.protocol.codec import define
+from edge_agent.protocol.fields import (
     CategoryLabel,
     Epsilon,
     Finite,
     GridBits,
     Positive,
     SplitEpsilon,
-    define,
 )
 
 # -- mechanism descriptions (a mechanism's describe(), tagged by its wire name) ---------------

@@ -7,8 +7,8 @@ import msgspec
 from msgspec import Meta, Struct
 
 from edge_agent.mechanisms.rangefind import MAX_ROUNDS
-from edge_agent.protocol.codec import (
-    PROTOCOL_VERSION,
+from edge_agent.protocol.codec import PROTOCOL_VERSION, Rejected, decode_checked, encode
+from edge_agent.protocol.fields import (
     Count,
     Epsilon,
     Finite,
@@ -16,12 +16,9 @@ from edge_agent.protocol.codec import (
     Name,
     NonNegative,
     Positive,
-    Rejected,
     RunId,
     Side,
     Text,
-    decode_checked,
-    encode,
 )
 from edge_agent.protocol.topics import range_control_topic, range_reply_agent
 

@@ -16,10 +16,11 @@ from msgspec import Meta, Struct
 
 from edge_agent.mechanisms import Mechanism, kind_accepts
 from edge_agent.mechanisms.categorical import FrequencyOracle
-from edge_agent.protocol.codec import (
+from edge_agent.protocol.codec import PROTOCOL_VERSION, Rejected, decode_checked, encode
+from edge_agent.protocol.descriptions import MechanismDescription, describe, mechanism_of
+from edge_agent.protocol.fields import (
     MAX_CODES,
     MAX_FIELDS,
-    PROTOCOL_VERSION,
     Code,
     CodeList,
     Epsilon,
@@ -27,14 +28,10 @@ from edge_agent.protocol.codec import (
     Finite,
     Name,
     NonNegative,
-    Rejected,
     Seed,
     Seq,
     Unit,
-    decode_checked,
-    encode,
 )
-from edge_agent.protocol.descriptions import MechanismDescription, describe, mechanism_of
 from edge_agent.protocol.topics import report_levels
 
 MAX_REPORT_BYTES = 1 << 20  # far above a 500-value batch (~4 kB)

@@ -6,8 +6,9 @@ from typing import Annotated, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from edge_agent.protocol.codec import CategoryLabel, Count, Finite, Name, Text, Unit, define, encode
+from edge_agent.protocol.codec import define, encode
 from edge_agent.protocol.descriptions import MechanismDescription
+from edge_agent.protocol.fields import CategoryLabel, Count, Finite, Name, Text, Unit
 from edge_agent.protocol.reports import Strategy
 
 # -- aggregate snapshots (retained on ldp/v1/<fleet>/_aggregates/<channel>; docs/API.md) -----

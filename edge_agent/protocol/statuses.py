@@ -6,18 +6,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from edge_agent.protocol.codec import (
-    PROTOCOL_VERSION,
-    Count,
-    Finite,
-    Label,
-    Name,
-    NonNegative,
-    Positive,
-    Rejected,
-    Text,
-    encode,
-)
+from edge_agent.protocol.codec import PROTOCOL_VERSION, Rejected, encode
+from edge_agent.protocol.fields import Count, Finite, Label, Name, NonNegative, Positive, Text
 from edge_agent.protocol.topics import is_name, status_agent
 
 MAX_AGENT_CHANNELS = 128  # channels (and sources) of one agent: bounds its status
