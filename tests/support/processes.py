@@ -125,9 +125,9 @@ class CollectorProcess(ChildProcess):
     """``edge-collector <command>`` against a test broker, on an HTTP port of its own.
 
     The configuration makes everything the end-to-end tests watch happen within
-    seconds (pushes, checkpoints, windows, snapshots); ``name`` keeps several
-    collectors apart in one directory, ``broker_settings`` adds keys to [broker]
-    and ``tables`` adds or replaces whole tables (``scale_out={...}``,
+    seconds (pushes, checkpoints, windows, snapshots) and keeps a minute of windows;
+    ``name`` keeps several collectors apart in one directory, ``broker_settings`` adds
+    keys to [broker] and ``tables`` adds or replaces whole tables (``scale_out={...}``,
     ``range_discovery={...}``)."""
 
     def __init__(self, tmp_path: Path, broker, *, checkpoint_seconds: float = 2.0,
@@ -140,7 +140,10 @@ class CollectorProcess(ChildProcess):
             http={"host": LOOPBACK, "port": self.port, "push_seconds": 0.5},
             storage={"path": str(tmp_path / f"{name}.sqlite"),
                      "checkpoint_seconds": checkpoint_seconds},
-            aggregates={"window_seconds": 5}, snapshots={"interval_seconds": 1}, **tables))
+            # 5-s windows, a minute of them: an hour of 5-s windows (721, the default
+            # history) made every end-to-end collector recompute hundreds of windows.
+            aggregates={"window_seconds": 5, "history_seconds": 60},
+            snapshots={"interval_seconds": 1}, **tables))
         super().__init__(python_module("collector", command, "--config", self.config),
                          tmp_path / f"{name}.log", env=child_env())
 
