@@ -139,10 +139,6 @@ class Block:
             self._cache = self._compute()
         return self._cache
 
-    def adopt_computed(self, earlier: Block) -> None:
-        """Take ``earlier``'s computed view if its sums equal ours (see ``Series``)."""
-        if self._cache is None and earlier._cache is not None and earlier == self:
-            self._cache = earlier._cache
 
 
 class LinearBlock(Block):
@@ -151,16 +147,9 @@ class LinearBlock(Block):
     def _setup(self) -> None:
         m = self.mechanism
         origin, step = m.grid_values
-        self.in_edges = np.linspace(m.low, m.high, self.bins + 1)
         width = (m.high - m.low) / self.bins
-        if m.name == "duchi":  # two atoms: the output "bins" are the two codes
-            self.out_edges = np.array([m.output_low, 0.5 * (m.output_low + m.output_high),
-                                       m.output_high])
-        elif (m.output_low, m.output_high) == (m.low, m.high):
-            self.out_edges = self.in_edges
-        else:
-            n_out = max(1, math.ceil((m.output_high - m.output_low) / width - 1e-9))
-            self.out_edges = m.output_low + width * np.arange(n_out + 1)
+        self.in_edges, self.out_edges = _linear_edges(self.description, self.component,
+                                                      self.bins)
         self.moments = CodeMoments(origin, step)
         self.raw = BinCounts(origin, step, m.low, width, self.bins, outside="drop")
         out_width = float(self.out_edges[1] - self.out_edges[0])
@@ -202,6 +191,26 @@ class LinearBlock(Block):
                          smoothing=found["smoothing"])
         return {"count": n, "mean": json_safe(found["mean"]), "histogram": histogram,
                 "quantiles": ems.quantiles(self.in_edges, shown, QUANTILES)}
+
+
+@lru_cache(maxsize=256)
+def _linear_edges(description, component: int | None, bins: int) -> tuple[np.ndarray, ...]:
+    """A linear block's input and output bin edges (read-only: shared by every block of
+    the mechanism, a window's included)."""
+    m = _component(mechanism_of(description), component)
+    in_edges = np.linspace(m.low, m.high, bins + 1)
+    width = (m.high - m.low) / bins
+    if m.name == "duchi":  # two atoms: the output "bins" are the two codes
+        out_edges = np.array([m.output_low, 0.5 * (m.output_low + m.output_high),
+                              m.output_high])
+    elif (m.output_low, m.output_high) == (m.low, m.high):
+        out_edges = in_edges
+    else:
+        n_out = max(1, math.ceil((m.output_high - m.output_low) / width - 1e-9))
+        out_edges = m.output_low + width * np.arange(n_out + 1)
+    for edges in (in_edges, out_edges):
+        edges.flags.writeable = False
+    return in_edges, out_edges
 
 
 @lru_cache(maxsize=256)
@@ -352,9 +361,6 @@ class CrossBlock:
 
     def __eq__(self, other):
         return isinstance(other, CrossBlock) and other.cross == self.cross
-
-    def adopt_computed(self, earlier: CrossBlock) -> None:
-        """Nothing cached: the mean vector is computed on demand, cheaply."""
 
     def mean_vector(self, angle_block: CircularBlock) -> dict:
         r_mech, a_mech = mechanism_of(self.description).components

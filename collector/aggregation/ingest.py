@@ -367,15 +367,18 @@ class Ingestor:
             self.dead_letters.extend(letters)  # the deque keeps the newest DEAD_LETTERS
         return self
 
-    def copy_aggregates(self) -> Ingestor:
+    def copy_aggregates(self, keys: dict[tuple, list] | None = None) -> Ingestor:
         """A detached copy of what the documents show (series, agents, newest series,
         rejects, dead letters; no trackers), taken under the collector's lock and read
-        without it.  Our own state: copied as it is, not checked as a state from
-        elsewhere is (``from_state``)."""
+        without it.  Of each series it takes what was computed, and the sums of the total
+        and windows named in ``keys`` (per series identity, as ``Series.stale`` names
+        them: what is to be computed from the copy); None: every sum.  Our own state:
+        copied as it is, not checked as a state from elsewhere is (``from_state``)."""
         twin = Ingestor.from_settings(self.fleet, self.settings(), self.limits)
-        twin.series = {channel: {identity: series.copy()
-                                 for identity, series in by_identity.items()}
-                       for channel, by_identity in self.series.items()}
+        twin.series = {
+            channel: {identity: series.detach(None if keys is None else keys.get(identity, []))
+                      for identity, series in by_identity.items()}
+            for channel, by_identity in self.series.items()}
         twin.latest, twin.latest_at = dict(self.latest), dict(self.latest_at)
         twin.agents = {name: dataclasses.replace(stats) for name, stats in self.agents.items()}
         twin.rejects.update(self.rejects)
@@ -383,16 +386,35 @@ class Ingestor:
         twin.status_only = set(self.status_only)
         return twin
 
+    def keep(self, computed: Ingestor, done: dict[tuple, list]) -> None:
+        """Take what ``computed`` (a detached copy) computed (``done``: the keys per series
+        identity), where the sums have not counted more since."""
+        for identity, keys in done.items():
+            series = self.series.get(identity[0], {}).get(identity)
+            if series is not None:
+                series.keep(computed.series[identity[0]][identity], keys)
+
+    def adopt(self, earlier: Ingestor) -> None:
+        """Take what ``earlier`` computed for the same series (the merge view's previous
+        merge), where the sums count the same."""
+        for channel, by_identity in self.series.items():
+            for identity, series in by_identity.items():
+                theirs = earlier.series.get(channel, {}).get(identity)
+                if theirs is not None:
+                    series.adopt(theirs)
+
     # -- saved and exchanged state (collector.storage.states) --------------------------------
-    def to_state(self) -> IngestorState:
+    def to_state(self, *, computed: bool = True) -> IngestorState:
         """Everything the merge view (and a checkpoint) needs of the aggregates: series,
         per-agent counters, newest series, rejects and dead letters (no trackers: those are
-        the checkpoint's)."""
+        the checkpoint's).  ``computed``: with what the sums gave (``Series.summary`` and
+        ``points``: a checkpoint's, so that a restart computes nothing again; a partition's
+        state leaves them out, since the merge view's sums are of every partition)."""
         series, index = [], {}
         for by_identity in self.series.values():
             for identity, one in by_identity.items():
                 index[identity] = len(series)
-                series.append(one.to_state())
+                series.append(one.to_state(computed=computed))
         return IngestorState(
             fleet=self.fleet, settings=self.settings(), rejects=dict(self.rejects),
             agents={name: AgentState(a.messages, a.values, a.duplicates, a.rejects,

@@ -32,13 +32,18 @@ from collector.aggregation.blocks import (
 from collector.aggregation.stats import (
     StateError,
 )
+from collector.estimation.jsonsafe import json_safe
 from collector.storage.states import (
+    POINTS,
     SERIES_BLOCKS,
     SERIES_STATES,
+    SUMMARIES,
     SeriesState,
 )
 from edge_agent.mechanisms import Mechanism
 from edge_agent.protocol import as_dict, kind_problem, mechanism_of
+
+TOTAL = None  # what ``Series.stale`` calls the total, beside the windows' starts
 
 
 def series_identity(channel: str, kind: str, description, fields: tuple | None,
@@ -75,6 +80,15 @@ class Series:
         self.agents: set[str] = set()
         self.total = self._new_blocks()
         self.windows: dict[int, dict] = {}
+        # What the sums gave, kept until they count more (saved with them): the total's
+        # estimates, and each window's history point, each with the count it is of.
+        self.summary: tuple[int, dict] | None = None
+        self.points: dict[int, tuple[int, Any]] = {}  # start -> (count, POINTS[kind])
+        # What changed since it was computed (TOTAL, window starts): what to compute costs
+        # what changed, not what the history holds.
+        self.changed: set[int | None] = set()
+        self._starts: list[int] | None = None  # a detached copy's: every window's start
+        self._total_count: int | None = None  # a detached copy's, without the total's sums
 
     @property
     def mechanism(self) -> Mechanism:
@@ -148,9 +162,12 @@ class Series:
             by_window.setdefault(int(math.floor(t / self.window_seconds)), []).append(codes)
             self.agents.add(agent)
         self.messages += len(messages)
+        self.changed.add(TOTAL)
         for start, group in by_window.items():
             codes = group[0] if len(group) == 1 else self._join(group)
             window = self._window_at(start)
+            if start in self.windows:  # not older than every kept window (then dropped)
+                self.changed.add(start)
             for name, array in self._split(codes).items():
                 summary = self.total[name].summarize(array)
                 self.total[name].apply(summary)
@@ -160,9 +177,15 @@ class Series:
         window = self.windows.get(start)
         if window is None:
             window = self.windows[start] = self._new_blocks()
-            while len(self.windows) > self.keep_windows:
-                del self.windows[min(self.windows)]
+            self._forget_old_windows()
         return window
+
+    def _forget_old_windows(self) -> None:
+        while len(self.windows) > self.keep_windows:
+            oldest = min(self.windows)
+            del self.windows[oldest]
+            self.points.pop(oldest, None)
+            self.changed.discard(oldest)
 
     def merge(self, other: Series) -> Series:
         if other.identity != self.identity:
@@ -175,20 +198,100 @@ class Series:
                 self.windows[start] = mine = self._new_blocks()
             for name, block in mine.items():
                 block.merge(blocks[name])
-        while len(self.windows) > self.keep_windows:
-            del self.windows[min(self.windows)]
+        self.changed |= {TOTAL, *other.windows}
+        self._forget_old_windows()
         self.messages += other.messages
         self.agents |= other.agents
         return self
 
     def copy(self) -> Series:
-        """A detached copy of the sums (computed views not taken): what the documents
-        are computed from outside the collector's lock."""
+        """A detached copy of the sums and of what they gave so far."""
+        return self.detach(None)
+
+    # -- what the sums give, computed once --------------------------------------------------
+    @property
+    def starts(self) -> list[int]:
+        """The windows' starts, oldest first (a detached copy holds the sums of only some
+        of them)."""
+        return sorted(self.windows) if self._starts is None else self._starts
+
+    def window_count(self, start: int) -> int:
+        return self._count(self.windows[start])
+
+    def current(self, key: int | None) -> bool:
+        """Whether the total's estimates (``TOTAL``) or the window's point are of its sums
+        (a detached copy: they were, or were computed since)."""
+        computed = self.summary is not None if key is TOTAL else key in self.points
+        return computed and key not in self.changed
+
+    def entry(self) -> dict:
+        """The channel's entry (docs/API.md): what the series is, and its total's estimates
+        (nulls before any were computed), ``state`` "computing" while they are of fewer
+        values than its sums hold, else "ready"."""
+        view = self._view(self._new_blocks()) if self.summary is None else self.summary[1]
+        state = "ready" if self.current(TOTAL) else "computing"
+        out = {"kind": self.kind, "mechanism": as_dict(self.description), "count": self.count(),
+               "messages": self.messages, "agents": len(self.agents), **self.units(), **view}
+        out.update(self._extra_entry())
+        out["state"] = state
+        return out
+
+    def _extra_entry(self) -> dict:
+        return {}
+
+    def stale(self) -> list[int | None]:
+        """What to compute: ``TOTAL`` and the start of each window whose sums changed since
+        they were computed (or were never computed), the total first, then the newest
+        window first.  Costs what changed (``changed``), not what the series holds."""
+        keys: list[int | None] = [TOTAL] if TOTAL in self.changed else []
+        return keys + sorted((key for key in self.changed if key is not TOTAL), reverse=True)
+
+    def detach(self, keys: list[int | None] | None) -> Series:
+        """A copy to compute from outside the collector's lock: the sums of the total and
+        windows in ``keys`` (everything: None), what was computed so far, the windows
+        there are and the count.  Taking it costs what
+        ``keys`` hold, not what the series holds."""
         twin = copy.copy(self)
         twin.agents = set(self.agents)
-        twin.total = _copy_blocks(self.total)
-        twin.windows = {start: _copy_blocks(blocks) for start, blocks in self.windows.items()}
+        if keys is None or TOTAL in keys:
+            twin.total = _copy_blocks(self.total)
+        else:
+            twin.total, twin._total_count = None, self.count()
+        wanted = self.windows if keys is None else [key for key in keys if key is not TOTAL]
+        twin.windows = {start: _copy_blocks(self.windows[start]) for start in wanted}
+        twin._starts = self.starts
+        twin.points = dict(self.points)
+        twin.changed = set(self.changed)
         return twin
+
+    def compute(self, key: int | None) -> None:
+        """Compute the total's estimates (``TOTAL``) or a window's point from the sums."""
+        if key is TOTAL:
+            self.summary = (self.count(), self._view(self.total))
+        else:
+            view = self.window_view(key)
+            point = msgspec.convert(json_safe(self.history_point(view)), POINTS[self.kind])
+            self.points[key] = (view["count"], point)
+        self.changed.discard(key)
+
+    def keep(self, computed: Series, keys: list[int | None]) -> None:
+        """Take what ``computed`` (a detached copy) computed for ``keys``, where these sums
+        have not counted more since."""
+        for key in keys:
+            if key is TOTAL:
+                if computed.summary is not None and computed.summary[0] == self.count():
+                    self.summary = computed.summary
+                    self.changed.discard(TOTAL)
+            elif key in self.windows and key in computed.points \
+                    and computed.points[key][0] == self.window_count(key):
+                self.points[key] = computed.points[key]
+                self.changed.discard(key)
+
+    def adopt(self, earlier: Series) -> None:
+        """Take what ``earlier`` (the same series, e.g. merged from partitions before they
+        changed) computed, where these sums count the same."""
+        if earlier.identity == self.identity:
+            self.keep(earlier, [TOTAL, *earlier.points])
 
     def __eq__(self, other):
         return (isinstance(other, Series) and other.identity == self.identity
@@ -199,13 +302,21 @@ class Series:
     def _blocks_state(self, blocks: dict):
         return self.BLOCK_STATES(**{name: block.to_state() for name, block in blocks.items()})
 
-    def to_state(self) -> SeriesState:
-        """Identity, counters and every block's sums, typed."""
+    def to_state(self, *, computed: bool = True) -> SeriesState:
+        """Identity, counters and every block's sums, typed; with ``computed``, what they
+        gave (``summary`` and ``points``)."""
+        summary, points = None, []
+        if computed:
+            points = [(start, count, point)
+                      for start, (count, point) in sorted(self.points.items())]
+        if computed and self.summary is not None:
+            summary = (self.summary[0], msgspec.convert(self.summary[1], SUMMARIES[self.kind]))
         return SERIES_STATES[self.kind](
             channel=self.channel, mechanism=self.description, fields=self.fields,
             strategy=self.strategy, unit=self.unit, messages=self.messages,
             agents=sorted(self.agents), total=self._blocks_state(self.total),
-            windows=[(start, self._blocks_state(of)) for start, of in sorted(self.windows.items())])
+            windows=[(start, self._blocks_state(of)) for start, of in sorted(self.windows.items())],
+            summary=summary, points=points)
 
     @staticmethod
     def from_state(state: SeriesState | dict, *, bins: int, window_seconds: float,
@@ -239,6 +350,15 @@ class Series:
                 raise StateError(f"{where}.windows[{i}]: start must be a new integer")
             series.windows[start] = series._new_blocks()
             series._load_blocks(series.windows[start], blocks, f"{where}.windows[{i}]")
+        # What the sums gave, where it is of these sums (an estimate of other counts is
+        # computed again, and one of a window not kept is dropped).
+        if state.summary is not None and state.summary[0] == series.count():
+            series.summary = (state.summary[0], msgspec.to_builtins(state.summary[1]))
+        for start, count, point in state.points:
+            if start in series.windows and count == series.window_count(start):
+                series.points[start] = (count, point)
+        series.changed = {TOTAL} if series.summary is None else set()
+        series.changed |= {start for start in series.windows if start not in series.points}
         return series
 
     def _load_blocks(self, blocks: dict, state, where: str) -> None:
@@ -246,26 +366,8 @@ class Series:
             block.load_state(getattr(state, name), f"{where}.{name}")
 
     # -- the API view -----------------------------------------------------------------------
-    def adopt_computed(self, earlier: Series) -> None:
-        """Reuse the computed views of ``earlier``, a previous copy of this series, for
-        every block (total, window) whose sums have not changed since.
-
-        The web API computes its documents from a copy of the aggregates
-        (``collector.api.snapshots``), made without computed views (``copy``);
-        recomputing every kept window's EMS reconstruction for each copy would cost
-        seconds, while between two copies only the total and the newest window
-        change."""
-        if earlier.identity != self.identity:
-            return
-        pairs = [(self.total, earlier.total)]
-        pairs += [(blocks, earlier.windows[start]) for start, blocks in self.windows.items()
-                  if start in earlier.windows]
-        for mine, theirs in pairs:
-            for name, block in mine.items():
-                block.adopt_computed(theirs[name])
-
     def count(self) -> int:
-        return self._count(self.total)
+        return self._total_count if self.total is None else self._count(self.total)
 
     def get(self, *, windows: bool = False) -> dict:
         out = {"kind": self.kind, "mechanism": as_dict(self.description), "count": self.count(),
@@ -466,6 +568,9 @@ class VectorSeries(Series):
         out = super().get(windows=windows)
         out["strategy"] = as_dict(self.strategy)
         return out
+
+    def _extra_entry(self) -> dict:
+        return {"strategy": as_dict(self.strategy)}
 
     def _load_blocks(self, blocks: dict, state, where: str) -> None:
         if set(state) != set(blocks):  # the axes

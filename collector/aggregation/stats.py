@@ -356,16 +356,11 @@ class BinCounts(Statistic):
         """Codes -> bin, precomputed for codes 0 .. 2^k - 1 (``bins`` = outside).
 
         Codes are validated grid indices, so one gather replaces the float
-        arithmetic per value; built lazily and not pickled.
-        """
-        table = self.__dict__.get("_table")
-        if table is None or max_code >= table.size:
-            size = 1 << max(int(max_code).bit_length(), 8)
-            index = self.bin_of(np.arange(size))
-            if self.outside == "drop":
-                index = np.where((index >= 0) & (index < self.bins), index, self.bins)
-            table = self._table = index.astype(np.int32)
-        return table
+        arithmetic per value.  A table of 16-bit codes is 256 kB: one per set of
+        parameters, shared by every series of a mechanism (``_bin_table``), not one
+        per statistic (4,096 series at the default limits held 2 GB of them)."""
+        size = 1 << max(int(max_code).bit_length(), 8)
+        return _bin_table(*self.params(), size)
 
     def summarize(self, batch) -> tuple[np.ndarray, int]:
         batch = np.asarray(batch)
@@ -499,3 +494,15 @@ class SupportCounts(Statistic):
         self.counts = np.array(counts, dtype=np.int64)
         self.n = n
 
+
+@lru_cache(maxsize=64)
+def _bin_table(origin: float, step: float, edge0: float, width: float, bins: int,
+               outside: str, size: int) -> np.ndarray:
+    """``BinCounts._lookup``'s table for codes 0 .. size - 1 (read-only: shared)."""
+    counts = BinCounts(origin, step, edge0, width, bins, outside)
+    index = counts.bin_of(np.arange(size))
+    if outside == "drop":
+        index = np.where((index >= 0) & (index < bins), index, bins)
+    table = index.astype(np.int32)
+    table.flags.writeable = False
+    return table

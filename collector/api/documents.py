@@ -1,19 +1,19 @@
 """The collector's aggregates as documents: the HTTP API (docs/API.md).
 
-Computing the documents is slow: every series' EMS reconstruction (with a
-parametric bootstrap where the mean is not affine), for the cumulative
-statistics and for every kept window, takes about 0.1 s for a handful of
-channels when the windows' results are cached and seconds when they are not.
-The aggregates are shared with the aggregation loop under one lock, so
-computing them per request, under that lock, let every viewer slow ingestion.
+An estimate (a series' total, or one window's history point) costs a few
+milliseconds of EM and is computed once: when its sums change (a window closes,
+a late report arrives), and never again for the same sums.  What the sums gave
+is kept with them (``Series.summary``, ``Series.points``) and saved with the
+checkpoint, so a restarted collector serves its documents at once.
 
-``Snapshots`` (``collector.api.snapshots``) therefore computes every document
-once per push period, in its own thread.  Under the collector's lock it only
-copies the aggregates (``Ingestor.copy_aggregates``: their sums, a few
-milliseconds); it computes outside the lock, reusing the previous copy's results
-for the windows that did not change (``Series.adopt_computed``), and serialises
-each document once.  The web server (``collector.api.server``) answers
-every request and feeds every event stream from the latest snapshot's bytes.
+``Snapshots`` (``collector.api.snapshots``) builds the documents once per push
+period, in its own thread.  Under the collector's lock it only copies the
+aggregates (``Ingestor.copy_aggregates``: what was computed, and the sums of what
+changed); it computes outside the lock, most urgent first and within a budget
+(``compute``), gives back what it computed (``Ingestor.keep``), and serialises
+each document once.  The web server (``collector.api.server``) answers every
+request and feeds every event stream from the latest snapshot's bytes; a
+document not computed yet says so (``"state": "computing"``).
 
 ``Views`` is the collector's source of documents: ``capture``/``documents``
 for the snapshots, and ``channels_json``/``channel_json`` computed at once
@@ -22,14 +22,17 @@ under the lock (for a collector without a web server, and tests).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
+
 from collector.aggregation.ingest import Ingestor
-from collector.aggregation.series import Series, series_type
+from collector.aggregation.series import TOTAL, series_type
 from edge_agent.protocol import as_dict
 
 # An agent counts as online if its retained status says so, or, for agents
@@ -55,6 +58,16 @@ class Documents:
     histories: dict[str, dict]  # GET /api/channels/<name>/history
     range: dict  # GET /api/range
     dead_letters: list[dict]  # GET /api/rejects, as "recent"
+    estimates: Estimates | None = None  # what computing them has cost so far (metrics)
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """The estimates a ``Views`` has computed since it started (/metrics)."""
+
+    computed: int  # totals and windows estimated
+    seconds: float  # the time that took
+    pending: int  # changed, not computed yet (waiting for a later push's budget)
 
 
 class SnapshotSource(Protocol):
@@ -77,31 +90,160 @@ def range_document(results: dict, ignored: dict, t: float) -> dict:
             "ignored": dict(sorted(ignored.items()))}
 
 
-# -- the history: each kept window's estimates, reduced to what a chart over time draws ---------
+# -- what to compute, in which order --------------------------------------------------------
+
+# A channel reported by fewer agents than this (a name one device invented, say) waits for
+# the others' estimates: it cannot delay them.
+FEW_AGENTS = 2
+# Compute time a push may spend after the first tier (every channel's total and newest
+# window); what does not fit waits for the next push.
+BUDGET_SECONDS = 0.5
+LATER_AT_LEAST = 32  # later estimates a push copies, whatever the last ones cost
+
+
+@dataclass
+class Plan:
+    """What one push computes, in order (``plan``): (series identity, key) pairs, keys as
+    ``Series.stale`` names them."""
+
+    first: list[tuple[tuple, int | None]]  # always computed
+    later: list[tuple[tuple, int | None]]  # as far as the budget goes
+    left: int  # changed, and left for a later push
+
+    def keys(self) -> dict[tuple, list]:
+        """The keys per series identity: what ``Ingestor.copy_aggregates`` takes."""
+        by_identity: dict[tuple, list] = {}
+        for identity, key in (*self.first, *self.later):
+            by_identity.setdefault(identity, []).append(key)
+        return by_identity
+
+
+@dataclass
+class Work:
+    """What one computation did: ``done``, the keys computed per series identity, and
+    how long each part took."""
+
+    done: dict[tuple, list] = field(default_factory=dict)
+    first_seconds: float = 0.0  # the plan's first part
+    later_seconds: float = 0.0  # the rest, within the budget
+    left: int = 0  # changed and not computed (at a later push)
+
+
+def plan(ingestor: Ingestor, later_limit: int | None) -> Plan:
+    """What to compute of ``ingestor`` (taken under the collector's lock: it costs what
+    changed, ``Series.stale``, not what the history holds), most urgent first:
+
+    1. every channel's total and newest window, channels with the most agents first;
+    2. the same for channels of fewer than ``FEW_AGENTS`` agents;
+    3. older windows, newest first, of the channels of many agents, then of the others.
+
+    The first part is 1; the later part is 2 and 3, at most ``later_limit`` keys (None:
+    no limit).  Only a channel's newest series is computed (the others show only their
+    counts)."""
+    latest = sorted((ingestor.series[name][ingestor.latest[name]] for name in ingestor.series),
+                    key=lambda series: -len(series.agents))
+    stale = [(series, series.stale()) for series in latest]
+    many = [(series, keys) for series, keys in stale if len(series.agents) >= FEW_AGENTS]
+    few = [(series, keys) for series, keys in stale if len(series.agents) < FEW_AGENTS]
+
+    def split(series, keys) -> tuple[list, list]:
+        newest = max(series.starts, default=None)
+        urgent = [key for key in keys if key is TOTAL or key == newest]
+        return urgent, [key for key in keys if key is not TOTAL and key != newest]
+
+    first, later, rest = [], [], []
+    for series, keys in many:
+        urgent, older = split(series, keys)
+        first += [(series.identity, key) for key in urgent]
+        rest += [(series.identity, key) for key in older]
+    for series, keys in few:
+        urgent, older = split(series, keys)
+        later += [(series.identity, key) for key in urgent]
+    later += rest
+    for series, keys in few:
+        later += [(series.identity, key) for key in split(series, keys)[1]]
+    total = len(first) + len(later)
+    if later_limit is not None:
+        later = later[:later_limit]
+    return Plan(first=first, later=later, left=total - len(first) - len(later))
+
+
+def compute(ingestor: Ingestor, work_plan: Plan, budget: float | None) -> Work:
+    """Compute ``work_plan`` on ``ingestor`` (a detached copy holding the sums it names):
+    its first part to the end, its later part until ``budget`` seconds have passed
+    (None: no limit)."""
+    work = Work(left=work_plan.left)
+
+    def run(identity: tuple, key: int | None) -> None:
+        ingestor.series[identity[0]][identity].compute(key)
+        work.done.setdefault(identity, []).append(key)
+
+    started = time.perf_counter()
+    for identity, key in work_plan.first:
+        run(identity, key)
+    work.first_seconds = time.perf_counter() - started
+    deadline = None if budget is None else time.perf_counter() + budget
+    for i, (identity, key) in enumerate(work_plan.later):
+        if deadline is not None and time.perf_counter() > deadline:
+            work.left += len(work_plan.later) - i
+            break
+        run(identity, key)
+    work.later_seconds = time.perf_counter() - started - work.first_seconds
+    return work
+
+
+# -- the documents --------------------------------------------------------------------------
+
+def channel_detail(ingestor: Ingestor, name: str) -> dict:
+    """GET /api/channels/<name>: the channel's entry (its newest series' total estimates
+    and latest history point, ``state`` "computing" while they are older than its sums)
+    and its kept windows' history points (``windows``)."""
+    by_identity = ingestor.series[name]
+    latest = ingestor.latest[name]
+    series = by_identity[latest]
+    detail = series.entry()
+    detail["other_series"] = [{"mechanism": as_dict(s.description), "count": s.count()}
+                              for identity, s in by_identity.items() if identity != latest]
+    newest = max(series.starts, default=None)
+    if not all(series.current(start) for start in series.starts):  # the history's
+        detail["state"] = "computing"
+    # The latest point of the channel's history: the dashboard extends its chart with it.
+    detail["window"] = msgspec.to_builtins(series.points[newest][1]) \
+        if newest is not None and newest in series.points else None
+    detail["windows"] = [series.points[start][1] for start in series.starts
+                         if start in series.points]
+    return detail
+
 
 def history_document(name: str, detail: dict, window_seconds: float, windows_kept: int,
                      t: float) -> dict:
     """GET /api/channels/<name>/history: the channel's windowed estimates over the kept
-    windows (``[aggregates] history_seconds``), oldest first, each reduced by the kind's
-    series class (``Series.history_point``).  ``windows_kept``: at most that many (the
-    most recent windows with reports), so that a page extending the history with each
-    entry's ``window`` keeps what the server keeps."""
+    windows (``[aggregates] history_seconds``), oldest first: each window's history point
+    (``Series.history_point``).  ``windows_kept``: at most that many (the most recent
+    windows with reports), so that a page extending the history with each entry's
+    ``window`` keeps what the server keeps."""
     kind = series_type(detail["kind"])
     units = {key: detail[key] for key in ("unit", "angle_unit") if key in detail}
     return {"channel": name, "kind": detail["kind"], **units, **kind.history_header(detail),
             "t": t, "window_seconds": window_seconds, "windows_kept": windows_kept,
-            "points": [kind.history_point(window) for window in detail["windows"]]}
+            "state": detail["state"], "points": detail["windows"]}
 
 
 class Views:
-    """The documents of an ``Ingestor`` (``get_ingestor()``, read under ``lock``)."""
+    """The documents of an ``Ingestor`` (``get_ingestor()``, read under ``lock``).
+
+    What the sums give is computed once and kept with them (``Series.summary`` and
+    ``Series.points``, saved with the checkpoint): each push computes what changed, in
+    order of priority (``compute``), and the documents are assembled from what is kept.
+    ``budget_seconds``: the compute time a push may spend beyond the first tier."""
 
     def __init__(self, get_ingestor: Callable[[], Ingestor], lock: threading.RLock | None = None,
                  clock: Callable[[], float] = time.time,
                  broker_status: Callable[[], dict] | None = None,
                  range_results: Callable[[], dict] | None = None,
                  range_ignored: Callable[[], dict] | None = None,
-                 extra: Callable[[], dict] | None = None):
+                 extra: Callable[[], dict] | None = None,
+                 budget_seconds: float = BUDGET_SECONDS):
         """``extra``: more top-level fields for /api/channels (the merge view's
         ``partitions`` and ``partition_rejects``, docs/API.md).  ``broker_status``,
         ``range_results`` and ``extra`` keep their own locks: snapshots ask them
@@ -113,59 +255,81 @@ class Views:
         self._broker_status = broker_status or (lambda: {"connected": None, "since": None})
         self._range_results = range_results or dict
         self._range_ignored = range_ignored or dict
-        self._earlier: dict[tuple, Series] = {}  # the last documents' series, by identity
+        self.budget_seconds = budget_seconds
+        self.last_work: Work | None = None  # what the latest computation did
+        self.estimates = Estimates(computed=0, seconds=0.0, pending=0)
 
     # -- snapshots (SnapshotSource) ------------------------------------------------------------
     def capture(self) -> Capture:
         with self._lock:
             held = time.perf_counter()
-            aggregates = self._get().copy_aggregates()
+            live = self._get()
+            work_plan = plan(live, self._later_limit())
+            aggregates = live.copy_aggregates(work_plan.keys())
             now = self._clock()
             lock_seconds = time.perf_counter() - held
         context = (self._broker_status(), (self._range_results(), self._range_ignored()),
                    self._extra())
-        return Capture(t=now, content=(aggregates, *context), lock_seconds=lock_seconds)
+        return Capture(t=now, content=(aggregates, work_plan, *context),
+                       lock_seconds=lock_seconds)
+
+    def _later_limit(self) -> int | None:
+        """How many of the later estimates a push copies: what its budget is likely to
+        compute, twice over (at least ``LATER_AT_LEAST``), so that the copy taken under
+        the lock costs what will be computed."""
+        if self.budget_seconds is None:
+            return None
+        if not self.estimates.computed:
+            return LATER_AT_LEAST
+        per_estimate = self.estimates.seconds / self.estimates.computed
+        return max(LATER_AT_LEAST, math.ceil(2 * self.budget_seconds / max(per_estimate, 1e-4)))
 
     def documents(self, capture: Capture) -> Documents:
-        ingestor, broker, ranges, extra = capture.content
-        series = {identity: one for by_identity in ingestor.series.values()
-                  for identity, one in by_identity.items()}
-        for identity, one in series.items():
-            earlier = self._earlier.get(identity)
-            if earlier is not None:
-                one.adopt_computed(earlier)
-        details = {name: self._channel(ingestor, name, windows=True)
-                   for name in sorted(ingestor.series)}
-        histories = {name: history_document(name, detail, ingestor.window_seconds,
-                                            ingestor.keep_windows, capture.t)
-                     for name, detail in details.items()}
-        # An entry of /api/channels is its detail without the windows (computed once).
-        entries = {name: {key: value for key, value in detail.items() if key != "windows"}
-                   for name, detail in details.items()}
-        self._earlier = series
-        return Documents(
-            channels=self._document(ingestor, capture.t, broker, ranges, extra, entries),
-            channel_details=details, histories=histories,
-            range=range_document(*ranges, capture.t), dead_letters=list(ingestor.dead_letters))
+        ingestor, work_plan, broker, ranges, extra = capture.content
+        self.last_work = work = compute(ingestor, work_plan, self.budget_seconds)
+        with self._lock:  # kept where the sums have not counted more meanwhile
+            self._get().keep(ingestor, work.done)
+        self.estimates = Estimates(
+            computed=self.estimates.computed + sum(len(keys) for keys in work.done.values()),
+            seconds=self.estimates.seconds + work.first_seconds + work.later_seconds,
+            pending=work.left)
+        return self._documents(ingestor, capture.t, broker, ranges, extra, self.estimates)
 
     # -- documents at once, under the lock --------------------------------------------------------
     def channels_json(self) -> dict:
-        with self._lock:
-            ingestor = self._get()
-            entries = {name: self._channel(ingestor, name, windows=False)
-                       for name in sorted(ingestor.series)}
-            return self._document(ingestor, self._clock(), self._broker_status(),
-                                  (self._range_results(), self._range_ignored()),
-                                  self._extra(), entries)
+        """GET /api/channels now, everything computed (for a collector without a web
+        server, tools and tests)."""
+        return self._at_once().channels
 
     def channel_json(self, name: str) -> dict | None:
+        return self._at_once().channel_details.get(name)
+
+    def _at_once(self) -> Documents:
         with self._lock:
-            ingestor = self._get()
-            if name not in ingestor.series:
-                return None
-            return self._channel(ingestor, name, windows=True)
+            live = self._get()
+            work_plan = plan(live, None)
+            ingestor = live.copy_aggregates(work_plan.keys())
+            live.keep(ingestor, compute(ingestor, work_plan, None).done)
+            return self._documents(ingestor, self._clock(), self._broker_status(),
+                                   (self._range_results(), self._range_ignored()),
+                                   self._extra())
 
     # -- building them ----------------------------------------------------------------------
+    def _documents(self, ingestor: Ingestor, t: float, broker: dict, ranges: tuple[dict, dict],
+                   extra: dict, estimates: Estimates | None = None) -> Documents:
+        details = {name: channel_detail(ingestor, name) for name in sorted(ingestor.series)}
+        histories = {name: history_document(name, detail, ingestor.window_seconds,
+                                            ingestor.keep_windows, t)
+                     for name, detail in details.items()}
+        # An entry of /api/channels is its detail without the windows.
+        entries = {name: {key: value for key, value in detail.items() if key != "windows"}
+                   for name, detail in details.items()}
+        return Documents(
+            channels=self._document(ingestor, t, broker, ranges, extra, entries),
+            channel_details=details, histories=histories,
+            range=range_document(*ranges, t), dead_letters=list(ingestor.dead_letters),
+            estimates=estimates)
+
     def _document(self, ingestor: Ingestor, now: float, broker: dict,
                   ranges: tuple[dict, dict], extra: dict, entries: dict) -> dict:
         """GET /api/channels, with the channels' ``entries`` already computed."""
@@ -188,17 +352,3 @@ class Views:
         if stats.online is not None:
             return stats.online
         return stats.last_seen is not None and now - stats.last_seen < ONLINE_SECONDS
-
-    @staticmethod
-    def _channel(ingestor: Ingestor, name: str, *, windows: bool) -> dict:
-        by_identity = ingestor.series[name]
-        latest = ingestor.latest[name]
-        series = by_identity[latest]
-        view = series.get(windows=windows)
-        view["other_series"] = [{"mechanism": as_dict(s.description), "count": s.count()}
-                                for identity, s in by_identity.items() if identity != latest]
-        # The latest point of the channel's history: the dashboard extends its chart with it.
-        newest = view["windows"][-1:] if windows else \
-            [series.window_view(max(series.windows))] if series.windows else []
-        view["window"] = series.history_point(newest[0]) if newest else None
-        return view

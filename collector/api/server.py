@@ -139,6 +139,18 @@ class ServerMetrics(Collector):
             yield GaugeMetricFamily("ldp_snapshot_lock_seconds",
                                     "How long computing the served snapshot held the "
                                     "collector's lock.", value=snapshot.lock_seconds)
+            estimates = snapshot.documents.estimates
+            if estimates is not None:
+                yield CounterMetricFamily(
+                    "ldp_estimates_total", "Estimates computed (a channel's total or one "
+                    "window, each once per change of its sums).", value=estimates.computed)
+                yield CounterMetricFamily("ldp_estimate_seconds_total",
+                                          "Time spent computing estimates.",
+                                          value=estimates.seconds)
+                yield GaugeMetricFamily(
+                    "ldp_estimates_pending", "Estimates whose sums changed, left for the "
+                    "next pushes (older windows, channels of few agents).",
+                    value=estimates.pending)
 
 
 # -- the app ------------------------------------------------------------------------------------

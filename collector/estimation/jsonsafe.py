@@ -30,6 +30,8 @@ def json_safe(value: Any) -> Any:
         return [json_safe(item) for item in value]
     if hasattr(value, "tolist"):
         return json_safe(value.tolist())
+    if isinstance(value, msgspec.Struct):  # typed documents (history points)
+        return json_safe(msgspec.to_builtins(value))
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 

@@ -322,7 +322,8 @@ class Member:
         async with partition.writing:
             ingestor, now = partition.ingestor, self.clock()
             payload = encode_partition_state(
-                ingestor.to_state(), tracker_states(ingestor), partition=partition.number,
+                ingestor.to_state(computed=False), tracker_states(ingestor),
+                partition=partition.number,
                 partitions=self.scale.partitions, owner=self.name, now=now,
                 every=rewrite_seconds(self.scale), sequence=partition.sequence)
             sequence, states = partition.sequence, self.engine.states

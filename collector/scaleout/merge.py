@@ -100,6 +100,8 @@ class MergeView:
             merged = Ingestor.from_settings(self.fleet, self.settings)
             for _, entry in entries:
                 merged.merge(entry.ingestor)
+            if cache is not None:  # what did not change need not be computed again
+                merged.adopt(cache[1])
             cache = (generation, merged)
             with self._lock:
                 if self._generation == generation:

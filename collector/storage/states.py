@@ -20,9 +20,11 @@ from typing import Annotated, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
+from edge_agent.mechanisms.categorical import MAX_CATEGORIES
 from edge_agent.protocol.codec import Rejected, decode_checked, define, encode
 from edge_agent.protocol.descriptions import MechanismDescription
 from edge_agent.protocol.fields import (
+    MAX_FIELDS,
     SEQ_LIMIT,
     Count,
     Fields,
@@ -34,6 +36,13 @@ from edge_agent.protocol.fields import (
     Unit,
 )
 from edge_agent.protocol.reports import Report, Strategy
+from edge_agent.protocol.snapshots import (
+    CategoricalSummary,
+    CircularSummary,
+    Estimate,
+    LinearSummary,
+    PolarSummary,
+)
 from edge_agent.protocol.statuses import BudgetStatus
 
 CHECKPOINT_VERSION = 2  # 1 kept a tracker's numbers as a bitmap (read, migrated on load)
@@ -129,9 +138,93 @@ class _SeriesState(Struct, forbid_unknown_fields=True, tag_field="kind", kw_only
 # A series' blocks of statistics, by kind: cumulative (``total``) and per tumbling window.
 SERIES_BLOCKS = {"linear": ScalarBlocks, "circular": CircularBlocks, "polar": PolarBlocks,
                  "vector": VectorBlocks, "categorical": CategoricalBlocks}
+
+
+# -- what a series' sums gave: its estimates, computed once and kept with them ----------------
+
+class MeanPoint(Struct, forbid_unknown_fields=True):
+    estimate: Estimate
+    stderr: Estimate
+    ci95: tuple[Estimate, Estimate] | None
+
+
+class _Point(Struct, forbid_unknown_fields=True):
+    """One window's estimates as a chart over time draws them (GET /api/channels/<name>/
+    history: docs/API.md): its span in seconds, its count, and the kind's estimates."""
+
+    start: Finite
+    end: Finite
+    count: Count
+
+
+class DirectionPoint(Struct, forbid_unknown_fields=True, kw_only=True):
+    circular_mean: Estimate
+    half_width: Estimate
+    ci95: tuple[Estimate, Estimate] | None
+    resultant_length: Estimate
+
+
+class RadiusPoint(Struct, forbid_unknown_fields=True):
+    mean: MeanPoint
+
+
+class AxisPoint(Struct, forbid_unknown_fields=True):
+    count: Count
+    mean: MeanPoint
+
+
+class SharesPoint(Struct, forbid_unknown_fields=True):
+    shares: Annotated[list[Estimate], Meta(max_length=MAX_CATEGORIES)]
+    estimate: Annotated[list[Estimate], Meta(max_length=MAX_CATEGORIES)]
+    ci95: Annotated[list[tuple[Estimate, Estimate] | None], Meta(max_length=MAX_CATEGORIES)]
+
+
+class LinearPoint(_Point):
+    mean: MeanPoint
+
+
+class CircularPoint(_Point):
+    circular_mean: Estimate
+    half_width: Estimate
+    ci95: tuple[Estimate, Estimate] | None
+    resultant_length: Estimate
+
+
+class PolarPoint(_Point):
+    radius: RadiusPoint
+    angle: DirectionPoint
+
+
+class VectorPoint(_Point):
+    axes: Annotated[dict[Name, AxisPoint], Meta(max_length=MAX_FIELDS)]
+
+
+class CategoricalPoint(_Point):
+    frequencies: SharesPoint
+
+
+class AxesSummary(Struct, forbid_unknown_fields=True):
+    """A vector series' cumulative estimates: one linear summary per axis."""
+
+    axes: Annotated[dict[Name, LinearSummary], Meta(max_length=MAX_FIELDS)]
+
+
+# By kind: a window's point, and the cumulative estimates (the protocol's summaries).
+POINTS: dict[str, type[Struct]] = {
+    "linear": LinearPoint, "circular": CircularPoint, "polar": PolarPoint,
+    "vector": VectorPoint, "categorical": CategoricalPoint}
+SUMMARIES: dict[str, type[Struct]] = {
+    "linear": LinearSummary, "circular": CircularSummary, "polar": PolarSummary,
+    "vector": AxesSummary, "categorical": CategoricalSummary}
+
+# Each kind's series: identity, counters, sums (``total``, ``windows``) and what they gave
+# (``summary``: the total's estimates, ``points``: each window's), each with the count it
+# was computed at (recomputed when the sums have counted more since).
 SERIES_STATES: dict[str, type[Struct]] = {
     kind: define(__name__, f"{kind.title()}SeriesState", _SeriesState, kind,
-                 [("total", blocks), ("windows", list[tuple[WindowStart, blocks]])])
+                 [("total", blocks), ("windows", list[tuple[WindowStart, blocks]]),
+                  ("summary", tuple[Count, SUMMARIES[kind]] | None, None),
+                  ("points", list[tuple[WindowStart, Count, POINTS[kind]]], [])])
     for kind, blocks in SERIES_BLOCKS.items()}
 SeriesState = Union[tuple(SERIES_STATES.values())]  # noqa: UP007
 

@@ -150,6 +150,7 @@ ChannelSnapshot = Union[tuple(SNAPSHOTS.values())]  # noqa: UP007
 
 def snapshot(view: dict, *, channel: str, t: float) -> bytes:
     """A channel's API entry (``Views``) as its typed snapshot message: the cumulative
-    aggregates (the entry's latest ``window`` is the API's, for charts, left out)."""
-    summary = {key: value for key, value in view.items() if key != "window"}
+    aggregates (the entry's latest ``window`` and its ``state`` are the API's, left
+    out)."""
+    summary = {key: value for key, value in view.items() if key not in ("window", "state")}
     return encode(msgspec.convert({**summary, "channel": channel, "t": t}, ChannelSnapshot))

@@ -93,9 +93,13 @@ def rss_kb(pid: int) -> int:
 
 
 def channel_document(ingestor: Ingestor, name: str) -> dict:
-    """A channel's aggregates as the API gives them (without other_series)."""
+    """A channel's aggregates as the API gives them (without other_series): its total's
+    estimates and each window's history point."""
     series = ingestor.series[name][ingestor.latest[name]]
-    return json.loads(json.dumps(json_safe(series.get(windows=True))))
+    document = series.get()
+    document["windows"] = [series.history_point(series.window_view(start))
+                           for start in sorted(series.windows)]
+    return json.loads(json.dumps(json_safe(document)))
 
 
 def test_a_collector_next_to_a_fleet_takes_the_corpus_unharmed(tmp_path, mosquitto):
@@ -174,6 +178,8 @@ def test_a_collector_next_to_a_fleet_takes_the_corpus_unharmed(tmp_path, mosquit
 
         assert wait_until(lambda: fleet_counted() == fleet_messages, 60), \
             (fleet_counted(), fleet_messages)
+        assert wait_until(lambda: all(collector.api()["channels"][name]["state"] == "ready"
+                                      for name in hostile.FLEET_CHANNELS))
         for name in hostile.FLEET_CHANNELS:
             document = collector.api(f"/api/channels/{name}")
             expected = channel_document(reference, name)

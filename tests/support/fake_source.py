@@ -137,11 +137,18 @@ def circular_block(rng: random.Random, *, mu: float, kappa: float, count: int = 
 
 
 def with_latest_windows(document: dict, windows: dict[str, list[dict]]) -> None:
-    """Each channel's entry gets its latest window as a history point (``window``)."""
+    """Each channel's entry gets its latest window as a history point (``window``), and
+    its ``state`` (everything computed: "ready")."""
     for name, channel in document["channels"].items():
         kept = windows.get(name)
         channel["window"] = series_type(channel["kind"]).history_point(kept[-1]) \
             if kept else None
+        channel.setdefault("state", "ready")
+
+
+def history_points(kind: str, windows: list[dict]) -> list[dict]:
+    """A channel's windows as its detail and history carry them (history points)."""
+    return [series_type(kind).history_point(window) for window in windows]
 
 
 def empty_linear_channel(*, low: float = 0.0, high: float = 100.0) -> dict:
@@ -199,7 +206,7 @@ class FakeSource:
                 return None
             entry = copy.deepcopy(channel)
             with_latest_windows({"channels": {name: entry}}, self._windows)
-            entry["windows"] = copy.deepcopy(self._windows.get(name, []))
+            entry["windows"] = history_points(entry["kind"], self._windows.get(name, []))
             return entry
 
     def capture(self) -> Capture:
@@ -213,7 +220,8 @@ class FakeSource:
             self.computes += 1
         document, windows = capture.content
         with_latest_windows(document, windows)
-        details = {name: {**channel, "windows": windows.get(name, [])}
+        details = {name: {**channel,
+                          "windows": history_points(channel["kind"], windows.get(name, []))}
                    for name, channel in document["channels"].items()}
         histories = {name: history_document(name, detail, WINDOW_SECONDS, WINDOWS_KEPT,
                                             capture.t)

@@ -127,23 +127,24 @@ class CollectorProcess(ChildProcess):
     The configuration makes everything the end-to-end tests watch happen within
     seconds (pushes, checkpoints, windows, snapshots) and keeps a minute of windows;
     ``name`` keeps several collectors apart in one directory, ``broker_settings`` adds
-    keys to [broker] and ``tables`` adds or replaces whole tables (``scale_out={...}``,
-    ``range_discovery={...}``)."""
+    keys to [broker], ``http`` to [http], and ``tables`` adds or replaces whole tables
+    (``scale_out={...}``, ``range_discovery={...}``, ``aggregates={...}``)."""
 
     def __init__(self, tmp_path: Path, broker, *, checkpoint_seconds: float = 2.0,
                  name: str = "collector", command: str = "run",
                  broker_settings: dict | None = None, **tables):
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
+        # 5-s windows, a minute of them: an hour of 5-s windows (721, the default
+        # history) made every end-to-end collector recompute hundreds of windows.
+        tables = {"aggregates": {"window_seconds": 5, "history_seconds": 60},
+                  "snapshots": {"interval_seconds": 1}, **tables}
+        http = {"push_seconds": 0.5, **tables.pop("http", {}),
+                "host": LOOPBACK, "port": self.port}
         self.config = write_toml(tmp_path / f"{name}.toml", collector_config(
-            broker, broker_settings=broker_settings,
-            http={"host": LOOPBACK, "port": self.port, "push_seconds": 0.5},
+            broker, broker_settings=broker_settings, http=http,
             storage={"path": str(tmp_path / f"{name}.sqlite"),
-                     "checkpoint_seconds": checkpoint_seconds},
-            # 5-s windows, a minute of them: an hour of 5-s windows (721, the default
-            # history) made every end-to-end collector recompute hundreds of windows.
-            aggregates={"window_seconds": 5, "history_seconds": 60},
-            snapshots={"interval_seconds": 1}, **tables))
+                     "checkpoint_seconds": checkpoint_seconds}, **tables))
         super().__init__(python_module("collector", command, "--config", self.config),
                          tmp_path / f"{name}.log", env=child_env())
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import msgspec
 import numpy as np
 import pytest
 from prometheus_client.exposition import generate_latest
@@ -18,6 +19,7 @@ from collector.api.server import WebServer
 from collector.config import ConfigError, parse_collector_config
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM
+from tests.support.ports import wait_until
 from tests.support.web import request, strict_json
 
 FLEET = "demo"
@@ -59,9 +61,11 @@ def ingestor() -> Ingestor:
 
 
 def test_the_history_is_every_kept_windows_estimate_oldest_first(ingestor):
-    views = Views(lambda: ingestor, clock=lambda: 1060.0)
+    views = Views(lambda: ingestor, clock=lambda: 1060.0, budget_seconds=None)
     documents = views.documents(views.capture())
-    history = documents.histories["x"]
+    # History points are typed (collector.storage.states.POINTS): as JSON has them.
+    histories = msgspec.to_builtins(documents.histories)
+    history = histories["x"]
     assert history["unit"] == "g" and history["window_seconds"] == WINDOW
     points = history["points"]
     # Four windows kept: the means -0.5 .. 1, each inside its own 95% interval.
@@ -75,23 +79,28 @@ def test_the_history_is_every_kept_windows_estimate_oldest_first(ingestor):
     # The channel's entry carries the latest point, for the dashboard to extend its chart.
     assert documents.channels["channels"]["x"]["window"] == points[-1]
     assert views.channels_json()["channels"]["x"]["window"] == points[-1]
-    polar = documents.histories["p"]
+    polar = histories["p"]
     assert polar["unit"] == "g" and polar["angle_unit"] == "deg"
     angle = polar["points"][-1]["angle"]
     assert abs(angle["circular_mean"] - 0.5 * 180 / math.pi) < 3 * angle["half_width"]
     assert 0.5 < polar["points"][-1]["radius"]["mean"]["estimate"] < 1.5
-    assert documents.histories["yaw"]["unit"] == "deg"
-    assert 80 < documents.histories["yaw"]["points"][-1]["circular_mean"] < 100
+    assert histories["yaw"]["unit"] == "deg"
+    assert 80 < histories["yaw"]["points"][-1]["circular_mean"] < 100
 
 
 def test_the_history_is_served_and_an_unknown_channel_is_a_404(ingestor):
     web = WebServer(Views(lambda: ingestor, clock=lambda: 1060.0), host="127.0.0.1", port=0,
                     push_seconds=0.2).start()
     try:
-        status, headers, body = request(web, "GET", "/api/channels/x/history")
-        assert status == 200 and headers["content-type"] == "application/json"
-        history = strict_json(body)
-        assert history["channel"] == "x" and len(history["points"]) == 4
+        def history() -> dict:
+            status, headers, body = request(web, "GET", "/api/channels/x/history")
+            assert status == 200 and headers["content-type"] == "application/json"
+            return strict_json(body)
+
+        # The newest window first; the older ones at the next pushes, within their budget.
+        assert history()["state"] in ("computing", "ready")
+        assert wait_until(lambda: history()["state"] == "ready")
+        assert history()["channel"] == "x" and len(history()["points"]) == 4
         status, _, body = request(web, "GET", "/api/channels/nope/history")
         assert status == 404 and "nope" in strict_json(body)["error"]
         assert request(web, "HEAD", "/api/channels/x/history")[0] == 200

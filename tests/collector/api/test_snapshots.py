@@ -133,14 +133,14 @@ def test_the_collectors_lock_is_free_while_a_snapshot_is_computed(monkeypatch):
     lock = threading.RLock()
     views = Views(lambda: ingestor, lock, clock=lambda: 300.0)
     computing, go_on = threading.Event(), threading.Event()
-    real_get = Series.get
+    real_compute = Series.compute
 
-    def blocking_get(self, *, windows=False):  # runs only while documents are computed
+    def blocking_compute(self, key):  # runs only while documents are computed
         computing.set()
         assert go_on.wait(HANG_GUARD_SECONDS)
-        return real_get(self, windows=windows)
+        return real_compute(self, key)
 
-    monkeypatch.setattr(Series, "get", blocking_get)
+    monkeypatch.setattr(Series, "compute", blocking_compute)
     web = serve(views)
     try:
         assert computing.wait(HANG_GUARD_SECONDS)  # the first snapshot is being computed ...

@@ -30,7 +30,7 @@ FLEET = "demo"
 
 # Keys the API gained after commit 482e47e that are not the ingestor's state.
 NEWER_THAN_LEGACY = ("range_ignored",)
-NEWER_IN_CHANNELS = ("unit", "angle_unit", "window")
+NEWER_IN_CHANNELS = ("unit", "angle_unit", "window", "state")
 
 
 def document(ingestor: Ingestor) -> dict:

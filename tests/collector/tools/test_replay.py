@@ -540,6 +540,9 @@ def test_export_and_replay_of_a_live_collector_give_its_document(tmp_path, mosqu
                     and document["agents"].get("wearable", {}).get("online") is False)
 
         assert wait_for_api(caught_up, 60), collector.api()["ingest"]
+        # Counts first, estimates at the next pushes: compare once they caught up.
+        assert wait_for_api(lambda: all(c["state"] == "ready"
+                                        for c in collector.api()["channels"].values()))
         live = collector.api()
         summary = export(collector.config, tmp_path / "journal.jsonl")  # while it runs
         assert "no checkpoint yet" in summary

@@ -1,0 +1,312 @@
+"""A study's aggregates at fleet scale: a burst of history, a restart, a flood.
+
+A real Mosquitto and a collector process with the default aggregates (60 s windows, an
+hour of history: 61 windows) and push period (1 s).  For each ``--channels`` count:
+
+* **burst**: channels x 50 agents x 61 windows of reports of 50 values (every window of
+  the history), published at once; the time from the last publish acknowledged to a
+  complete API (every channel counts all its values and says ``"state": "ready"``:
+  its total and every window estimated);
+* **restart**: SIGTERM, a new process on the same state file; the time from its start to
+  a complete API (the same documents, nothing computed again: ``ldp_estimates_total``
+  of the new process is reported beside);
+* **cost**: the collector's own ``ldp_estimate_seconds_total`` / ``ldp_estimates_total``
+  (its mean time per estimate, a channel's total or one window), and the median time of
+  one window's estimate of this data, measured in this process (``Series.compute``);
+* **RSS**: the collector's process tree (main and network processes), after the burst;
+* **flood** (``--flood``, at the first channel count): one device publishes under 300
+  channel names (``[limits] channels = 256`` takes what fits) while 10 agents report a
+  valid channel; the delay from a valid report acknowledged by the broker to the API
+  counting it, with the flood and without.
+* **limits** (``--limits``): a fresh collector filled to every default ``[limits]`` a
+  sender reaches with reports (256 channels x 16 series, each with 61 windows: one
+  device's reports of one value under 16 values of epsilon); the process tree's RSS once
+  it has counted and estimated them, and the in-process size of one series' sums.
+
+Run: ``python -m benchmarks.bench_collector_scale [--channels 32 256] [--flood]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from benchmarks.machine import describe_machine
+from collector.aggregation.series import new_series
+from edge_agent import protocol
+from edge_agent.mechanisms import ClassicalOGPM
+from edge_agent.protocol import describe
+from tests.support import CollectorProcess, Mosquitto, MqttClient, wait_for_api
+from tests.support.burst import MECHANISM, burst, channel_names, complete
+from tests.support.configs import FLEET
+
+AGENTS = 50
+WINDOWS = 61  # an hour of 60-s windows and the one under way (the default history)
+VALUES = 50
+GUARD_SECONDS = 3600.0
+
+
+def publish(broker: Mosquitto, messages) -> int:
+    client = MqttClient(broker, v5=False)
+    client.client.max_inflight_messages_set(1000)
+    client.connect()
+    sent = 0
+    for topic, payload in messages:
+        client.publish(topic, payload)
+        sent += 1
+        if sent % 20_000 == 0:
+            client.flush(600)
+    client.flush(600)
+    client.close()
+    return sent
+
+
+def metric(collector: CollectorProcess, name: str) -> float:
+    with urllib.request.urlopen(collector.url + "/metrics", timeout=60) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return float("nan")
+
+
+def tree_rss_mb(collector: CollectorProcess) -> float:
+    main = psutil.Process(collector.process.pid)
+    return sum(p.memory_info().rss for p in [main, *main.children(recursive=True)]) / 2**20
+
+
+def window_estimate_ms(windows: int = 20) -> float:
+    """Median time of one window's estimate (50 agents x 50 values), in this process."""
+    series = new_series(kind="linear", channel="x", description=describe(MECHANISM))
+    rng = np.random.default_rng(1)
+    for w in range(windows + 1):
+        codes = MECHANISM.perturb_codes(rng.normal(0.2, 0.3, AGENTS * VALUES).clip(-2, 2), rng)
+        series.update(agent="a", t=60.0 * w + 1, codes=codes)
+    series.compute(0)  # compiled, tuned
+    times = []
+    for start in range(1, windows + 1):
+        began = time.perf_counter()
+        series.compute(start)
+        times.append(time.perf_counter() - began)
+    return 1000 * statistics.median(times)
+
+
+def valid_delays(broker: Mosquitto, collector: CollectorProcess, *, flood: bool,
+                 first: int, reports: int = 15) -> list[float]:
+    """Seconds from a report of the valid channel (from each of 10 agents) acknowledged to
+    the API counting it (and its estimates ready), ``reports`` times from sequence number
+    ``first`` on, with a flooding device or without."""
+    name = "pulse"
+    agents = [f"p{i}" for i in range(10)]
+    client = MqttClient(broker, v5=False).connect()
+    stop, flooder = threading.Event(), None
+    if flood:
+        def run_flood() -> None:
+            intruder = MqttClient(broker, v5=False).connect()
+            round_ = 0
+            while not stop.is_set():  # every window of an hour, under 300 names, again
+                for topic, payload in burst(channels=channel_names(300, "junk"),
+                                            agents=["intruder"], windows=WINDOWS,
+                                            seed=round_, first_seq=round_ * WINDOWS):
+                    if stop.is_set():
+                        break
+                    intruder.publish(topic, payload)
+                intruder.flush(600)
+                round_ += 1
+            intruder.close()
+
+        flooder = threading.Thread(target=run_flood, daemon=True)
+        flooder.start()
+        time.sleep(5.0)  # the flood under way
+    delays = []
+    try:
+        for seq in range(first, first + reports):
+            for topic, payload in burst(channels=[name], agents=agents, windows=1,
+                                        seed=100 + seq, first_seq=seq):
+                client.publish(topic, payload)
+            client.flush(60)
+            sent = time.monotonic()
+            expected = (seq + 1) * len(agents) * VALUES
+
+            def counted() -> bool:
+                entry = collector.api(f"/api/channels/{name}")
+                return entry["count"] == expected and entry["state"] == "ready"
+
+            if not wait_for_api(counted, GUARD_SECONDS):
+                raise RuntimeError(f"{name}: report {seq} never counted")
+            delays.append(time.monotonic() - sent)
+    finally:
+        stop.set()
+        if flooder is not None:
+            flooder.join(600)
+        client.close()
+    return delays
+
+
+def one_size(workdir: Path, broker: Mosquitto, channels: int, flood: bool) -> dict:
+    names = channel_names(channels)
+    agents = [f"a{i:02d}" for i in range(AGENTS)]
+    expected = {name: AGENTS * WINDOWS * VALUES for name in names}
+    tables = {"aggregates": {"window_seconds": 60, "history_seconds": 3600},
+              "http": {"push_seconds": 1.0}}
+    collector = CollectorProcess(workdir, broker, checkpoint_seconds=10, name=f"c{channels}",
+                                 **tables).start()
+    try:
+        began = time.monotonic()
+        sent = publish(broker, burst(channels=names, agents=agents, windows=WINDOWS))
+        published = time.monotonic()
+        if not wait_for_api(lambda: complete(collector.api(), expected), GUARD_SECONDS):
+            raise RuntimeError("the burst was never complete in the API")
+        result = {"channels": channels, "reports": sent, "publish": published - began,
+                  "burst": time.monotonic() - published, "rss": tree_rss_mb(collector),
+                  "estimates": metric(collector, "ldp_estimates_total"),
+                  "estimate_seconds": metric(collector, "ldp_estimate_seconds_total")}
+        history = collector.api(f"/api/channels/{names[0]}/history")
+        assert history["state"] == "ready" and len(history["points"]) == WINDOWS, history
+        before = {name: collector.api(f"/api/channels/{name}") for name in names[:4]}
+        assert collector.terminate() == 0
+        restarted = time.monotonic()
+        collector.start()
+        if not wait_for_api(lambda: complete(collector.api(), expected), GUARD_SECONDS):
+            raise RuntimeError("the restarted collector was never complete")
+        result["restart"] = time.monotonic() - restarted
+        result["recomputed"] = metric(collector, "ldp_estimates_total")
+        result["rss_restarted"] = tree_rss_mb(collector)
+        after = {name: collector.api(f"/api/channels/{name}") for name in names[:4]}
+        result["same"] = all(_without_times(before[name]) == _without_times(after[name])
+                             for name in before)
+        if flood:
+            result["quiet"] = valid_delays(broker, collector, flood=False, first=0)
+            result["flooded"] = valid_delays(broker, collector, flood=True, first=15)
+            result["rss_flooded"] = tree_rss_mb(collector)
+        return result
+    finally:
+        collector.kill()
+
+
+def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256,
+                  series: int = 16) -> dict:
+    """RSS of a collector holding every channel and series the default limits allow, each
+    with a full history."""
+    collector = CollectorProcess(workdir, broker, checkpoint_seconds=60, name="limits",
+                                 aggregates={"window_seconds": 60, "history_seconds": 3600},
+                                 http={"push_seconds": 1.0}).start()
+    try:
+        now = time.time()
+        newest = int(now // 60)
+        client = MqttClient(broker, v5=False)
+        client.client.max_inflight_messages_set(1000)
+        client.connect()
+        rng = np.random.default_rng(5)
+        sent = 0
+        for k in range(series):
+            mechanism = ClassicalOGPM(epsilon=0.5 + 0.25 * k, low=-2.0, high=2.0)
+            description = mechanism.describe()
+            for w in range(WINDOWS):
+                t = min((newest - WINDOWS + 1 + w) * 60 + 1.0, now)
+                for name in channel_names(channels):
+                    codes = mechanism.perturb_codes(rng.normal(0, 0.3, 1).clip(-2, 2), rng)
+                    client.publish(protocol.data_topic(FLEET, "device", name), protocol.report(
+                        agent="device", channel=name, kind="linear", seq=k * WINDOWS + w,
+                        t=t, dt=1.0, mechanism=description, codes=codes.tolist()))
+                    sent += 1
+            client.flush(600)
+        client.close()
+
+        def counted() -> bool:
+            document = collector.api()
+            channels_seen = document["channels"].values()
+            return document["ingest"]["messages"] >= sent \
+                and all(c["state"] == "ready" for c in channels_seen)
+
+        if not wait_for_api(counted, GUARD_SECONDS):
+            raise RuntimeError("the limits were never filled")
+        document = collector.api()
+        return {"reports": sent, "channels": len(document["channels"]),
+                "rejects": document["ingest"]["rejects"], "rss": tree_rss_mb(collector)}
+    finally:
+        collector.kill()
+
+
+def series_kilobytes(windows: int = WINDOWS) -> float:
+    """The in-process size of one linear series' sums with ``windows`` windows."""
+    import tracemalloc
+
+    rng = np.random.default_rng(2)
+    codes = MECHANISM.perturb_codes(rng.normal(0, 0.3, 50).clip(-2, 2), rng)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    many = [new_series(kind="linear", channel=f"x{i}", description=describe(MECHANISM),
+                       keep_windows=windows) for i in range(10)]
+    for one in many:
+        for w in range(windows):
+            one.update(agent="a", t=60.0 * w + 1, codes=codes)
+    size = (tracemalloc.get_traced_memory()[0] - before) / len(many) / 1024
+    tracemalloc.stop()
+    return size
+
+
+def _without_times(detail: dict) -> dict:
+    return {key: value for key, value in detail.items() if key not in ("t",)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--channels", type=int, nargs="+", default=[32, 256])
+    parser.add_argument("--flood", action="store_true",
+                        help="measure the flood's delay at the first channel count")
+    parser.add_argument("--limits", action="store_true",
+                        help="measure the RSS of a collector at every default limit")
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as workdir:
+        broker = Mosquitto(Path(workdir)).start()
+        try:
+            limits = at_the_limits(Path(workdir), broker) if args.limits else None
+            for i, channels in enumerate(args.channels):
+                results.append(one_size(Path(workdir), broker, channels, args.flood and i == 0))
+                r = results[-1]
+                print(f"{channels} channels: {r['reports']} reports published in "
+                      f"{r['publish']:.1f} s; complete {r['burst']:.1f} s after; restart "
+                      f"{r['restart']:.1f} s", flush=True)
+        finally:
+            broker.stop()
+    print(f"\nMachine: {describe_machine()}")
+    print(f"median estimate of one window (50 agents x 50 values, in-process): "
+          f"{window_estimate_ms():.2f} ms\n")
+    print("| channels | reports | burst: last publish to complete API | restart to complete "
+          "API | estimates after restart | collector's time per estimate | RSS after burst "
+          "| RSS after restart |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        per = 1000 * r["estimate_seconds"] / r["estimates"] if r["estimates"] else float("nan")
+        print(f"| {r['channels']} | {r['reports']:,} | {r['burst']:.1f} s | {r['restart']:.1f} s "
+              f"| {r['recomputed']:.0f} | {per:.2f} ms | {r['rss']:.0f} MB "
+              f"| {r['rss_restarted']:.0f} MB |")
+    if limits is not None:
+        print(f"\nat the default limits ({limits['channels']} channels x 16 series x "
+              f"{WINDOWS} windows, {limits['reports']:,} reports, refused "
+              f"{limits['rejects']}): RSS {limits['rss']:.0f} MB; one linear series' sums "
+              f"with {WINDOWS} windows: {series_kilobytes():.0f} kB in-process")
+    for r in results:
+        if not r["same"]:
+            print(f"\n{r['channels']} channels: the restarted collector's documents DIFFER")
+        if "flooded" in r:
+            print(f"\nvalid channel's update delay at {r['channels']} channels (push 1 s, "
+                  f"{len(r['quiet'])} reports): without a flood median "
+                  f"{statistics.median(r['quiet']):.2f} s, max {max(r['quiet']):.2f} s; "
+                  f"with one device flooding 300 names median "
+                  f"{statistics.median(r['flooded']):.2f} s, max {max(r['flooded']):.2f} s; "
+                  f"RSS then {r['rss_flooded']:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""Estimates computed once, end to end: a real Mosquitto and a real collector process.
+
+* after a restart the collector serves the same documents as before it, and computes
+  nothing again;
+* a late report recomputes its own window and the total only;
+* while one device floods invented channel names, a fleet channel's new reports are
+  counted and estimated first (the invented channels' history waits).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+from tests.support import CollectorProcess, MqttClient
+from tests.support import wait_for_api as wait_until  # every wait here asks the API
+from tests.support.burst import burst, channel_names, complete
+
+WINDOWS = 13  # the test collector's minute of 5-s windows and the one under way
+VALUES = 20
+AGENTS = [f"a{i}" for i in range(4)]
+
+
+def metric(collector: CollectorProcess, name: str) -> float:
+    with urllib.request.urlopen(collector.url + "/metrics", timeout=60) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def raw(collector: CollectorProcess, path: str) -> dict:
+    """A document as served, without its time (``t``)."""
+    with urllib.request.urlopen(collector.url + path, timeout=60) as response:
+        document = json.loads(response.read())
+    document.pop("t", None)
+    return document
+
+
+def publish(mosquitto, messages) -> None:
+    client = MqttClient(mosquitto, v5=False).connect()
+    for topic, payload in messages:
+        client.publish(topic, payload)
+    client.flush(60)
+    client.close()
+
+
+def test_a_restart_serves_the_same_documents_and_computes_nothing_again(tmp_path, mosquitto):
+    names = channel_names(3)
+    collector = CollectorProcess(tmp_path, mosquitto).start()
+    try:
+        now = time.time()
+        publish(mosquitto, burst(channels=names, agents=AGENTS, windows=WINDOWS, values=VALUES,
+                                 window_seconds=5.0, now=now))
+        expected = {name: len(AGENTS) * WINDOWS * VALUES for name in names}
+        assert wait_until(lambda: complete(collector.api(), expected))
+        computed = metric(collector, "ldp_estimates_total")
+        assert computed >= len(names) * 2  # at least each total and newest window
+        paths = [f"/api/channels/{name}{tail}" for name in names for tail in ("", "/history")]
+        before = {path: raw(collector, path) for path in paths}
+        assert all(len(before[f"/api/channels/{name}/history"]["points"]) == WINDOWS
+                   for name in names)
+        assert collector.terminate() == 0
+        collector.start()
+        assert wait_until(lambda: complete(collector.api(), expected))
+        assert {path: raw(collector, path) for path in paths} == before
+        assert metric(collector, "ldp_estimates_total") == 0  # served as they were saved
+
+        # A late report (of an agent's earlier sequence numbers) into the oldest window:
+        # its window and the total are estimated again, nothing else.
+        name = names[1]
+        publish(mosquitto, list(burst(channels=[name], agents=["late"], windows=WINDOWS,
+                                      values=VALUES, window_seconds=5.0, now=now,
+                                      seed=9))[:1])
+        expected[name] += VALUES
+        assert wait_until(lambda: complete(collector.api(), expected))
+        assert metric(collector, "ldp_estimates_total") == 2
+        after = raw(collector, f"/api/channels/{name}/history")["points"]
+        points = before[f"/api/channels/{name}/history"]["points"]
+        assert after[0]["count"] == points[0]["count"] + VALUES
+        assert after[1:] == points[1:]
+    finally:
+        collector.kill()
+
+
+def test_a_flood_of_invented_channels_waits_behind_the_fleets_channel(tmp_path, mosquitto):
+    collector = CollectorProcess(tmp_path, mosquitto).start()
+    try:
+        # One device's history under 40 names it made up: 560 estimates, about a minute
+        # of them, at most half a second per push.
+        junk = channel_names(40, "junk")
+        publish(mosquitto, burst(channels=junk, agents=["intruder"], windows=WINDOWS,
+                                 values=VALUES, window_seconds=5.0, seed=3))
+        assert wait_until(lambda: len(collector.api()["channels"]) == len(junk))
+        publish(mosquitto, burst(channels=["pulse"], agents=AGENTS, windows=1, values=VALUES,
+                                 window_seconds=5.0))
+        expected = {"pulse": len(AGENTS) * VALUES}
+        assert wait_until(lambda: complete(collector.api(), expected))
+        # The fleet's channel was estimated while the flood's were still waiting.
+        channels = collector.api()["channels"]
+        waiting = [name for name in junk if channels[name]["state"] == "computing"]
+        assert waiting and metric(collector, "ldp_estimates_pending") > 0
+        # ... and follow, at most the budget's share of each push.
+        counts = {name: WINDOWS * VALUES for name in junk}
+        assert wait_until(lambda: complete(collector.api(), counts), 600), \
+            {name: (c["count"], c["state"]) for name, c in collector.api()["channels"].items()
+             if name in counts and (c["count"], c["state"]) != (counts[name], "ready")}
+    finally:
+        collector.kill()
