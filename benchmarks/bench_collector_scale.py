@@ -33,7 +33,6 @@ import statistics
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -67,14 +66,6 @@ def publish(broker: Mosquitto, messages) -> int:
     client.flush(600)
     client.close()
     return sent
-
-
-def metric(collector: CollectorProcess, name: str) -> float:
-    with urllib.request.urlopen(collector.url + "/metrics", timeout=60) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return float("nan")
 
 
 def tree_rss_mb(collector: CollectorProcess) -> float:
@@ -166,8 +157,8 @@ def one_size(workdir: Path, broker: Mosquitto, channels: int, flood: bool) -> di
             raise RuntimeError("the burst was never complete in the API")
         result = {"channels": channels, "reports": sent, "publish": published - began,
                   "burst": time.monotonic() - published, "rss": tree_rss_mb(collector),
-                  "estimates": metric(collector, "ldp_estimates_total"),
-                  "estimate_seconds": metric(collector, "ldp_estimate_seconds_total")}
+                  "estimates": collector.metric("ldp_estimates_total"),
+                  "estimate_seconds": collector.metric("ldp_estimate_seconds_total")}
         history = collector.api(f"/api/channels/{names[0]}/history")
         assert history["state"] == "ready" and len(history["points"]) == WINDOWS, history
         before = {name: collector.api(f"/api/channels/{name}") for name in names[:4]}
@@ -177,7 +168,7 @@ def one_size(workdir: Path, broker: Mosquitto, channels: int, flood: bool) -> di
         if not wait_for_api(lambda: complete(collector.api(), expected), GUARD_SECONDS):
             raise RuntimeError("the restarted collector was never complete")
         result["restart"] = time.monotonic() - restarted
-        result["recomputed"] = metric(collector, "ldp_estimates_total")
+        result["recomputed"] = collector.metric("ldp_estimates_total")
         result["rss_restarted"] = tree_rss_mb(collector)
         after = {name: collector.api(f"/api/channels/{name}") for name in names[:4]}
         result["same"] = all(_without_times(before[name]) == _without_times(after[name])

@@ -22,14 +22,6 @@ VALUES = 20
 AGENTS = [f"a{i}" for i in range(4)]
 
 
-def metric(collector: CollectorProcess, name: str) -> float:
-    with urllib.request.urlopen(collector.url + "/metrics", timeout=60) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"no {name} in /metrics")
-
-
 def raw(collector: CollectorProcess, path: str) -> dict:
     """A document as served, without its time (``t``)."""
     with urllib.request.urlopen(collector.url + path, timeout=60) as response:
@@ -55,7 +47,7 @@ def test_a_restart_serves_the_same_documents_and_computes_nothing_again(tmp_path
                                  window_seconds=5.0, now=now))
         expected = {name: len(AGENTS) * WINDOWS * VALUES for name in names}
         assert wait_until(lambda: complete(collector.api(), expected))
-        computed = metric(collector, "ldp_estimates_total")
+        computed = collector.metric("ldp_estimates_total")
         assert computed >= len(names) * 2  # at least each total and newest window
         paths = [f"/api/channels/{name}{tail}" for name in names for tail in ("", "/history")]
         before = {path: raw(collector, path) for path in paths}
@@ -65,7 +57,7 @@ def test_a_restart_serves_the_same_documents_and_computes_nothing_again(tmp_path
         collector.start()
         assert wait_until(lambda: complete(collector.api(), expected))
         assert {path: raw(collector, path) for path in paths} == before
-        assert metric(collector, "ldp_estimates_total") == 0  # served as they were saved
+        assert collector.metric("ldp_estimates_total") == 0  # served as they were saved
 
         # A late report (of an agent's earlier sequence numbers) into the oldest window:
         # its window and the total are estimated again, nothing else.
@@ -75,7 +67,7 @@ def test_a_restart_serves_the_same_documents_and_computes_nothing_again(tmp_path
                                       seed=9))[:1])
         expected[name] += VALUES
         assert wait_until(lambda: complete(collector.api(), expected))
-        assert metric(collector, "ldp_estimates_total") == 2
+        assert collector.metric("ldp_estimates_total") == 2
         after = raw(collector, f"/api/channels/{name}/history")["points"]
         points = before[f"/api/channels/{name}/history"]["points"]
         assert after[0]["count"] == points[0]["count"] + VALUES
@@ -100,7 +92,7 @@ def test_a_flood_of_invented_channels_waits_behind_the_fleets_channel(tmp_path, 
         # The fleet's channel was estimated while the flood's were still waiting.
         channels = collector.api()["channels"]
         waiting = [name for name in junk if channels[name]["state"] == "computing"]
-        assert waiting and metric(collector, "ldp_estimates_pending") > 0
+        assert waiting and collector.metric("ldp_estimates_pending") > 0
         # ... and follow, at most the budget's share of each push.
         counts = {name: WINDOWS * VALUES for name in junk}
         assert wait_until(lambda: complete(collector.api(), counts), 600), \

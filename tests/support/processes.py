@@ -164,3 +164,11 @@ class CollectorProcess(ChildProcess):
     def api(self, path: str = "/api/channels"):
         with urllib.request.urlopen(self.url + path, timeout=HANG_GUARD_SECONDS) as response:
             return json.loads(response.read())
+
+    def metric(self, name: str) -> float:
+        """The value of an unlabelled sample at /metrics (``AssertionError`` if absent)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=HANG_GUARD_SECONDS) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        raise AssertionError(f"no {name} in /metrics")
