@@ -68,6 +68,9 @@ class Statistic(ABC):
     ``state_type`` is the typed form of ``to_state()`` (collector.storage.states)."""
 
     state_type: ClassVar[Any]
+    # Slots, not a __dict__: a collector at its limits holds a quarter of a million
+    # windows, each with four or five statistics (docs/BENCHMARKS.md, "Memory").
+    __slots__ = ()
 
     def update(self, batch) -> None:
         self.add(self.summarize(batch))
@@ -124,15 +127,27 @@ class Statistic(ABC):
                 setattr(twin, name, value.copy())
         return twin
 
+    @classmethod
+    def _attributes(cls) -> tuple[str, ...]:
+        return tuple(name for klass in reversed(cls.__mro__)
+                     for name in getattr(klass, "__slots__", ()))
+
     def __getstate__(self) -> dict:
         """The state without caches (attributes named ``_...`` are derived)."""
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        return {name: getattr(self, name) for name in self._attributes()
+                if not name.startswith("_") and hasattr(self, name)}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def __eq__(self, other: object) -> bool:
         mine = self.__getstate__()
-        if type(other) is not type(self) or other.__getstate__().keys() != mine.keys():
+        if type(other) is not type(self):
             return False
-        return all(_equal(a, other.__dict__[k]) for k, a in mine.items())
+        theirs = other.__getstate__()
+        return theirs.keys() == mine.keys() and all(_equal(a, theirs[k])
+                                                    for k, a in mine.items())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}{self.params()}"
@@ -141,6 +156,7 @@ class Statistic(ABC):
 class _Sums(Statistic):
     """A statistic that is a fixed set of sums, named by ``SUMS``: adding a summary,
     merging, saving and loading are the same for all of them."""
+    __slots__ = ()
 
     SUMS: ClassVar[tuple[str, ...]]
 
@@ -164,6 +180,7 @@ class _Sums(Statistic):
 
 class Count(_Sums):
     """Number of values seen."""
+    __slots__ = ('n',)
 
     state_type = CountState
     SUMS = ("n",)
@@ -183,6 +200,7 @@ class Count(_Sums):
 
 class CodeMoments(_Sums):
     """Mean and variance of the reported values, from exact sums of codes."""
+    __slots__ = ('origin', 'step', 'n', 'sum', 'sum_sq')
 
     state_type = MomentsState
     SUMS = ("n", "sum", "sum_sq")
@@ -219,6 +237,7 @@ class CodeMoments(_Sums):
 
 class _PlaneSums(_Sums):
     """A count and the sums of a 2-D vector per value, ``x`` and ``y`` (floats)."""
+    __slots__ = ('n', 'x', 'y')
 
     SUMS = ("n", "x", "y")
 
@@ -238,6 +257,7 @@ class TrigMoments(_PlaneSums):
     ``doubled_known`` is False and stays so through updates and merges (the sums
     would cover part of the angles only), and ``get()`` gives ``x2 = y2 = None``, for
     which ``collector.estimation.circular`` bounds the covariance instead."""
+    __slots__ = ('origin', 'step', 'period', 'x2', 'y2', 'doubled_known')
 
     state_type = TrigState
     SUMS = ("n", "x", "y", "x2", "y2")
@@ -326,6 +346,7 @@ class BinCounts(Statistic):
     ``outside``: what happens to values beyond the bins: ``clip`` into the end
     bins, ``drop`` them (counted in ``outside_count``), or ``wrap`` (a circle).
     """
+    __slots__ = ('origin', 'step', 'edge0', 'width', 'bins', 'outside', 'counts', 'outside_count')
 
     state_type = BinsState
 
@@ -408,6 +429,7 @@ class BinCounts(Statistic):
 class PolarCross(_PlaneSums):
     """Sums of r' cos(theta') (``x``) and r' sin(theta') (``y``) over paired radius and
     angle codes."""
+    __slots__ = ('r_origin', 'r_step', 'angle')
 
     state_type = CrossState
 
@@ -445,6 +467,7 @@ class SupportCounts(Statistic):
 
     A batch is what the oracle's ``perturb`` returns: GRR codes, OLH (seeds, buckets),
     unary (n, k) bits."""
+    __slots__ = ('oracle', 'counts', 'n')
 
     state_type = SupportState
 

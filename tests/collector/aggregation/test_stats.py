@@ -290,7 +290,7 @@ def test_bin_lookup_table_equals_the_arithmetic(outside):
     stat.summarize(np.array([3]))
     assert stat.summarize(np.array([N_CODES - 1]))[0].sum() + \
         stat.summarize(np.array([N_CODES - 1]))[1] == 1
-    assert "_table" not in pickle.loads(pickle.dumps(stat)).__dict__
+    assert "_table" not in pickle.loads(pickle.dumps(stat)).__getstate__()
 
 
 @pytest.mark.parametrize("name", ["grr", "olh", "oue"])
