@@ -180,6 +180,10 @@ class ScaleOutConfig(Model):
     lease_seconds: Annotated[float, Field(ge=3, le=600)] = 20.0
     # A member writes the state of each partition it owns this often (when changed).
     checkpoint_seconds: Annotated[float, Field(ge=0.2, le=600)] = 2.0
+    # A partition state larger than this is written to the object store in chunks, and
+    # its KV value names it (docs/SCALE_OUT.md): below the servers' max_payload (1 MB
+    # unless configured), with room for the headers.
+    inline_state_bytes: Annotated[int, Field(ge=1024, le=8 << 20)] = 256 << 10
     username: str | None = None
     password_file: Path | None = None
     tls_ca: Path | None = None  # CA of the servers' certificates, for tls:// servers

@@ -27,8 +27,12 @@ MESSAGES = {
     "ldp/v1/<fleet>/_range/result/<channel>/<side>": range.RangeResult,
     "ldp/v1/<fleet>/_aggregates/<channel>": snapshots.ChannelSnapshot,
     "ldp/v1/<fleet>/_confirm/<agent>": confirmations.Confirm,
-    # Not MQTT: the value of key p.<partition> of the NATS KV bucket <stream>_state.
+    # Not MQTT: the value of key p.<partition> of the NATS KV bucket <stream>_state, the
+    # state itself or (when larger than [scale_out] inline_state_bytes) the object of
+    # bucket <stream>_state_objects that holds it.
     "nats-kv:<stream>_state/p.<partition>": states.PartitionState,
+    "nats-kv:<stream>_state/p.<partition> (large)": states.PartitionStateObject,
+    "nats-object:<stream>_state_objects/p.<partition>.<id>": states.PartitionState,
 }
 
 

@@ -1,11 +1,11 @@
 """The collector's aggregates as documents: the HTTP API (docs/API.md).
 
 An estimate (a series' total, or one window's history point) costs EM fits and a
-bootstrap, 0.1-0.2 s for a window of a few thousand reports, and is computed once:
-when its sums change (a window closes, a late report arrives), and never again for
-the same sums.  What the sums gave
-is kept with them (``Series.summary``, ``Series.points``) and saved with the
-checkpoint, so a restarted collector serves its documents at once.
+bootstrap, about 40 ms for a window of a few thousand reports (docs/BENCHMARKS.md),
+and is computed once: when its sums change (a window closes, a late report arrives),
+and never again for the same sums.  What the sums gave is kept with them
+(``Series.summary``, ``Series.points``) and saved with the checkpoint, so a
+restarted collector serves its documents at once.
 
 ``Snapshots`` (``collector.api.snapshots``) builds the documents once per push
 period, in its own thread.  Under the collector's lock it only copies the

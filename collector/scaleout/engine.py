@@ -20,14 +20,17 @@ from nats.js import JetStreamContext
 from nats.js.api import (
     DiscardPolicy,
     KeyValueConfig,
+    ObjectStoreConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
 
 from collector.config import ConfigError, ScaleOutConfig
+from collector.scaleout.state_objects import StateObjects
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ class Engine:
     config: ScaleOutConfig
     leases: KeyValue
     states: KeyValue
+    state_objects: StateObjects  # states too large for a KV value (state_objects.py)
 
     @property
     def stream(self) -> str:
@@ -167,6 +171,16 @@ async def _bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
             return await js.key_value(config.bucket)
 
 
+async def _object_store(js: JetStreamContext, config: ObjectStoreConfig) -> ObjectStore:
+    try:
+        return await js.object_store(config.bucket)
+    except Exception:  # BucketNotFoundError
+        try:
+            return await js.create_object_store(config.bucket, config)
+        except BadRequestError:
+            return await js.object_store(config.bucket)
+
+
 async def open_engine(config: ScaleOutConfig, name: str,
                       ready_timeout: float = READY_TIMEOUT) -> Engine:
     nc = await connect(config, name)
@@ -191,7 +205,13 @@ async def open_engine(config: ScaleOutConfig, name: str,
             bucket=f"{config.stream}_state", replicas=config.replicas, history=1,
             storage=StorageType.FILE, max_value_size=MAX_STATE_BYTES,
             description="edge-ldp: each partition's aggregates and stream position"))
+        objects = await _object_store(js, ObjectStoreConfig(
+            bucket=f"{config.stream}_state_objects", replicas=config.replicas,
+            storage=StorageType.FILE,
+            description="edge-ldp: partition states larger than [scale_out] "
+                        "inline_state_bytes, named by their KV value"))
     except BaseException:
         await nc.close()
         raise
-    return Engine(nc, js, config, leases, states)
+    return Engine(nc, js, config, leases, states,
+                  StateObjects(objects, config.inline_state_bytes))

@@ -1,7 +1,8 @@
 """The merge view's input in scale-out: every partition's state, as the KV bucket changes.
 
 A thread with its own event loop watches the ``<stream>_state`` bucket and hands
-each new value to ``on_state(key, payload)`` (``MergeView.update_partition``).
+each new value to ``on_state(key, payload)`` (``MergeView.update_partition``), read
+from the object store where the value names an object (``state_objects``).
 The watch starts with every key's latest value, so a merge view (stateless)
 that restarts has the whole picture at once.
 
@@ -20,6 +21,8 @@ from collections.abc import Callable
 
 from collector.config import ScaleOutConfig
 from collector.scaleout.engine import CREATE_TIMEOUT, open_engine, rewrite_seconds
+from collector.scaleout.partition_state import PartitionStateRejected, partition_of_key
+from collector.scaleout.state_objects import StateObjectMissing
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,24 @@ class PartitionFeed:
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
 
+    @staticmethod
+    async def _state(engine, key: str, value: bytes) -> bytes | None:
+        """The state a value stands for (read from the object store where it names an
+        object), or None: its object is gone or unreadable now (a newer value follows
+        within ``rewrite_seconds``).  A bad reference is passed on, to be rejected."""
+        number = partition_of_key(key)
+        if number is None:
+            return value
+        try:
+            return (await engine.state_objects.resolve(number, value))[0]
+        except PartitionStateRejected:
+            return value
+        except StateObjectMissing:
+            return None
+        except Exception as exc:  # a failover while reading the chunks
+            log.warning("the state object of partition %s could not be read (%r)", number, exc)
+            return None
+
     async def _watch(self) -> None:
         engine, quiet = None, 2 * rewrite_seconds(self.config) + 1.0
         while True:
@@ -69,7 +90,9 @@ class PartitionFeed:
                                  quiet)
                         break
                     if entry is not None and entry.value:
-                        self.on_state(entry.key, entry.value)
+                        state = await self._state(engine, entry.key, entry.value)
+                        if state is not None:
+                            self.on_state(entry.key, state)
             except asyncio.CancelledError:
                 if engine is not None:
                     await engine.close()

@@ -48,8 +48,9 @@ from collector.scaleout.engine import Engine, open_engine, rewrite_seconds
 from collector.scaleout.journal import RECEIVED_HEADER, TOPIC_HEADER
 from collector.scaleout.partition_state import PartitionStateRejected, decode_partition
 from collector.scaleout.partitions import subject
+from collector.scaleout.state_objects import StateObjectMissing
 from collector.storage.checkpoint import tracker_states, with_trackers
-from collector.storage.states import encode_partition_state
+from collector.storage.states import MAX_PARTITION_STATE_BYTES, encode_partition_state
 from edge_agent import protocol
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,10 @@ class DirectBatch:
         return self.pending
 
 
+class StateTooLarge(Exception):
+    """A partition's state over the size any reader accepts (its message names the keys)."""
+
+
 class LostPartition(Exception):
     """Another member owns the partition now (our lease or state write was refused)."""
 
@@ -99,6 +104,10 @@ class Partition:
     written: int = -1  # the sequence of that write
     written_at: float = -math.inf  # when (monotonic)
     attempted: bytes | None = None  # a write that failed (it may have been applied)
+    # State objects (state_objects.py) this owner put or took over, oldest first, and the
+    # one its last write named; what no reference names is deleted after the next write.
+    objects: list[str] = field(default_factory=list)
+    named: str | None = None
     writing: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     reader: asyncio.Task | None = field(default=None, repr=False)
 
@@ -200,7 +209,9 @@ class Member:
             except KeyNotFoundError:
                 entry = None
             try:
-                partition = self._load(number, entry, lease_revision)
+                partition = await self._load(number, entry, lease_revision)
+            except StateObjectMissing:
+                continue  # replaced while we read it: read the newer one
             except (PartitionStateRejected, ValueError) as exc:
                 log.error("partition %d: its state cannot be read (%s); not taken (move "
                           "the key %s of bucket %s_state away to start it afresh)", number,
@@ -217,18 +228,21 @@ class Member:
             await self._kv(self.engine.leases.delete(key, last=lease_revision))
             return
         self.partitions[number] = partition
+        # Objects our fence write left unnamed: an earlier owner's failed attempts.
+        await self.engine.state_objects.sweep(number, set(partition.objects))
         partition.reader = asyncio.create_task(self._read(partition),
                                                name=f"partition-{number}")
         log.info("took partition %d at stream sequence %d (%d messages counted)", number,
                  partition.sequence, partition.ingestor.counters["messages"])
 
-    def _load(self, number: int, entry, lease_revision: int) -> Partition:
+    async def _load(self, number: int, entry, lease_revision: int) -> Partition:
         if entry is None or not entry.value:
             ingestor = Ingestor.from_settings(self.config.fleet, self.config.aggregate_settings,
                                               self.limits)
             return Partition(number, ingestor, 0, lease_revision,
                              state_revision=entry.revision if entry else None)
-        document, ingestor = decode_partition(entry.value, partition=number,
+        payload, named = await self.engine.state_objects.resolve(number, entry.value)
+        document, ingestor = decode_partition(payload, partition=number,
                                               fleet=self.config.fleet,
                                               settings=self.config.aggregate_settings)
         if document.partitions != self.scale.partitions:
@@ -236,7 +250,8 @@ class Member:
         with_trackers(ingestor, document.trackers)
         ingestor.limits = self.limits
         return Partition(number, ingestor, document.sequence, lease_revision,
-                         state_revision=entry.revision, written=document.sequence)
+                         state_revision=entry.revision, written=document.sequence,
+                         objects=[named] if named else [], named=named)
 
     async def _drop(self, partition: Partition, why: str) -> None:
         """Stop counting a partition another member owns now (what we counted since our
@@ -321,12 +336,20 @@ class Member:
         a partition at a time)."""
         async with partition.writing:
             ingestor, now = partition.ingestor, self.clock()
-            payload = encode_partition_state(
+            state = encode_partition_state(
                 ingestor.to_state(computed=False), tracker_states(ingestor),
                 partition=partition.number,
                 partitions=self.scale.partitions, owner=self.name, now=now,
                 every=rewrite_seconds(self.scale), sequence=partition.sequence)
+            if len(state) > MAX_PARTITION_STATE_BYTES:
+                raise StateTooLarge(
+                    f"partition {partition.number}'s state is {len(state) >> 20} MB, over "
+                    f"{MAX_PARTITION_STATE_BYTES >> 20} MB: lower [limits] channels or series "
+                    f"or [aggregates] history_seconds, or raise [scale_out] partitions")
             sequence, states = partition.sequence, self.engine.states
+            payload, named = await self.engine.state_objects.value_for(partition.number, state)
+            if named is not None:
+                partition.objects.append(named)
             try:
                 if partition.state_revision is None:
                     revision = await self._kv(states.create(partition.key, payload))
@@ -348,6 +371,16 @@ class Member:
                 raise
             partition.state_revision, partition.attempted = revision, None
             partition.written, partition.written_at = sequence, time.monotonic()
+            await self._forget_objects(partition, named)
+
+    async def _forget_objects(self, partition: Partition, named: str | None) -> None:
+        """After a write that named ``named`` (None: inline), delete our objects that no
+        reference names, but the one named before (a reader may be fetching it)."""
+        keep = {named, partition.named}
+        stale = [name for name in partition.objects if name not in keep]
+        partition.objects = [name for name in partition.objects if name in keep]
+        partition.named = named
+        await self.engine.state_objects.delete(stale)
 
     async def _checkpoint(self, partition: Partition) -> None:
         idle = rewrite_seconds(self.scale)

@@ -23,7 +23,11 @@ from collector.aggregation.ingest import Ingestor
 from collector.config import CollectorConfig
 from collector.front import ServingFront
 from collector.scaleout.feed import PartitionFeed
-from collector.scaleout.partition_state import PartitionStateRejected, decode_partition
+from collector.scaleout.partition_state import (
+    PartitionStateRejected,
+    decode_partition,
+    partition_of_key,
+)
 from collector.storage.states import AggregateSettings
 
 log = logging.getLogger(__name__)
@@ -60,10 +64,10 @@ class MergeView:
         'ignored' or 'rejected:<reason>'.  Never raises: a bad payload keeps the
         partition's last state.  (States arrive in the bucket's revision order: no clock
         decides which is newer.)"""
-        prefix, _, number = key.partition(".")
-        if prefix != "p" or not number.isdigit() or len(number) > 4:
+        number = partition_of_key(key)
+        if number is None:
             return "ignored"
-        name = f"p{int(number):04d}"
+        name = f"p{number:04d}"
         if not payload:  # an empty value: forget the partition
             with self._lock:
                 if self.partitions.pop(name, None) is not None:
@@ -71,7 +75,7 @@ class MergeView:
                     self._generation += 1
             return "removed"
         try:
-            document, ingestor = decode_partition(payload, partition=int(number),
+            document, ingestor = decode_partition(payload, partition=number,
                                                   fleet=self.fleet, settings=self.settings)
         except PartitionStateRejected as exc:
             return self._reject(name, exc.reason, exc.detail)

@@ -15,6 +15,14 @@ class PartitionStateRejected(Exception):
         self.reason, self.detail = reason, detail
 
 
+def partition_of_key(key: str) -> int | None:
+    """The partition a key of the state bucket names (``p.<n>``), or None."""
+    prefix, _, number = key.partition(".")
+    if prefix != "p" or not number.isdigit() or len(number) > 4:
+        return None
+    return int(number)
+
+
 def decode_partition(payload: bytes, *, partition: int, fleet: str,
                      settings: AggregateSettings) -> tuple[PartitionState, Ingestor]:
     """A scale-out partition's state (docs/SCALE_OUT.md) and its ``Ingestor`` (without

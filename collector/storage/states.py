@@ -46,7 +46,10 @@ from edge_agent.protocol.snapshots import (
 from edge_agent.protocol.statuses import BudgetStatus
 
 CHECKPOINT_VERSION = 2  # 1 kept a tracker's numbers as a bitmap (read, migrated on load)
-MAX_PARTITION_STATE_BYTES = 64 << 20
+# One partition's state: written as the KV value itself when small, else as an object
+# (collector.scaleout.state_objects).  256 MB holds a partition at every default [limits]
+# (256 channels x 16 series x 61 windows, about 0.5 kB a linear window: 125 MB).
+MAX_PARTITION_STATE_BYTES = 256 << 20
 MAX_TRACKER_RUNS = 1024  # collector.aggregation.dedup.MAX_RUNS
 DEAD_LETTERS = 200  # recent rejects a collector keeps (and a state may carry)
 MAX_REJECT_REASONS = 256
@@ -360,6 +363,42 @@ def encode_partition_state(state: IngestorState, trackers: list[TrackerState], *
                                  partition=partition, partitions=partitions, owner=owner,
                                  t=now, every=every, sequence=sequence, state=state,
                                  trackers=trackers))
+
+
+class PartitionStateObject(Struct, forbid_unknown_fields=True):
+    """The value of key ``p.<partition>`` when the state is larger than ``[scale_out]
+    inline_state_bytes``: the object of bucket ``<stream>_state_objects`` that holds it
+    (each write makes a new one, so an object never changes once a reference names it;
+    the reference is written with compare-and-set like an inline state)."""
+
+    v: Literal[1]
+    type: Literal["partition-state-object"]
+    partition: Annotated[int, Meta(ge=0, lt=MAX_PARTITIONS)]
+    object: Annotated[str, Meta(pattern=r"^p\.[0-9]{1,4}\.[0-9a-f]{32}$")]
+    size: Annotated[int, Meta(ge=0, le=MAX_PARTITION_STATE_BYTES)]
+
+
+MAX_REFERENCE_BYTES = 512  # a PartitionStateObject, encoded, is far smaller
+_state_object_decoder = msgspec.json.Decoder(PartitionStateObject)
+
+
+def encode_state_object(*, partition: int, name: str, size: int) -> bytes:
+    return encode(PartitionStateObject(v=1, type="partition-state-object",
+                                       partition=partition, object=name, size=size))
+
+
+def decode_state_object(payload: bytes, partition: int) -> PartitionStateObject | None:
+    """The object a KV value names, or None where the value is the state itself (or not
+    a reference at all: the state's decoder then says why)."""
+    if len(payload) > MAX_REFERENCE_BYTES or b'"partition-state-object"' not in payload:
+        return None
+    try:
+        reference = _state_object_decoder.decode(payload)
+    except msgspec.DecodeError:
+        return None
+    if reference.partition != partition:
+        raise Rejected("topic", "the reference's partition differs from the key's")
+    return reference
 
 
 def decode_partition_state(payload: bytes, partition: int) -> PartitionState:

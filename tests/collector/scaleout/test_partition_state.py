@@ -26,7 +26,10 @@ from collector.storage.checkpoint import tracker_states
 from collector.storage.states import (
     PARTITION_STATE_VERSION,
     AggregateSettings,
+    decode_partition_state,
+    decode_state_object,
     encode_partition_state,
+    encode_state_object,
 )
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
@@ -536,3 +539,43 @@ def test_a_checkpoint_during_a_read_sees_position_and_aggregates_agree(monkeypat
     assert len(seen) == 12
     for position, ingestor in seen:
         assert position == 0 and ingestor.counters["messages"] == 0
+
+
+# -- large states: a KV value naming an object (collector.scaleout.state_objects) ---------------
+
+def test_a_state_object_reference_round_trips_and_a_state_is_not_one():
+    name = "p.3." + "ab" * 16
+    reference = decode_state_object(encode_state_object(partition=3, name=name, size=2_000_000), 3)
+    assert (reference.object, reference.size) == (name, 2_000_000)
+    # An inline state, and what is not JSON, are not references (the state's decoder
+    # then says what is wrong with them).
+    inline = encode_partition_state(Ingestor(fleet=FLEET).to_state(), [], partition=3, partitions=8,
+                                    owner="m", now=1.0, every=5.0, sequence=0)
+    assert decode_state_object(inline, 3) is None
+    assert decode_state_object(b'{"type":"partition-state-object"', 3) is None
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"partition": 4}, "topic"),  # another partition's object
+])
+def test_a_reference_to_another_partitions_object_is_rejected(change, reason):
+    value = {"v": 1, "type": "partition-state-object", "partition": 3,
+             "object": "p.3." + "0" * 32, "size": 10, **change}
+    with pytest.raises(protocol.Rejected) as caught:
+        decode_state_object(json.dumps(value).encode(), 3)
+    assert caught.value.reason == reason
+
+
+@pytest.mark.parametrize("change", [
+    {"object": "../p.3"},  # a name not of our making
+    {"object": "p.3." + "0" * 33},
+    {"size": -1},
+    {"size": (256 << 20) + 1},  # over what any reader accepts
+    {"extra": 1},
+])
+def test_a_malformed_reference_is_not_followed(change):
+    value = {"v": 1, "type": "partition-state-object", "partition": 3,
+             "object": "p.3." + "0" * 32, "size": 10, **change}
+    assert decode_state_object(json.dumps(value).encode(), 3) is None
+    with pytest.raises(protocol.Rejected):  # and as a state it is refused, with a reason
+        decode_partition_state(json.dumps(value).encode(), 3)

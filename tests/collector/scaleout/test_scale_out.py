@@ -233,3 +233,65 @@ def test_a_node_failover_moves_no_partition_and_a_dead_members_are_taken_over(
     assert merged["messages"] == sum(stream.sent), (merged, stream.sent)
     for process in (merge, members[0], entry):
         assert process.terminate() == 0, process.output()[-3000:]
+
+
+def state_objects(cluster) -> list[str]:
+    """The names of the objects in the state object store, read with a client of our own."""
+    async def read() -> list[str]:
+        client = await nats.connect(cluster.urls)
+        try:
+            store = await client.jetstream().object_store(f"{STREAM}_state_objects")
+            try:
+                return sorted(info.name for info in await store.list(ignore_deletes=True))
+            except nats.js.errors.NotFoundError:
+                return []
+        finally:
+            await client.close()
+
+    return asyncio.run(read())
+
+
+def test_states_larger_than_a_kv_value_are_written_as_objects_and_taken_over(
+        tmp_path, mosquitto, nats_cluster):
+    """With ``inline_state_bytes`` at its least (1 kB), every partition state goes to the
+    object store, named by its KV value: the merge view reads them, a member killed
+    with SIGKILL is taken over from them, the counts stay exact, and each partition
+    keeps at most its current object and the one before."""
+    settings = {"inline_state_bytes": 1024}
+    single = CollectorProcess(tmp_path, mosquitto, name="single").start()
+    entry = ingress(tmp_path, mosquitto, nats_cluster, **settings).start()
+    members = [member(tmp_path, mosquitto, nats_cluster, f"m{i}", **settings).start()
+               for i in range(2)]
+    merge = CollectorProcess(tmp_path, mosquitto, name="merge", command="merge",
+                             broker_settings={"client_id": "merge"},
+                             scale_out=scale_out(nats_cluster, **settings)).start()
+    publisher = Publisher(mosquitto, np.random.default_rng(17))
+    publisher.seqs(range(0, 30))
+    members[1].kill()  # its partitions are taken over from their objects
+    publisher.seqs(range(30, 60))
+
+    assert wait_for(lambda: counts(merge) == publisher.values, 120), \
+        (counts(merge), publisher.values, merge.api()["partitions"])
+    assert wait_for(lambda: counts(single) == publisher.values, 90)
+    assert wait_for(lambda: ready(single) and ready(merge))
+    one, merged = single.api(), merge.api()
+    for name in CHANNELS:
+        assert comparable(merged["channels"][name]) == comparable(one["channels"][name]), name
+    partitions = merged["partitions"]
+    assert {p["owner"] for p in partitions.values()} == {"m0"}
+    assert merged["partition_rejects"] == {}
+    # The partitions with agents hold more than 1 kB (an empty one may hold less, inline).
+    large = {str(int(name.removeprefix("p"))) for name, p in partitions.items()
+             if p["bytes"] > 1024}
+    assert large and large == {str(int(name.removeprefix("p")))
+                               for name, p in partitions.items() if p["messages"]}, partitions
+    # Every write of a large state made an object; the owner deleted all but the current
+    # and the previous one (the dead member's leftovers were swept when m0 took over).
+    names = state_objects(nats_cluster)
+    per_partition = {}
+    for name in names:
+        per_partition.setdefault(name.split(".")[1], []).append(name)
+    assert set(per_partition) == large, (names, partitions)
+    assert all(len(kept) <= 2 for kept in per_partition.values()), per_partition
+    for process in (merge, members[0], entry, single):
+        assert process.terminate() == 0, process.output()[-3000:]
