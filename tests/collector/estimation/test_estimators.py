@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from collector.aggregation.blocks import LinearBlock
 from collector.aggregation.series import new_series
 from collector.estimation import ems
-from collector.estimation.estimators import LinearModel
+from collector.estimation.estimators import LinearModel, linear_estimates
 from edge_agent import protocol
 from edge_agent.mechanisms import (
     BoundedLaplace,
@@ -20,7 +21,9 @@ from edge_agent.mechanisms import (
     SquareWave,
     TruncatedLaplace,
     UnbiasedOGPM,
+    linear_mechanism,
 )
+from edge_agent.protocol.descriptions import describe
 
 
 def summarise(mechanism, x, rng, *, bins=50, kind="linear"):
@@ -311,3 +314,39 @@ def test_the_shown_circular_histogram_is_not_worse_than_the_raw_one(epsilon, kap
         raw.append(np.abs(np.array(histogram["raw"]) - truth).sum())
         assert histogram["method"] in ("raw", "reconstruction")
     assert np.mean(shown) <= 1.02 * np.mean(raw)
+
+
+@pytest.mark.parametrize("name", ["pm-c", "sw-c", "pm", "ogpm-unbiased"])
+def test_an_affine_mechanism_skips_the_maximum_likelihood_fit_with_the_same_estimates(name):
+    """Where E[M(x)] is affine over the whole domain the inversion is (raw - b) / a for
+    any fit: skipping the maximum-likelihood fit and its refits changes no number."""
+    rng = np.random.default_rng(23)
+    mechanism = linear_mechanism(name, epsilon=1.0, low=0.0, high=4.0, grid_bits=16)
+    block = LinearBlock(describe(mechanism), 50)
+    block.update(mechanism.perturb_codes(np.clip(rng.normal(0.5, 0.3, 3000), 0, 4), rng))
+    shared = block.model()
+    assert shared.affine_everywhere
+    fitting = LinearModel(mechanism, shared.in_edges, shared.out_edges,
+                          ems.transition_matrix(mechanism, shared.in_edges, shared.out_edges))
+    fitting.affine_everywhere = False  # the general path: fit and refit the ML
+    moments = block.moments.get()
+    found = [linear_estimates(model, out_counts=block.out.get(), raw_mean=moments["mean"],
+                              report_variance=moments["variance"], n=block.count.get())
+             for model in (shared, fitting)]
+    skipped, general = (f["mean"] for f in found)
+    assert skipped["method"] == general["method"]
+    for key in ("estimate", "stderr", "bias_bound"):
+        assert math.isclose(skipped[key], general[key], rel_tol=1e-8, abs_tol=1e-12), key
+    for name_, candidate in general["candidates"].items():
+        assert math.isclose(skipped["candidates"][name_]["rmse"], candidate["rmse"],
+                            rel_tol=1e-8, abs_tol=1e-12), name_
+    assert np.allclose(found[0]["histogram"], found[1]["histogram"], rtol=0, atol=1e-12)
+
+
+def test_only_a_mean_affine_over_the_whole_domain_skips_the_fit():
+    for name, affine in (("ogpm", False), ("laplace", False), ("pm-c", True)):
+        mechanism = linear_mechanism(name, epsilon=1.0, low=0.0, high=4.0, grid_bits=16)
+        edges = np.linspace(0.0, 4.0, 21)
+        model = LinearModel(mechanism, edges, edges,
+                            ems.transition_matrix(mechanism, edges, edges))
+        assert model.affine_everywhere is affine, name
