@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import describe_machine
-from tests.support import CollectorProcess, Mosquitto, wait_for_api
+from tests.support import Mosquitto, wait_for_api
 from tests.support.nats import NatsCluster
-from tests.support.scaleout import PARTITIONS, STREAM, ingress, member, scale_out
+from tests.support.scaleout import PARTITIONS, STREAM, ingress, member, merge_view
 from tests.support.streams import SteadyStream
 
 CHECKPOINT_SECONDS = 0.5
@@ -48,9 +48,7 @@ def one_run(workdir: Path, lease: float) -> dict:
         members = [member(workdir, broker, cluster, f"m{i}", **settings).start()
                    for i in range(2)]
         processes += members
-        merge = CollectorProcess(workdir, broker, name="merge", command="merge",
-                                 broker_settings={"client_id": "merge"},
-                                 scale_out=scale_out(cluster, **settings)).start()
+        merge = merge_view(workdir, broker, cluster, **settings)
         processes.append(merge)
         stream = SteadyStream(broker, agents=16, rate=10.0, seed=5).start()
 

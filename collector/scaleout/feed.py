@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 
 class PartitionFeed:
     def __init__(self, config: ScaleOutConfig, on_state: Callable[[str, bytes], object], *,
-                 name: str):
+                 on_rejected: Callable[[str, str, str], object], name: str):
         self.config, self.on_state, self.name = config, on_state, name
+        self.on_rejected = on_rejected  # (key, reason, detail): a reference not followed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="partition-feed", daemon=True)
@@ -56,18 +57,18 @@ class PartitionFeed:
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)
 
-    @staticmethod
-    async def _state(engine, key: str, value: bytes) -> bytes | None:
+    async def _state(self, engine, key: str, value: bytes) -> bytes | None:
         """The state a value stands for (read from the object store where it names an
-        object), or None: its object is gone or unreadable now (a newer value follows
-        within ``rewrite_seconds``).  A bad reference is passed on, to be rejected."""
+        object), or None: a bad reference (``on_rejected``), or its object is gone or
+        unreadable now (a newer value follows within ``rewrite_seconds``)."""
         number = partition_of_key(key)
         if number is None:
             return value
         try:
             return (await engine.state_objects.resolve(number, value))[0]
-        except PartitionStateRejected:
-            return value
+        except PartitionStateRejected as exc:
+            self.on_rejected(key, exc.reason, exc.detail)
+            return None
         except StateObjectMissing:
             return None
         except Exception as exc:  # a failover while reading the chunks

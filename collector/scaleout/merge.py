@@ -88,6 +88,13 @@ class MergeView:
             self._generation += 1
         return "accepted"
 
+    def reject_partition(self, key: str, reason: str, detail: str) -> None:
+        """A value of key ``p.<n>`` refused before its state was read (a reference to an
+        object that is not that partition's state)."""
+        number = partition_of_key(key)
+        if number is not None:
+            self._reject(f"p{number:04d}", reason, detail)
+
     def _reject(self, name: str, reason: str, detail: str) -> str:
         with self._lock:
             self.rejects[reason] += 1
@@ -151,6 +158,7 @@ class MergeService:
                                   label="merge view", extra=self.view.partitions_json,
                                   web=web)
         self.feed = PartitionFeed(config.scale_out, self.view.update_partition,
+                                  on_rejected=self.view.reject_partition,
                                   name=f"{config.broker.client_id}-merge")
 
     def start(self) -> None:

@@ -66,7 +66,7 @@ class StateObjects:
     async def resolve(self, partition: int, value: bytes) -> tuple[bytes, str | None]:
         """(the state a KV value stands for, the object it was read from or None);
         ``StateObjectMissing`` when that object is gone, ``PartitionStateRejected`` for
-        a reference to another partition's."""
+        a reference to another partition's or an object of another size."""
         try:
             reference = decode_state_object(value, partition)
         except Rejected as exc:
@@ -75,14 +75,20 @@ class StateObjects:
             return value, None
         buffer = io.BytesIO()  # chunks appended in place (not bytes += chunk)
         try:
+            # Its size first: what is read is never more than the reference's bounded size.
+            info = await asyncio.wait_for(self.store.get_info(reference.object),
+                                          READ_TIMEOUT / 4)
+            if info.size != reference.size:
+                raise PartitionStateRejected("oversized", f"object {reference.object}: "
+                                             f"{info.size} bytes, not {reference.size}")
             await asyncio.wait_for(self.store.get(reference.object, writeinto=buffer),
                                    READ_TIMEOUT)
         except (ObjectNotFoundError, NotFoundError):
             raise StateObjectMissing(reference.object) from None
         state = buffer.getvalue()
         if len(state) != reference.size:
-            raise StateObjectMissing(f"{reference.object}: {len(state)} bytes, not "
-                                     f"{reference.size}")
+            raise PartitionStateRejected("oversized", f"object {reference.object}: "
+                                         f"{len(state)} bytes, not {reference.size}")
         return state, reference.object
 
     async def delete(self, names) -> None:
@@ -99,13 +105,14 @@ class StateObjects:
     async def sweep(self, partition: int, keep: set[str]) -> int:
         """Delete the partition's objects other than ``keep``; how many."""
         try:
-            infos = await asyncio.wait_for(self.store.list(), READ_TIMEOUT / 4)
+            infos = await asyncio.wait_for(self.store.list(ignore_deletes=True),
+                                           READ_TIMEOUT / 4)
         except (NotFoundError, ObjectNotFoundError):
             return 0  # an empty store
         except Exception as exc:
             log.debug("listing the state objects failed (%r)", exc)
             return 0
-        stale = [info.name for info in infos if not info.deleted
-                 and _partition_of(info.name) == partition and info.name not in keep]
+        stale = [info.name for info in infos
+                 if _partition_of(info.name) == partition and info.name not in keep]
         await self.delete(stale)
         return len(stale)

@@ -52,3 +52,20 @@ def ingress(tmp_path, broker, cluster, **settings) -> Role:
 
 def member(tmp_path, broker, cluster, name: str, **settings) -> Role:
     return Role(tmp_path, broker, cluster, "member", name, "took partition", **settings)
+
+
+def merge_view(tmp_path, broker, cluster, **settings) -> CollectorProcess:
+    """The merge view (``edge-collector merge``), started: ready once its API answers."""
+    return CollectorProcess(tmp_path, broker, name="merge", command="merge",
+                            broker_settings={"client_id": "merge"},
+                            scale_out=scale_out(cluster, **settings)).start()
+
+
+def pipeline(tmp_path, broker, cluster, members: int = 2, **settings) \
+        -> tuple[Role, list[Role], CollectorProcess]:
+    """An ingress, ``members`` members (m0, m1, ...) and the merge view, started in that
+    order with the same ``[scale_out]`` settings."""
+    entry = ingress(tmp_path, broker, cluster, **settings).start()
+    started = [member(tmp_path, broker, cluster, f"m{i}", **settings).start()
+               for i in range(members)]
+    return entry, started, merge_view(tmp_path, broker, cluster, **settings)

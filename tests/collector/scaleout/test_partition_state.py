@@ -12,6 +12,7 @@ import types
 import msgspec
 import numpy as np
 import pytest
+from nats.js.errors import ObjectNotFoundError
 
 import collector.scaleout.member as member_module
 from collector.aggregation.ingest import Ingestor
@@ -21,7 +22,8 @@ from collector.api.documents import Views
 from collector.api.metrics import document_metrics
 from collector.scaleout.member import Member, Partition
 from collector.scaleout.merge import MergeView
-from collector.scaleout.partition_state import decode_partition
+from collector.scaleout.partition_state import PartitionStateRejected, decode_partition
+from collector.scaleout.state_objects import StateObjectMissing, StateObjects
 from collector.storage.checkpoint import tracker_states
 from collector.storage.states import (
     PARTITION_STATE_VERSION,
@@ -579,3 +581,46 @@ def test_a_malformed_reference_is_not_followed(change):
     assert decode_state_object(json.dumps(value).encode(), 3) is None
     with pytest.raises(protocol.Rejected):  # and as a state it is refused, with a reason
         decode_partition_state(json.dumps(value).encode(), 3)
+
+
+class _FakeObjectStore:
+    """What StateObjects needs of nats-py's ObjectStore (unit tests of the logic; the
+    real store is exercised in test_scale_out.py)."""
+
+    def __init__(self, objects: dict[str, bytes], sizes: dict[str, int] | None = None):
+        self.objects, self.sizes, self.fetched = objects, sizes or {}, []
+
+    async def get_info(self, name):
+        if name not in self.objects:
+            raise ObjectNotFoundError
+        return types.SimpleNamespace(size=self.sizes.get(name, len(self.objects[name])))
+
+    async def get(self, name, writeinto):
+        self.fetched.append(name)
+        writeinto.write(self.objects[name])
+
+
+def test_a_reference_reads_its_object_only_when_its_size_is_the_referenced_one():
+    name, state = "p.3." + "ab" * 16, b'{"a state": 1}'
+    reference = encode_state_object(partition=3, name=name, size=len(state))
+    good = StateObjects(_FakeObjectStore({name: state}), inline_bytes=1024)
+    assert asyncio.run(good.resolve(3, reference)) == (state, name)
+    assert asyncio.run(good.resolve(3, state)) == (state, None)  # inline: itself
+    # An object larger than its reference says is not read at all.
+    store = _FakeObjectStore({name: state}, sizes={name: 300 << 20})
+    with pytest.raises(PartitionStateRejected) as caught:
+        asyncio.run(StateObjects(store, inline_bytes=1024).resolve(3, reference))
+    assert caught.value.reason == "oversized" and store.fetched == []
+    with pytest.raises(StateObjectMissing):  # replaced meanwhile: read the newer value
+        asyncio.run(StateObjects(_FakeObjectStore({}), inline_bytes=1024).resolve(3, reference))
+
+
+def test_a_reference_refused_by_the_feed_is_counted_by_reason_and_keeps_the_state():
+    view = MergeView(FLEET, TYPED_SETTINGS)
+    good = _document()
+    assert view.update_partition("p.1", _payload(good)) == "accepted"
+    view.reject_partition("p.1", "oversized", "object p.1.x: 9 bytes, not 3")
+    partitions = view.partitions_json()
+    assert partitions["partition_rejects"] == {"oversized": 1}
+    assert partitions["partitions"]["p0001"]["error"].startswith("oversized")
+    assert partitions["partitions"]["p0001"]["owner"] == "m1"  # the last good state stays

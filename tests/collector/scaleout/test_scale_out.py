@@ -26,7 +26,7 @@ from tests.support.scaleout import (
     Role,
     ingress,
     member,
-    scale_out,
+    pipeline,
 )
 from tests.support.streams import AGENTS, CHANNELS, Publisher, SteadyStream, comparable
 
@@ -68,11 +68,7 @@ def test_counts_stay_exact_through_node_member_and_ingress_kills(tmp_path, mosqu
                                                                  nats_cluster):
     started = time.monotonic()
     single = CollectorProcess(tmp_path, mosquitto, name="single").start()
-    entry = ingress(tmp_path, mosquitto, nats_cluster).start()
-    members = [member(tmp_path, mosquitto, nats_cluster, f"m{i}").start() for i in range(2)]
-    merge = CollectorProcess(tmp_path, mosquitto, name="merge", command="merge",
-                             broker_settings={"client_id": "merge"},
-                             scale_out=scale_out(nats_cluster)).start()
+    entry, members, merge = pipeline(tmp_path, mosquitto, nats_cluster)
     publisher = Publisher(mosquitto, np.random.default_rng(13))
 
     publisher.seqs(range(0, 30))
@@ -190,12 +186,7 @@ def test_a_node_failover_moves_no_partition_and_a_dead_members_are_taken_over(
     # Longer than a node failover on a loaded machine (23 s seen with a CPU-bound process
     # beside three other test workers; 4-9 s idle), so that no lease expires during one.
     settings = {"lease_seconds": 30.0, "checkpoint_seconds": 0.5}
-    entry = ingress(tmp_path, mosquitto, nats_cluster, **settings).start()
-    members = [member(tmp_path, mosquitto, nats_cluster, f"m{i}", **settings).start()
-               for i in range(2)]
-    merge = CollectorProcess(tmp_path, mosquitto, name="merge", command="merge",
-                             broker_settings={"client_id": "merge"},
-                             scale_out=scale_out(nats_cluster, **settings)).start()
+    entry, members, merge = pipeline(tmp_path, mosquitto, nats_cluster, **settings)
     stream = SteadyStream(mosquitto, agents=16, rate=10.0, seed=5).start()
     request.addfinalizer(stream.stop)
 
@@ -259,12 +250,7 @@ def test_states_larger_than_a_kv_value_are_written_as_objects_and_taken_over(
     keeps at most its current object and the one before."""
     settings = {"inline_state_bytes": 1024}
     single = CollectorProcess(tmp_path, mosquitto, name="single").start()
-    entry = ingress(tmp_path, mosquitto, nats_cluster, **settings).start()
-    members = [member(tmp_path, mosquitto, nats_cluster, f"m{i}", **settings).start()
-               for i in range(2)]
-    merge = CollectorProcess(tmp_path, mosquitto, name="merge", command="merge",
-                             broker_settings={"client_id": "merge"},
-                             scale_out=scale_out(nats_cluster, **settings)).start()
+    entry, members, merge = pipeline(tmp_path, mosquitto, nats_cluster, **settings)
     publisher = Publisher(mosquitto, np.random.default_rng(17))
     publisher.seqs(range(0, 30))
     members[1].kill()  # its partitions are taken over from their objects
