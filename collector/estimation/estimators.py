@@ -62,6 +62,8 @@ Z95 = 1.959963984540054
 BOOTSTRAP_REPLICATES = 30
 # A bootstrap refit starts from the full fit, so a few accelerated steps suffice.
 REFIT_STEPS = 60
+# Mass of the maximum-likelihood fit below which where it lies cannot matter.
+NEGLIGIBLE_MASS = 1e-6
 # The raw average is kept until both other estimates are SHRINK_FROM standard errors of
 # their distance from it away, then shrunk towards the better of them, entirely from
 # SHRINK_TO on (see _choose_mean).
@@ -122,16 +124,17 @@ class LinearModel:
         return self.out_edges.shape == self.in_edges.shape and bool(
             np.allclose(self.out_edges, self.in_edges))
 
-    def inversion(self, p: np.ndarray, raw: float) -> tuple[float, float]:
+    def inversion(self, p: np.ndarray, raw):
         """(estimate, slope): the raw mean inverted through E[M(x)] by one Newton step
         from the reconstruction p; exactly (raw - b) / a where p lies where E[M(x)] is
-        affine, and exactly the raw mean for an unbiased mechanism."""
+        affine, and exactly the raw mean for an unbiased mechanism.  Also for many at
+        once: p of shape (..., bins) with raw of shape (...)."""
         # Shifting the values that E[M(x)] responds to by d moves the mean by (their
         # mass) d and E[M] by (p @ slope) d: the step divides by their average slope.
         # (Mass where E[M(x)] is flat cannot move it; ``placed`` has put it.)
-        movable = float(p[self.mean_slope > 0].sum())
-        slope = max(float(p @ self.mean_slope) / max(movable, 1e-12), 1e-3)
-        return float(p @ self.centres) + (raw - float(p @ self.mean_output)) / slope, slope
+        movable = p[..., self.mean_slope > 0].sum(axis=-1)
+        slope = np.maximum((p @ self.mean_slope) / np.maximum(movable, 1e-12), 1e-3)
+        return p @ self.centres + (raw - p @ self.mean_output) / slope, slope
 
     @cached_property
     def affine_everywhere(self) -> bool:
@@ -142,6 +145,16 @@ class LinearModel:
         slack = 1e-9 * (m.high - m.low)  # the region's ends are computed, not given
         return affine is not None and affine[2] <= m.low + slack \
             and affine[3] >= m.high - slack
+
+    @cached_property
+    def outside_affine(self) -> np.ndarray:
+        """The input bins reaching where E[M(x)] is not affine (all of them for the
+        Laplace variants, none for PM, SW, their compressed forms)."""
+        affine, m = self.mechanism.affine_mean(), self.mechanism
+        if affine is None:
+            return np.ones(self.centres.size, dtype=bool)
+        slack = 1e-9 * (m.high - m.low)
+        return (self.in_edges[:-1] < affine[2] - slack) | (self.in_edges[1:] > affine[3] + slack)
 
     @cached_property
     def flat_ends(self) -> list[tuple[np.ndarray, np.ndarray, float]]:
@@ -194,15 +207,15 @@ class LinearModel:
 
 @dataclass
 class _Fits:
-    """One set of reports' fits: the maximum likelihood and the displayed histogram."""
+    """Fits of one set of reports, or of many (the resamples: one row each): the raw
+    average, the maximum likelihood and the displayed histogram."""
 
-    raw: float
+    raw: float | np.ndarray
     ml: np.ndarray
     shown: np.ndarray
 
-    def candidates(self, model: LinearModel) -> dict[str, float]:
-        out = {"raw": self.raw,
-               "reconstruction": float(self.shown @ model.centres)}
+    def candidates(self, model: LinearModel) -> dict:
+        out = {"raw": self.raw, "reconstruction": self.shown @ model.centres}
         if not model.mechanism.unbiased:
             out["inversion"] = model.inversion(self.ml, self.raw)[0]
         return out
@@ -231,30 +244,46 @@ def linear_estimates(model: LinearModel, *, out_counts: np.ndarray, raw_mean: fl
     fit_ml = not model.affine_everywhere
     ml = model.placed(ems.reconstruct(counts, model.matrix, smoothing=0.0)) if fit_ml \
         else fitted
-    replicates = []
-    for _ in range(BOOTSTRAP_REPLICATES):
-        resampled = rng.multinomial(n, counts / n)
-        # The raw mean moves with the resample (each report at its bin's centre).
-        raw_star = raw_mean + float((resampled - counts) @ model.out_centres) / n
-        ml_star = ems.reconstruct(resampled, model.matrix, smoothing=0.0, start=ml,
-                                  max_steps=REFIT_STEPS) if fit_ml else ml
-        fitted_star = ems.reconstruct(resampled, model.matrix, smoothing=smoothing,
-                                      start=fitted, max_steps=REFIT_STEPS)
-        replicates.append((resampled, raw_star, model.placed(ml_star), fitted_star))
-
-    shown, method = _raw_or_fit(counts, model.matrix, fitted, smoothing,
-                                [f for *_, f in replicates], raw_is_a_histogram=
-                                model.raw_is_a_histogram)
+    # Nor are its refits where it has (next to) no mass where E[M(x)] is not affine: the
+    # inversion is then (raw - b) / a, whatever the refit, to within that mass.
+    refit_ml = fit_ml and float(ml[model.outside_affine].sum()) > NEGLIGIBLE_MASS
+    resampled = np.array([rng.multinomial(n, counts / n)
+                          for _ in range(BOOTSTRAP_REPLICATES)])  # one resample a row
+    refits = _smoothed_refits(counts, model.matrix, fitted, smoothing, resampled)
+    # The raw mean moves with the resample (each report at its bin's centre).
+    raw_star = raw_mean + (resampled - counts) @ model.out_centres / n
+    ml_star = np.array([model.placed(ems.reconstruct(one, model.matrix, smoothing=0.0,
+                                                     start=ml, max_steps=REFIT_STEPS))
+                        for one in resampled]) if refit_ml else np.broadcast_to(ml, refits.shape)
+    shown, method = _raw_or_fit(counts, model.matrix, fitted, smoothing, refits,
+                                raw_is_a_histogram=model.raw_is_a_histogram)
     fits = _Fits(raw_mean, ml, shown)
-    boots = [_Fits(raw_star, ml_star, resampled / n if method == "raw" else fitted_star)
-             for resampled, raw_star, ml_star, fitted_star in replicates]
+    boots = _Fits(raw_star, ml_star, resampled / n if method == "raw" else refits)
     mean = _choose_mean(model, fits, boots, report_variance, n)
     return {"mean": mean, "histogram": shown, "histogram_method": method,
             "smoothing": smoothing}
 
 
+def _smoothed_refits(counts: np.ndarray, matrix: np.ndarray, fitted: np.ndarray,
+                     smoothing: float, resampled: np.ndarray, *,
+                     circular: bool = False) -> np.ndarray:
+    """The smoothed fit of each resample: the fit moved by its linear response to the
+    resample (``ems.fit_response``: one 50 x 50 solve instead of a refit per resample;
+    their spread matches the refits' within the bootstrap's own noise,
+    docs/BENCHMARKS.md), or refitted where that response does not exist."""
+    n = counts.sum()
+    try:
+        response = ems.fit_response(counts, matrix, fitted, smoothing=smoothing,
+                                    circular=circular)
+    except np.linalg.LinAlgError:
+        return np.array([ems.reconstruct(one, matrix, smoothing=smoothing,
+                                         circular=circular, start=fitted,
+                                         max_steps=REFIT_STEPS) for one in resampled])
+    return fitted + ((resampled - counts) / n) @ response.T
+
+
 def _raw_or_fit(counts: np.ndarray, matrix: np.ndarray, fitted: np.ndarray, smoothing: float,
-                refits: list[np.ndarray], *, raw_is_a_histogram: bool,
+                refits: np.ndarray, *, raw_is_a_histogram: bool,
                 circular: bool = False) -> tuple[np.ndarray, str]:
     """The histogram to show: the reconstruction, or the raw one where its blur is
     smaller than the reconstruction's spread over the resamples (``refits``).  The blur,
@@ -264,7 +293,7 @@ def _raw_or_fit(counts: np.ndarray, matrix: np.ndarray, fitted: np.ndarray, smoo
         return fitted, "reconstruction"
     smooth = fitted if smoothing == 1.0 else ems.reconstruct(counts, matrix, circular=circular)
     blur = float(np.abs(matrix @ smooth - smooth).sum())
-    spread = float(np.mean([np.abs(refit - fitted).sum() for refit in refits]))
+    spread = float(np.abs(refits - fitted).sum(axis=1).mean())
     if blur < spread:
         return counts / counts.sum(), "raw"
     return fitted, "reconstruction"
@@ -279,22 +308,21 @@ def circular_histogram(counts, matrix: np.ndarray) -> dict:
     smoothing = ems.choose_smoothing(counts, matrix, circular=True,
                                      seed=int(rng.integers(2**32)))
     fitted = ems.reconstruct(counts, matrix, smoothing=smoothing, circular=True)
-    refits = [ems.reconstruct(rng.multinomial(n, counts / n), matrix, smoothing=smoothing,
-                              circular=True, start=fitted, max_steps=REFIT_STEPS)
-              for _ in range(CIRCULAR_REFITS)]
+    refits = _smoothed_refits(counts, matrix, fitted, smoothing,
+                              np.array([rng.multinomial(n, counts / n)
+                                        for _ in range(CIRCULAR_REFITS)]), circular=True)
     shown, method = _raw_or_fit(counts, matrix, fitted, smoothing, refits,
                                 raw_is_a_histogram=True, circular=True)
     return {"estimate": shown, "method": method, "smoothing": smoothing}
 
 
-def _choose_mean(model: LinearModel, fits: _Fits, boots: list[_Fits], report_variance: float,
+def _choose_mean(model: LinearModel, fits: _Fits, boots: _Fits, report_variance: float,
                  n: int) -> dict:
     m = model.mechanism
-    estimates = fits.candidates(model)
-    replicate = {name: np.array([b.candidates(model)[name] for b in boots])
-                 for name in estimates}
+    estimates = {name: float(value) for name, value in fits.candidates(model).items()}
+    replicate = boots.candidates(model)
     reference = "raw" if m.unbiased else "inversion"
-    slope = 1.0 if m.unbiased else model.inversion(fits.ml, fits.raw)[1]
+    slope = 1.0 if m.unbiased else float(model.inversion(fits.ml, fits.raw)[1])
     # The reference's variance: for an unbiased mechanism the raw average's, exactly; else
     # the bootstrap's, or the exact report variance carried through the slope if larger
     # (the bootstrap places reports at bin centres).
