@@ -121,11 +121,13 @@ def _em_step(weights, matrix, transposed, p, smoothing, circular, out, ratio, sc
 
 
 @njit(cache=True, nogil=True)
-def _squarem(weights, matrix, transposed, p, smoothing, circular, tolerance, max_steps):
+def _squarem(weights, matrix, transposed, p, smoothing, circular, tolerance, max_steps,
+             watched, vanished):
     """SQUAREM (S3) iterations of ``_em_step`` from p, in place; returns the steps taken.
 
     Stops when the log-likelihood gains less than ``tolerance`` per report and
-    p moves by less than ``tolerance`` in L1 over one accelerated step."""
+    p moves by less than ``tolerance`` in L1 over one accelerated step, or when p's
+    mass on the ``watched`` bins is below ``vanished``."""
     k_out, k_in = matrix.shape
     p1, p2, q = np.empty(k_in), np.empty(k_in), np.empty(k_in)
     ratio, scratch = np.empty(k_out), np.empty(k_in)
@@ -167,6 +169,12 @@ def _squarem(weights, matrix, transposed, p, smoothing, circular, tolerance, max
         current = extrapolated
         if gain < tolerance and moved < tolerance:
             return step + 1
+        mass = 0.0
+        for i in range(k_in):
+            if watched[i]:
+                mass += p[i]
+        if mass < vanished:
+            return step + 1
     return max_steps
 
 
@@ -174,11 +182,14 @@ def _squarem(weights, matrix, transposed, p, smoothing, circular, tolerance, max
 
 def reconstruct(counts, matrix: np.ndarray, *, smoothing: float = 1.0, circular: bool = False,
                 start: np.ndarray | None = None, tolerance: float = 1e-9,
-                max_steps: int = 2_000) -> np.ndarray:
+                max_steps: int = 2_000, watched: np.ndarray | None = None,
+                vanished: float = 0.0) -> np.ndarray:
     """Reconstructed probabilities of the input bins (sum 1); uniform with no data.
 
     ``smoothing`` in [0, 1] (1: EMS, 0: maximum likelihood); ``start``: where
-    the iterations begin (a previous fit converges in a few steps)."""
+    the iterations begin (a previous fit converges in a few steps); ``watched``
+    (a mask of input bins) and ``vanished``: stop as soon as the fit's mass on those
+    bins is below ``vanished`` (where only that mass matters to the caller)."""
     if not 0.0 <= smoothing <= 1.0:
         raise ValueError(f"smoothing must be in [0, 1], got {smoothing!r}")
     counts = np.asarray(counts, dtype=np.float64)
@@ -191,8 +202,13 @@ def reconstruct(counts, matrix: np.ndarray, *, smoothing: float = 1.0, circular:
     if total <= 0:
         return p
     p /= p.sum()
+    if watched is None:
+        watched = np.zeros(k_in, dtype=np.bool_)
+    elif watched.shape != (k_in,):
+        raise ValueError(f"watched must have {k_in} entries, got {watched.shape}")
     _squarem(counts / total, matrix, np.ascontiguousarray(matrix.T), p, float(smoothing),
-             bool(circular), tolerance, max_steps)
+             bool(circular), tolerance, max_steps, np.asarray(watched, dtype=np.bool_),
+             float(vanished))
     return p
 
 

@@ -62,8 +62,9 @@ Z95 = 1.959963984540054
 BOOTSTRAP_REPLICATES = 30
 # A bootstrap refit starts from the full fit, so a few accelerated steps suffice.
 REFIT_STEPS = 60
-# Mass of the maximum-likelihood fit below which where it lies cannot matter.
-NEGLIGIBLE_MASS = 1e-6
+# Mass of the maximum-likelihood fit where E[M(x)] is not affine below which it cannot
+# matter: it moves the inversion by at most this times (high - low) / a.
+NEGLIGIBLE_MASS = 1e-9
 # The raw average is kept until both other estimates are SHRINK_FROM standard errors of
 # their distance from it away, then shrunk towards the better of them, entirely from
 # SHRINK_TO on (see _choose_mean).
@@ -241,12 +242,14 @@ def linear_estimates(model: LinearModel, *, out_counts: np.ndarray, raw_mean: fl
     # The maximum-likelihood fit serves the inversion only; where E[M(x)] is affine
     # everywhere the inversion does not depend on the fit (any fit gives (raw - b) / a),
     # so neither it nor its refits are computed (a third of the work, same estimates).
+    # Nor is it taken further, nor are its refits made, where it has (next to) no mass
+    # where E[M(x)] is not affine: the inversion is then (raw - b) / a, whatever the fit
+    # or the refit, to within that mass.
     fit_ml = not model.affine_everywhere
-    ml = model.placed(ems.reconstruct(counts, model.matrix, smoothing=0.0)) if fit_ml \
-        else fitted
-    # Nor are its refits where it has (next to) no mass where E[M(x)] is not affine: the
-    # inversion is then (raw - b) / a, whatever the refit, to within that mass.
-    refit_ml = fit_ml and float(ml[model.outside_affine].sum()) > NEGLIGIBLE_MASS
+    ml = model.placed(ems.reconstruct(counts, model.matrix, smoothing=0.0,
+                                      watched=model.outside_affine,
+                                      vanished=NEGLIGIBLE_MASS)) if fit_ml else fitted
+    refit_ml = fit_ml and float(ml[model.outside_affine].sum()) >= NEGLIGIBLE_MASS
     resampled = np.array([rng.multinomial(n, counts / n)
                           for _ in range(BOOTSTRAP_REPLICATES)])  # one resample a row
     refits = _smoothed_refits(counts, model.matrix, fitted, smoothing, resampled)
