@@ -68,6 +68,9 @@ class Block:
     rather than held, so a block pickles small and compares by value."""
 
     STATE_NAMES: tuple[str, ...]
+    # Slots, not a __dict__: a collector at its limits holds a quarter of a million
+    # windows, each with its blocks (docs/BENCHMARKS.md, "Memory").
+    __slots__ = ("description", "component", "bins", "count", "_cache")
 
     def __init__(self, description, bins: int, component: int | None = None):
         self.description = description
@@ -121,9 +124,13 @@ class Block:
         _load_block(self, state, where)
 
     def __getstate__(self):
-        state = dict(self.__dict__)
+        state = _slot_values(self)
         state["_cache"] = None  # derived, recomputed on demand
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def copy(self) -> Block:
         """A detached copy of the statistics (fixed parts shared, no computed view)."""
@@ -143,6 +150,7 @@ class Block:
 
 class LinearBlock(Block):
     STATE_TYPE = LinearBlockState
+    __slots__ = ("in_edges", "out_edges", "moments", "raw", "out")
 
     def _setup(self) -> None:
         m = self.mechanism
@@ -223,6 +231,7 @@ def _linear_model(description, component: int | None, bins: int) -> LinearModel:
 
 class CircularBlock(Block):
     STATE_TYPE = CircularBlockState
+    __slots__ = ("edges", "trig", "hist")
 
     def _setup(self) -> None:
         m = self.mechanism
@@ -265,6 +274,7 @@ class CategoricalBlock(Block):
 
     STATE_TYPE = CategoricalBlockState
     STATE_NAMES = ("count", "support")
+    __slots__ = ("support",)
 
     def _setup(self) -> None:
         oracle = self.mechanism
@@ -286,6 +296,12 @@ class CategoricalBlock(Block):
         return {"count": n, "frequencies": {
             "labels": [oracle.label(v) for v in range(oracle.categories)],
             "raw": (counts / n).tolist() if n else [None] * oracle.categories, **shares}}
+
+
+def _slot_values(block) -> dict:
+    """A slotted object's attributes, by name."""
+    return {name: getattr(block, name) for klass in type(block).__mro__
+            for name in getattr(klass, "__slots__", ()) if hasattr(block, name)}
 
 
 def copy_statistics(block):
@@ -323,6 +339,7 @@ class CrossBlock:
 
     STATE_NAMES = ("count", "cross")
     STATE_TYPE = CrossBlockState
+    __slots__ = ("description", "cross", "count")
 
     def __init__(self, description):
         self.description = description

@@ -340,6 +340,23 @@ class TrigMoments(_PlaneSums):
                 "x": self.x, "y": self.y, "x2": x2, "y2": y2}
 
 
+# A histogram's counts are kept in the narrowest of these that holds its largest bin,
+# widened as it grows: a window of a few thousand reports needs 16 bits, not 64 (a
+# collector at its limits holds a quarter of a million windows; docs/BENCHMARKS.md).
+_COUNT_TYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32),
+                np.dtype(np.int64))
+
+
+def _widened(counts: np.ndarray, largest: int) -> np.ndarray:
+    """``counts``, in a wider type if ``largest`` does not fit in its own."""
+    if largest <= np.iinfo(counts.dtype).max:
+        return counts
+    for kind in _COUNT_TYPES:
+        if largest <= np.iinfo(kind).max:
+            return counts.astype(kind)
+    raise OverflowError(f"a histogram bin would count {largest} values, beyond 2**63 - 1")
+
+
 class BinCounts(Statistic):
     """Counts of reports per histogram bin (exact).
 
@@ -357,7 +374,7 @@ class BinCounts(Statistic):
         self.origin, self.step = float(origin), float(step)
         self.edge0, self.width, self.bins = float(edge0), float(width), int(bins)
         self.outside = outside
-        self.counts = np.zeros(self.bins, dtype=np.int64)
+        self.counts = np.zeros(self.bins, dtype=_COUNT_TYPES[0])
         self.outside_count = 0
 
     def params(self):
@@ -400,17 +417,22 @@ class BinCounts(Statistic):
 
     def add(self, summary) -> None:
         counts, outside = summary
-        self.counts += counts
+        self._add(counts)
         self.outside_count += outside
 
     def merge(self, other):
         self._check(other)
-        self.counts += other.counts
+        self._add(other.counts)
         self.outside_count += other.outside_count
         return self
 
+    def _add(self, counts: np.ndarray) -> None:
+        if counts.size:
+            self.counts = _widened(self.counts, int(self.counts.max()) + int(counts.max()))
+            np.add(self.counts, counts, out=self.counts, casting="unsafe")  # fits: widened
+
     def get(self) -> np.ndarray:
-        return self.counts.copy()
+        return self.counts.astype(np.int64)
 
     def to_state(self) -> list:
         return [self.counts.tolist(), self.outside_count]
@@ -422,7 +444,10 @@ class BinCounts(Statistic):
                              f"got {len(counts)}")
         if outside and self.outside != "drop":
             raise StateError(f"{where}[1]: only bins with outside='drop' count values outside")
-        self.counts = np.array(counts, dtype=np.int64)
+        counts = np.array(counts, dtype=np.int64)  # BinCount: 0 <= count < 2**63
+        self.counts = _widened(np.zeros(self.bins, dtype=_COUNT_TYPES[0]),
+                               int(counts.max(initial=0)))
+        self.counts[:] = counts
         self.outside_count = outside
 
 

@@ -306,3 +306,28 @@ def test_support_counts_round_trip_their_state_and_refuse_impossible_sums(name):
     if name == "grr":
         with pytest.raises(StateError, match="GRR counts add up to the reports"):
             SupportCounts.from_state(stat.params(), [[1, 1, 0, 0], 3])
+
+
+def test_histogram_counts_are_kept_narrow_and_widen_exactly_as_they_grow():
+    """A bin's counts live in the narrowest unsigned type holding the largest, widened
+    before a sum could wrap: adding, merging and loading stay exact past every limit."""
+    stat = BinCounts(0.0, 1.0, 0.0, 1.0, 4, "clip")
+    assert stat.counts.dtype == np.uint8
+    expected = np.zeros(4, dtype=object)
+    for part, kind in (([255, 0, 1, 0], np.uint8), ([1, 0, 0, 0], np.uint16),
+                       ([65_279, 7, 0, 0], np.uint16), ([1, 0, 0, 0], np.uint32),
+                       ([2**32 - 65_537, 0, 0, 3], np.uint32), ([1, 0, 0, 0], np.int64)):
+        stat.add((np.array(part, dtype=np.int64), 0))
+        expected += np.array(part, dtype=object)
+        assert stat.counts.dtype == kind
+        assert stat.get().dtype == np.int64 and stat.get().tolist() == expected.tolist()
+    narrow = BinCounts(0.0, 1.0, 0.0, 1.0, 4, "clip")
+    narrow.add((np.array([200, 1, 0, 0]), 0))
+    narrow.merge(narrow.copy())  # 400 in uint8 would wrap
+    assert narrow.get().tolist() == [400, 2, 0, 0] and narrow.counts.dtype == np.uint16
+    loaded = BinCounts.from_state(stat.params(), [[70_000, 1, 2, 3], 0])
+    assert loaded.counts.dtype == np.uint32 and loaded.get().tolist() == [70_000, 1, 2, 3]
+    assert BinCounts.from_state(stat.params(), [[0, 1, 2, 3], 0]).counts.dtype == np.uint8
+    with pytest.raises(OverflowError, match="2\\*\\*63"):
+        BinCounts.from_state(stat.params(), [[2**63 - 1, 0, 0, 0], 0]).merge(
+            BinCounts.from_state(stat.params(), [[1, 0, 0, 0], 0]))
