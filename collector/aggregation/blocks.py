@@ -102,15 +102,19 @@ class Block:
     def apply(self, summary: tuple) -> None:
         self._cache = None
         for statistic, part in zip(self._statistics(), summary):
-            statistic.add(part)
+            if part is not None:  # None: a statistic shared with an earlier one
+                statistic.add(part)
 
     def merge(self, other: Block) -> Block:
         if (other.description, other.component, other.bins) != (self.description,
                                                                 self.component, self.bins):
             raise ValueError("cannot merge blocks of different mechanisms")
         self._cache = None
+        merged = set()
         for mine, theirs in zip(self._statistics(), other._statistics()):
-            mine.merge(theirs)
+            if id(mine) not in merged:  # a statistic shared by two names, once
+                merged.add(id(mine))
+                mine.merge(theirs)
         return self
 
     def _statistics(self):
@@ -159,10 +163,14 @@ class LinearBlock(Block):
         self.in_edges, self.out_edges = _linear_edges(self.description, self.component,
                                                       self.bins)
         self.moments = CodeMoments(origin, step)
-        self.raw = BinCounts(origin, step, m.low, width, self.bins, outside="drop")
         out_width = float(self.out_edges[1] - self.out_edges[0])
         self.out = BinCounts(origin, step, float(self.out_edges[0]), out_width,
                              self.out_edges.size - 1, outside="clip")
+        # Where the output bins are the input bins (classical OGPM, its circular and
+        # compressed kin), every report lies inside the domain: one histogram is both
+        # (a saved state still names it twice).
+        self.raw = self.out if self.out_edges is self.in_edges else BinCounts(
+            origin, step, m.low, width, self.bins, outside="drop")
 
     STATE_NAMES = ("count", "moments", "raw", "out")
 
@@ -170,10 +178,9 @@ class LinearBlock(Block):
         return (self.count, self.moments, self.raw, self.out)
 
     def summarize(self, codes: np.ndarray) -> tuple:
-        if self.out_edges is self.in_edges:
-            # Same bins, and every report lies inside the domain: bin once.
-            bins = self.out.summarize(codes)
-            return (self.count.summarize(codes), self.moments.summarize(codes), bins, bins)
+        if self.raw is self.out:  # bin once, count once
+            return (self.count.summarize(codes), self.moments.summarize(codes),
+                    self.out.summarize(codes), None)
         return super().summarize(codes)
 
     def model(self) -> LinearModel:
@@ -306,8 +313,11 @@ def _slot_values(block) -> dict:
 
 def copy_statistics(block):
     twin = copy.copy(block)
+    copies = {}  # a statistic shared by two names stays shared
     for name, statistic in zip(block.STATE_NAMES, block._statistics()):
-        setattr(twin, name, statistic.copy())
+        if id(statistic) not in copies:
+            copies[id(statistic)] = statistic.copy()
+        setattr(twin, name, copies[id(statistic)])
     if hasattr(twin, "_cache"):
         twin._cache = None
     return twin
@@ -316,8 +326,16 @@ def copy_statistics(block):
 def _load_block(block, state, where: str) -> None:
     """Load every statistic of a block (a typed block state), then check they counted the
     same values."""
+    loaded = {}
     for name, statistic in zip(block.STATE_NAMES, block._statistics()):
-        statistic.load_state(getattr(state, name), f"{where}.{name}")
+        first = loaded.setdefault(id(statistic), name)
+        if first == name:
+            statistic.load_state(getattr(state, name), f"{where}.{name}")
+        elif getattr(state, name) != getattr(state, first):
+            # One statistic under two names (a linear block whose output bins are its
+            # input bins): a state saying two things is no collector's.
+            raise StateError(f"{where}.{name}: counts differ from {first}'s, whose bins "
+                             f"are the same")
     n = block.count.n
     for name, statistic in zip(block.STATE_NAMES, block._statistics()):
         # Python integers: an int64 sum of hostile bins could wrap around to n.

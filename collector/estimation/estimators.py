@@ -21,7 +21,12 @@ noise in that measurement (E[d^2] = bias^2 + Var d, so d^2 - Var d is unbiased
 for bias^2).  Variances come from a bootstrap over the reports: the output-bin
 counts are resampled (multinomial) and the raw average moves with them, so
 every candidate's replicate is computed from the same resample and their
-covariances are kept.
+covariances are kept.  The smoothed fit moves with its exact linear response
+to the counts (``ems.fit_response``, the delta method) rather than being
+refitted; the maximum-likelihood fit is refitted (its likelihood is nearly
+flat in places, where the linear response overstates what refits within a
+step budget move), and only where it has mass where E[M(x)] is not affine, the
+only mass the inversion depends on.
 
 The raw average is the default, and the others replace it only on evidence.
 No estimator is better than the raw average for every distribution of the data

@@ -11,6 +11,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from collector.aggregation.blocks import LinearBlock
 from collector.aggregation.series import SERIES_TYPES, new_series
 from collector.aggregation.stats import (
     BinCounts,
@@ -27,6 +28,7 @@ from edge_agent.mechanisms import (
     CircularOGPM,
     ClassicalOGPM,
     Duchi,
+    PiecewiseMechanism,
     PolarOGPM,
     TruncatedLaplace,
     UnbiasedOGPM,
@@ -331,3 +333,34 @@ def test_histogram_counts_are_kept_narrow_and_widen_exactly_as_they_grow():
     with pytest.raises(OverflowError, match="2\\*\\*63"):
         BinCounts.from_state(stat.params(), [[2**63 - 1, 0, 0, 0], 0]).merge(
             BinCounts.from_state(stat.params(), [[1, 0, 0, 0], 0]))
+
+
+def test_a_linear_block_whose_bins_are_the_same_keeps_one_histogram_and_counts_once():
+    """Classical OGPM reports inside its domain: the raw and the output histogram are one
+    statistic, counted once on update and merge, still one after a copy or pickling,
+    saved under both names, and a state whose two say different things is refused."""
+    rng = np.random.default_rng(4)
+    ogpm = ClassicalOGPM(epsilon=1.0, low=-1.0, high=1.0)
+    block = LinearBlock(protocol.describe(ogpm), 20)
+    assert block.raw is block.out
+    codes = ogpm.perturb_codes(rng.uniform(-1, 1, 300), rng)
+    block.update(codes[:100])
+    other = LinearBlock(protocol.describe(ogpm), 20)
+    other.update(codes[100:])
+    block.merge(other)
+    whole = np.histogram(ogpm.from_codes(codes), np.linspace(-1, 1, 21))[0]
+    assert block.raw.get().tolist() == whole.tolist() and block.count.get() == 300
+    for twin in (block.copy(), pickle.loads(pickle.dumps(block))):
+        assert twin.raw is twin.out and twin.raw is not block.raw and twin == block
+    state = block.to_state()
+    assert state.raw == state.out
+    loaded = LinearBlock(protocol.describe(ogpm), 20)
+    loaded.load_state(state, "s")
+    assert loaded == block and loaded.raw is loaded.out
+    state.raw[0][0] += 1
+    state.raw[0][1] -= 1
+    with pytest.raises(StateError, match=r"s\.out: counts differ from raw's"):
+        LinearBlock(protocol.describe(ogpm), 20).load_state(state, "s")
+    pm = PiecewiseMechanism(epsilon=1.0, low=-1.0, high=1.0)
+    separate = LinearBlock(protocol.describe(pm), 20)  # outputs beyond the domain
+    assert separate.raw is not separate.out
