@@ -15,7 +15,7 @@ from collector.estimation import ems
 from collector.estimation.estimators import (
     REFIT_STEPS,
     LinearModel,
-    _smoothed_refits,
+    _refits,
     linear_estimates,
 )
 from edge_agent import protocol
@@ -138,8 +138,9 @@ def test_cross_validation_chooses_stronger_smoothing_with_fewer_reports():
 @pytest.mark.parametrize("smoothing", [1.0, 0.1, 0.01])
 @pytest.mark.parametrize("circular", [False, True])
 def test_the_fit_response_is_the_derivative_of_the_smoothed_fit(smoothing, circular):
-    """J from ``fit_response`` against finite differences of converged fits: the gap is
-    second order (a hundredth of the step gives a ten-thousandth of the gap)."""
+    """J from ``fit_response`` without a step budget (2^20 steps) against finite
+    differences of converged fits: the gap is second order (a hundredth of the step gives
+    a ten-thousandth of the gap)."""
     rng = np.random.default_rng(11)
     mechanism = ClassicalOGPM(epsilon=1.0, low=-1, high=1)
     edges = np.linspace(-1, 1, 31)
@@ -147,7 +148,8 @@ def test_the_fit_response_is_the_derivative_of_the_smoothed_fit(smoothing, circu
     counts = rng.multinomial(4000, matrix @ rng.dirichlet(np.ones(30))).astype(float)
     fit = dict(smoothing=smoothing, circular=circular, tolerance=1e-15, max_steps=50_000)
     p = ems.reconstruct(counts, matrix, **fit)
-    response = ems.fit_response(counts, matrix, p, smoothing=smoothing, circular=circular)
+    response = ems.fit_response(counts, matrix, p, smoothing=smoothing, circular=circular,
+                                steps=2**20)
     direction = rng.normal(size=counts.size)
     direction -= direction.mean()
     gaps = []
@@ -158,9 +160,51 @@ def test_the_fit_response_is_the_derivative_of_the_smoothed_fit(smoothing, circu
     assert gaps[1] < 1e-3 * gaps[0]
 
 
-def test_fit_response_refuses_the_maximum_likelihood():
+@pytest.mark.parametrize("smoothing", [0.3, 0.0])
+def test_the_budgeted_response_is_the_response_of_that_many_em_steps(smoothing):
+    """K steps of the smoothed EM map from p, linearised: sum_{k<K} F_p^k F_w, which
+    ``fit_response`` sums by doubling; checked against K explicit steps of a perturbed
+    fit (first order: the gap shrinks with the square of the perturbation)."""
+    rng = np.random.default_rng(12)
+    mechanism = ClassicalOGPM(epsilon=2.0, low=-1, high=1)
+    edges = np.linspace(-1, 1, 21)
+    matrix = ems.transition_matrix(mechanism, edges, edges)
+    counts = rng.multinomial(5000, matrix @ rng.dirichlet(np.ones(20))).astype(float)
+    p = ems.reconstruct(counts, matrix, smoothing=smoothing, tolerance=1e-15,
+                        max_steps=50_000)
+    response = ems.fit_response(counts, matrix, p, smoothing=smoothing, steps=8)
+    direction = rng.normal(size=counts.size)
+    direction -= direction.mean()
+    gaps = []
+    for step in (1e-4, 1e-6):
+        moved = p.copy()
+        for _ in range(8):  # plain EM steps (and smoothing) at the perturbed counts
+            moved = slow_em_step(counts + step * direction * counts.sum(), matrix, moved,
+                                 smoothing)
+        gaps.append(np.abs(moved - slow_em_fixed(p, counts, matrix, smoothing, 8)
+                           - response @ (step * direction)).max())
+    assert gaps[1] < 1e-3 * gaps[0]
+
+
+def slow_em_step(counts, matrix, p, smoothing):
+    p = p * (matrix.T @ (counts / counts.sum() / (matrix @ p)))
+    p /= p.sum()
+    return (1 - smoothing) * p + smoothing * smooth(p, False)
+
+
+def slow_em_fixed(p, counts, matrix, smoothing, steps):
+    """Where ``steps`` steps at the unperturbed counts take p (p itself at a fixed point,
+    to rounding)."""
+    for _ in range(steps):
+        p = slow_em_step(counts, matrix, p, smoothing)
+    return p
+
+
+def test_fit_response_refuses_bad_arguments():
     with pytest.raises(ValueError, match="smoothing"):
-        ems.fit_response([1, 2, 3], np.eye(3), np.full(3, 1 / 3), smoothing=0.0)
+        ems.fit_response([1, 2, 3], np.eye(3), np.full(3, 1 / 3), smoothing=1.5)
+    with pytest.raises(ValueError, match="power of two"):
+        ems.fit_response([1, 2, 3], np.eye(3), np.full(3, 1 / 3), smoothing=0.1, steps=1000)
 
 
 @pytest.mark.parametrize("make", [lambda: ClassicalOGPM(epsilon=1.0, low=-1, high=1),
@@ -168,9 +212,9 @@ def test_fit_response_refuses_the_maximum_likelihood():
                                                      compressed=True)])
 @pytest.mark.parametrize("n", [2000, 20000])
 def test_resampled_fits_from_the_response_spread_like_refits(make, n):
-    """The bootstrap's smoothed replicates from the linear response: their spread (of the
-    reconstruction's mean, and in L1) is the refits' within 15%, on the same 300
-    resamples."""
+    """The bootstrap's smoothed replicates from the budgeted linear response: their
+    spread (of the reconstruction's mean, and in L1) is the refits' within 15%, on the
+    same 300 resamples."""
     mechanism = make()
     rng = np.random.default_rng(n)
     edges = np.linspace(-1, 1, 21)
@@ -181,13 +225,41 @@ def test_resampled_fits_from_the_response_spread_like_refits(make, n):
     smoothing = ems.choose_smoothing(counts, matrix, seed=n)
     fitted = ems.reconstruct(counts, matrix, smoothing=smoothing)
     resampled = rng.multinomial(n, counts / n, size=300)
-    linear = _smoothed_refits(counts, matrix, fitted, smoothing, resampled)
+    linear = _refits(counts, matrix, fitted, smoothing, resampled)
     refits = np.array([ems.reconstruct(one, matrix, smoothing=smoothing, start=fitted,
                                        max_steps=REFIT_STEPS) for one in resampled])
     centres = 0.5 * (edges[1:] + edges[:-1])
     assert 0.85 < np.std(linear @ centres) / np.std(refits @ centres) < 1.15
     l1 = [np.abs(fits - fitted).sum(axis=1).mean() for fits in (linear, refits)]
     assert 0.85 < l1[0] / l1[1] < 1.15
+
+
+@pytest.mark.parametrize("make, data", [
+    (lambda: ClassicalOGPM(epsilon=1.0, low=-2, high=2), "edge"),
+    (lambda: ClassicalOGPM(epsilon=0.5, low=-2, high=2), "uniform"),
+    (lambda: BoundedLaplace(epsilon=1.0, low=-2, high=2), "edge"),
+    (lambda: TruncatedLaplace(epsilon=2.0, low=-2, high=2), "uniform")])
+@pytest.mark.parametrize("n", [5000, 200_000])
+def test_the_inversion_from_the_response_spreads_like_refits(make, data, n):
+    """The maximum-likelihood fit behind the inversion, where its likelihood is nearly
+    flat: the inversion from the budgeted response spreads like the refits' within 20%
+    (300 shared resamples), where the unbudgeted one is several times too wide."""
+    mechanism = make()
+    rng = np.random.default_rng([n, 7])
+    x = -2 + 4 * rng.beta(1.3, 9, n) if data == "edge" else rng.uniform(-2, 2, n)
+    block = LinearBlock(describe(mechanism), 50)
+    block.update(mechanism.perturb_codes(x, rng))
+    model, moments = block.model(), block.moments.get()
+    counts = model.fit_counts(block.out.get())
+    ml = model.placed(ems.reconstruct(counts, model.matrix, smoothing=0.0))
+    resampled = rng.multinomial(n, counts / n, size=300)
+    raw = moments["mean"] + (resampled - counts) @ model.out_centres / n
+    linear = model.placed(_refits(counts, model.matrix, ml, 0.0, resampled))
+    refits = np.array([model.placed(ems.reconstruct(one, model.matrix, smoothing=0.0,
+                                                    start=ml, max_steps=REFIT_STEPS))
+                       for one in resampled])
+    ratio = np.std(model.inversion(linear, raw)[0]) / np.std(model.inversion(refits, raw)[0])
+    assert 0.8 < ratio < 1.2
 
 
 def test_cross_validation_stops_past_the_best_score_without_losing_it():
@@ -234,14 +306,14 @@ def test_the_maximum_likelihood_refits_are_skipped_only_where_they_change_nothin
                             ems.transition_matrix(mechanism, shared.in_edges, shared.out_edges))
     refitting.outside_affine = np.ones(shared.centres.size, dtype=bool)
     calls = []
-    original = ems.reconstruct
+    original = ems.fit_response
 
     def estimates(model, block):
-        """The estimates, and how many maximum-likelihood fits they took."""
+        """The estimates, and how many maximum-likelihood responses they took."""
         calls.clear()
         moments = block.moments.get()
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(ems, "reconstruct", lambda *args, **kwargs: calls.append(
+            patch.setattr(ems, "fit_response", lambda *args, **kwargs: calls.append(
                 kwargs.get("smoothing")) or original(*args, **kwargs))
             found = linear_estimates(model, out_counts=block.out.get(), n=block.count.get(),
                                      raw_mean=moments["mean"],
@@ -249,14 +321,14 @@ def test_the_maximum_likelihood_refits_are_skipped_only_where_they_change_nothin
         return found["mean"], calls.count(0.0)
 
     (skipped, fits), (general, refits) = estimates(shared, block), estimates(refitting, block)
-    assert (fits, refits) == (1, 1 + 30)
+    assert (fits, refits) == (0, 1)
     assert skipped["method"] == general["method"]
     for key in ("estimate", "stderr", "bias_bound"):
         assert math.isclose(skipped[key], general[key], rel_tol=1e-6, abs_tol=1e-9), key
-    # Near an end the fit has mass where E[M(x)] is flat: its refits are made.
+    # Near an end the fit has mass where E[M(x)] is flat: its replicates move.
     near = LinearBlock(describe(mechanism), 50)
     near.update(mechanism.perturb_codes(-2 + 4 * rng.beta(1.3, 9, 2500), rng))
-    assert estimates(shared, near)[1] == 1 + 30
+    assert estimates(shared, near)[1] == 1
 
 
 # -- the mean ---------------------------------------------------------------------------------
