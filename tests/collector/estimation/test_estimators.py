@@ -224,6 +224,7 @@ def test_resampled_fits_from_the_response_spread_like_refits(make, n):
     counts = rng.multinomial(n, matrix @ rng.dirichlet(np.full(20, 0.5)))
     smoothing = ems.choose_smoothing(counts, matrix, seed=n)
     fitted = ems.reconstruct(counts, matrix, smoothing=smoothing)
+    assert ems.fit_response(counts, matrix, fitted, smoothing=smoothing) is not None
     resampled = rng.multinomial(n, counts / n, size=300)
     linear = _refits(counts, matrix, fitted, smoothing, resampled)
     refits = np.array([ems.reconstruct(one, matrix, smoothing=smoothing, start=fitted,
@@ -234,32 +235,55 @@ def test_resampled_fits_from_the_response_spread_like_refits(make, n):
     assert 0.85 < l1[0] / l1[1] < 1.15
 
 
-@pytest.mark.parametrize("make, data", [
-    (lambda: ClassicalOGPM(epsilon=1.0, low=-2, high=2), "edge"),
-    (lambda: ClassicalOGPM(epsilon=0.5, low=-2, high=2), "uniform"),
-    (lambda: BoundedLaplace(epsilon=1.0, low=-2, high=2), "edge"),
-    (lambda: TruncatedLaplace(epsilon=2.0, low=-2, high=2), "uniform")])
-@pytest.mark.parametrize("n", [5000, 200_000])
-def test_the_inversion_from_the_response_spreads_like_refits(make, data, n):
-    """The maximum-likelihood fit behind the inversion, where its likelihood is nearly
-    flat: the inversion from the budgeted response spreads like the refits' within 20%
-    (300 shared resamples), where the unbudgeted one is several times too wide."""
-    mechanism = make()
+def _fit_near_an_end_or_spread(mechanism, data, n):
+    """A block of ``n`` reports of data near the lower end or spread over [-2, 2], its
+    model, the maximum-likelihood fit's counts and the fit."""
     rng = np.random.default_rng([n, 7])
     x = -2 + 4 * rng.beta(1.3, 9, n) if data == "edge" else rng.uniform(-2, 2, n)
     block = LinearBlock(describe(mechanism), 50)
     block.update(mechanism.perturb_codes(x, rng))
-    model, moments = block.model(), block.moments.get()
+    model = block.model()
     counts = model.fit_counts(block.out.get())
-    ml = model.placed(ems.reconstruct(counts, model.matrix, smoothing=0.0))
+    return block, model, counts, model.placed(ems.reconstruct(counts, model.matrix,
+                                                              smoothing=0.0))
+
+
+@pytest.mark.parametrize("make, data, n", [
+    (lambda: ClassicalOGPM(epsilon=0.5, low=-2, high=2), "uniform", 200_000),
+    (lambda: ClassicalOGPM(epsilon=2.0, low=-2, high=2), "uniform", 5000),
+    (lambda: BoundedLaplace(epsilon=2.0, low=-2, high=2), "uniform", 5000),
+    (lambda: BoundedLaplace(epsilon=2.0, low=-2, high=2), "uniform", 200_000),
+    (lambda: TruncatedLaplace(epsilon=2.0, low=-2, high=2), "uniform", 200_000)])
+def test_the_inversion_from_the_response_spreads_like_refits(make, data, n):
+    """The maximum-likelihood fit behind the inversion, where its likelihood is nearly
+    flat: the inversion from the budgeted response spreads like the refits' within 20%
+    (300 shared resamples), where the unbudgeted one is several times too wide."""
+    block, model, counts, ml = _fit_near_an_end_or_spread(make(), data, n)
+    assert ems.fit_response(counts, model.matrix, ml, smoothing=0.0) is not None
+    rng = np.random.default_rng(n)
     resampled = rng.multinomial(n, counts / n, size=300)
-    raw = moments["mean"] + (resampled - counts) @ model.out_centres / n
+    raw = block.moments.get()["mean"] + (resampled - counts) @ model.out_centres / n
     linear = model.placed(_refits(counts, model.matrix, ml, 0.0, resampled))
     refits = np.array([model.placed(ems.reconstruct(one, model.matrix, smoothing=0.0,
                                                     start=ml, max_steps=REFIT_STEPS))
                        for one in resampled])
     ratio = np.std(model.inversion(linear, raw)[0]) / np.std(model.inversion(refits, raw)[0])
     assert 0.8 < ratio < 1.2
+
+
+def test_where_plain_steps_leave_the_fit_the_replicates_are_refits():
+    """Classical OGPM near an end at eps = 1: the maximum-likelihood fit (stopped at its
+    cap) is one that plain EM steps leave, F_p^1024 grows, no linear response is given
+    and the replicates are the refits themselves."""
+    _, model, counts, ml = _fit_near_an_end_or_spread(
+        ClassicalOGPM(epsilon=1.0, low=-2, high=2), "edge", 5000)
+    f_p, _ = ems._fixed_point_derivatives(counts, model.matrix, ml, 0.0, False)
+    assert np.abs(np.linalg.matrix_power(f_p, 1024)).max() > 10
+    assert ems.fit_response(counts, model.matrix, ml, smoothing=0.0) is None
+    resampled = np.random.default_rng(3).multinomial(5000, counts / 5000, size=4)
+    refits = [ems.reconstruct(one, model.matrix, smoothing=0.0, start=ml,
+                              max_steps=REFIT_STEPS) for one in resampled]
+    assert np.array_equal(_refits(counts, model.matrix, ml, 0.0, resampled), refits)
 
 
 def test_cross_validation_stops_past_the_best_score_without_losing_it():
