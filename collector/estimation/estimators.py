@@ -293,8 +293,10 @@ def _refits(counts: np.ndarray, matrix: np.ndarray, fit: np.ndarray, smoothing: 
         return np.array([ems.reconstruct(one, matrix, smoothing=smoothing, circular=circular,
                                          start=fit, max_steps=REFIT_STEPS)
                          for one in resampled])
-    moved = np.clip(fit + ((resampled - counts) / counts.sum()) @ response.T, 0.0, None)
-    return moved / moved.sum(axis=1, keepdims=True)
+    # Not clipped at 0: the replicates serve spreads (of the mean, and in L1), which a
+    # clip would bias where the fit is near 0 (sharp fits, few reports; measured: the
+    # mean up to 33% worse in the accuracy benchmark's cells at N = 500, eps = 4-8).
+    return fit + ((resampled - counts) / counts.sum()) @ response.T
 
 
 def _raw_or_fit(counts: np.ndarray, matrix: np.ndarray, fitted: np.ndarray, smoothing: float,
