@@ -166,9 +166,9 @@ class LinearBlock(Block):
         out_width = float(self.out_edges[1] - self.out_edges[0])
         self.out = BinCounts(origin, step, float(self.out_edges[0]), out_width,
                              self.out_edges.size - 1, outside="clip")
-        # Where the output bins are the input bins (classical OGPM, its circular and
-        # compressed kin), every report lies inside the domain: one histogram is both
-        # (a saved state still names it twice).
+        # Where the output bins are the input bins (classical OGPM, the compressed forms)
+        # every report lies inside the domain: one histogram is both (a saved state still
+        # names it twice).
         self.raw = self.out if self.out_edges is self.in_edges else BinCounts(
             origin, step, m.low, width, self.bins, outside="drop")
 

@@ -65,9 +65,9 @@ from edge_agent.mechanisms import Mechanism
 
 Z95 = 1.959963984540054
 BOOTSTRAP_REPLICATES = 30
-# A bootstrap refit would start from the full fit and take this many accelerated steps;
-# ``_refits`` gives what such refits give, from the fit's response within the budget
-# (``ems.fit_response``'s 1,024 plain steps move as far).
+# A bootstrap refit starts from the full fit and takes this many accelerated steps (the
+# maximum likelihood's); ``_refits`` gives what such refits of the smoothed fit give, from
+# its response within the budget (``ems.fit_response``'s 1,024 plain steps move as far).
 REFIT_STEPS = 60
 # Mass of the maximum-likelihood fit where E[M(x)] is not affine below which it cannot
 # matter: it moves the inversion by at most this times (high - low) / a.
@@ -283,11 +283,10 @@ def _refits(counts: np.ndarray, matrix: np.ndarray, fit: np.ndarray, smoothing: 
     """The fit of each resample (a row of ``resampled``), as a refit from ``fit`` within
     the collector's step budget would give it: ``fit`` moved by its linear response to
     the resample within that budget (``ems.fit_response``: ten 50 x 50 matrix products
-    instead of a refit per resample).  The spread of the means they give matches the
-    refits' (smoothed fits: 0.77-1.32 times it over 96 cells, median 1.00; the
-    inversion from the maximum likelihood: 0.75-1.20 over 98, mostly within 5%; on 30
-    resamples, whose own noise is about 13%), where the response without a budget is
-    up to 9 times too wide (docs/BENCHMARKS.md)."""
+    instead of a refit per resample), or refitted where no response exists.  The spread
+    of the means they give matches the refits' (smoothed fits: 0.77-1.32 times it over
+    96 cells, median 1.00, on 30 resamples whose own noise is about 13%), where the
+    response without a budget is up to 6 times too wide (docs/BENCHMARKS.md)."""
     response = ems.fit_response(counts, matrix, fit, smoothing=smoothing, circular=circular)
     if response is None:  # plain steps leave the fit: refit (1-2% of fits, measured)
         return np.array([ems.reconstruct(one, matrix, smoothing=smoothing, circular=circular,
