@@ -149,10 +149,7 @@ class LinearModel:
         """Whether E[M(x)] = a x + b over the whole domain (PM, SW, their compressed
         forms, the unbiased mechanisms): the inversion is then (raw - b) / a whatever
         the fit, and needs no maximum-likelihood fit at all."""
-        affine, m = self.mechanism.affine_mean(), self.mechanism
-        slack = 1e-9 * (m.high - m.low)  # the region's ends are computed, not given
-        return affine is not None and affine[2] <= m.low + slack \
-            and affine[3] >= m.high - slack
+        return not self.outside_affine.any()
 
     @cached_property
     def outside_affine(self) -> np.ndarray:
@@ -161,7 +158,7 @@ class LinearModel:
         affine, m = self.mechanism.affine_mean(), self.mechanism
         if affine is None:
             return np.ones(self.centres.size, dtype=bool)
-        slack = 1e-9 * (m.high - m.low)
+        slack = 1e-9 * (m.high - m.low)  # the region's ends are computed, not given
         return (self.in_edges[:-1] < affine[2] - slack) | (self.in_edges[1:] > affine[3] + slack)
 
     @cached_property
@@ -265,10 +262,8 @@ def linear_estimates(model: LinearModel, *, out_counts: np.ndarray, raw_mean: fl
     raw_star = raw_mean + (resampled - counts) @ model.out_centres / n
     # The maximum-likelihood fit is refitted: its linear response, even within the
     # budget, made the mean up to 33% worse in the accuracy benchmark's Laplace cells.
-    ml_star = np.array([model.placed(ems.reconstruct(one, model.matrix, smoothing=0.0,
-                                                     start=ml, max_steps=REFIT_STEPS))
-                        for one in resampled]) if ml_moves \
-        else np.broadcast_to(ml, refits.shape)
+    ml_star = model.placed(_refit_each(model.matrix, ml, 0.0, resampled)) \
+        if ml_moves else np.broadcast_to(ml, refits.shape)
     shown, method = _raw_or_fit(counts, model.matrix, fitted, smoothing, refits,
                                 raw_is_a_histogram=model.raw_is_a_histogram)
     fits = _Fits(raw_mean, ml, shown)
@@ -288,14 +283,19 @@ def _refits(counts: np.ndarray, matrix: np.ndarray, fit: np.ndarray, smoothing: 
     96 cells, median 1.00, on 30 resamples whose own noise is about 13%), where the
     response without a budget is up to 6 times too wide (docs/BENCHMARKS.md)."""
     response = ems.fit_response(counts, matrix, fit, smoothing=smoothing, circular=circular)
-    if response is None:  # plain steps leave the fit: refit (1-2% of fits, measured)
-        return np.array([ems.reconstruct(one, matrix, smoothing=smoothing, circular=circular,
-                                         start=fit, max_steps=REFIT_STEPS)
-                         for one in resampled])
+    if response is None:  # plain steps leave the fit (0.2% of smoothed fits, measured)
+        return _refit_each(matrix, fit, smoothing, resampled, circular=circular)
     # Not clipped at 0: the replicates serve spreads (of the mean, and in L1), which a
     # clip would bias where the fit is near 0 (sharp fits, few reports; measured: the
     # mean up to 33% worse in the accuracy benchmark's cells at N = 500, eps = 4-8).
     return fit + ((resampled - counts) / counts.sum()) @ response.T
+
+
+def _refit_each(matrix: np.ndarray, fit: np.ndarray, smoothing: float, resampled: np.ndarray,
+                *, circular: bool = False) -> np.ndarray:
+    """Each resample's fit, refitted from ``fit`` within REFIT_STEPS accelerated steps."""
+    return np.array([ems.reconstruct(one, matrix, smoothing=smoothing, circular=circular,
+                                     start=fit, max_steps=REFIT_STEPS) for one in resampled])
 
 
 def _raw_or_fit(counts: np.ndarray, matrix: np.ndarray, fitted: np.ndarray, smoothing: float,
