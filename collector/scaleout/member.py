@@ -18,10 +18,11 @@ dropped.  State and position are always written together, so whoever continues
 counts every stored message once: the trackers know what the state counted.
 
 Failovers: every KV operation is given up after ``lease_seconds / 4`` (a request
-can go unanswered while the cluster elects a leader), renewals and checkpoints run
-on separate clocks, and a compare-and-set refused because our own timed-out write
-was applied after all is recognised (the key holds exactly what we wrote), so a
-node failover shorter than ``lease_seconds`` moves no partition.
+can go unanswered while the cluster elects a leader), renewals, takeovers and
+checkpoints run on separate clocks, a takeover is given up after half a lease, and a
+compare-and-set refused because our own timed-out write was applied after all is
+recognised (the key holds exactly what we wrote), so a node failover shorter than
+``lease_seconds`` moves no partition.
 
 After each written state, the agents of that partition get their delivery
 confirmations over MQTT (docs/HARDENING.md), as from a single collector.
@@ -125,6 +126,7 @@ class Member:
         self.limits = ingest_limits(config)
         self.partitions: dict[int, Partition] = {}
         self.engine: Engine | None = None
+        self._leasing = asyncio.Lock()
         self.client = CollectorClient(config, role="member", label="member", follow={})
         # Where this member starts looking for free partitions: members spread out.
         self._offset = zlib.crc32(self.name.encode()) % self.scale.partitions
@@ -163,22 +165,38 @@ class Member:
             return None
         return entry.revision if entry.value == value else None
 
-    async def balance(self) -> None:
-        """Renew our leases, then take or give back partitions towards our fair share."""
+    async def renew(self) -> None:
+        """Announce ourselves and renew every lease we hold, all at once.
+
+        On its own clock, apart from taking partitions over: a takeover can take seconds
+        a partition on a loaded cluster, and four of them in a row once outlasted the
+        lease and lost three of the partitions we already had."""
+        leases = self.engine.leases
+        async with self._leasing:  # not beside a release's delete of its lease
+            await self._kv(leases.put(f"m.{self.name}", self.name.encode()))
+            failures = [result for result in await asyncio.gather(
+                *(self._renew(partition) for partition in list(self.partitions.values())),
+                return_exceptions=True) if isinstance(result, Exception)]
+        if failures:
+            raise failures[0]
+
+    async def _renew(self, partition: Partition) -> None:
         leases, mine = self.engine.leases, self.name.encode()
-        await self._kv(leases.put(f"m.{self.name}", mine))
-        for partition in list(self.partitions.values()):
-            try:
-                partition.lease_revision = await self._kv(leases.update(
-                    partition.key, mine, last=partition.lease_revision))
-            except KeyWrongLastSequenceError:
-                revision = await self._ours(leases, partition.key, mine)
-                if revision is None:
-                    await self._drop(partition, "its lease expired and was taken")
-                else:
-                    partition.lease_revision = revision
-            except KeyNotFoundError:
-                await self._drop(partition, "its lease expired")
+        try:
+            partition.lease_revision = await self._kv(leases.update(
+                partition.key, mine, last=partition.lease_revision))
+        except KeyWrongLastSequenceError:
+            revision = await self._ours(leases, partition.key, mine)
+            if revision is None:
+                await self._drop(partition, "its lease expired and was taken")
+            else:
+                partition.lease_revision = revision
+        except KeyNotFoundError:
+            await self._drop(partition, "its lease expired")
+
+    async def balance(self) -> None:
+        """Take or give back partitions towards our fair share."""
+        leases, mine = self.engine.leases, self.name.encode()
         count = self.scale.partitions
         share = math.ceil(count / await self._members())
         for i in range(count):
@@ -196,9 +214,25 @@ class Member:
                 revision = await self._ours(leases, f"p.{number}", mine)
                 if revision is None:
                     continue
-            await self._take(number, revision)
+            await self._take_within_lease(number, revision)
         while len(self.partitions) > share:
             await self.release(max(self.partitions))
+
+    async def _take_within_lease(self, number: int, lease_revision: int) -> None:
+        """``_take``, given up after half a lease (the lease it took is not renewed before
+        the partition is ours): a take that hangs (a request to a dead node) or fails must
+        not keep the partition from everyone, nor the next partitions from us."""
+        try:
+            await asyncio.wait_for(self._take(number, lease_revision),
+                                   self.scale.lease_seconds / 2)
+        except Exception as exc:
+            if number in self.partitions:
+                return  # ours and read: only the sweep of stale objects was cut short
+            log.warning("partition %d: not taken over (%r); trying later", number, exc)
+            try:
+                await self._kv(self.engine.leases.delete(f"p.{number}", last=lease_revision))
+            except Exception:  # then it expires with the bucket's TTL
+                pass
 
     async def _take(self, number: int, lease_revision: int) -> None:
         """Load the partition's state and fence off any earlier owner."""
@@ -228,12 +262,12 @@ class Member:
             await self._kv(self.engine.leases.delete(key, last=lease_revision))
             return
         self.partitions[number] = partition
-        # Objects our fence write left unnamed: an earlier owner's failed attempts.
-        await self.engine.state_objects.sweep(number, set(partition.objects))
         partition.reader = asyncio.create_task(self._read(partition),
                                                name=f"partition-{number}")
         log.info("took partition %d at stream sequence %d (%d messages counted)", number,
                  partition.sequence, partition.ingestor.counters["messages"])
+        # Objects our fence write left unnamed: an earlier owner's failed attempts.
+        await self.engine.state_objects.sweep(number, set(partition.objects))
 
     async def _load(self, number: int, entry, lease_revision: int) -> Partition:
         if entry is None or not entry.value:
@@ -270,8 +304,9 @@ class Member:
             await asyncio.gather(partition.reader, return_exceptions=True)
         try:
             await self._write(partition)
-            await self._kv(self.engine.leases.delete(partition.key,
-                                                     last=partition.lease_revision))
+            async with self._leasing:  # no renewal of it in flight
+                await self._kv(self.engine.leases.delete(partition.key,
+                                                         last=partition.lease_revision))
             log.info("released partition %d at stream sequence %d", number, partition.sequence)
         except (KeyWrongLastSequenceError, KeyNotFoundError):
             log.warning("partition %d was taken before we released it", number)
@@ -420,10 +455,17 @@ class Member:
         self.client.start()
         log.info("member %s: %d partitions in stream %s", self.name, self.scale.partitions,
                  self.scale.stream)
-        # Leases and checkpoints on their own clocks: a checkpoint waiting out a failover
-        # must not delay the renewals that keep our partitions.
-        loops = [asyncio.create_task(self._every(self.scale.lease_seconds / 4, self.balance,
+        # Renewals, takeovers and checkpoints on their own clocks: neither a checkpoint
+        # waiting out a failover nor a slow takeover may delay the renewals that keep our
+        # partitions.  Announced first, so that the first balance counts us.
+        try:
+            await self.renew()
+        except Exception as exc:
+            log.warning("leases not renewed (%r)", exc)
+        loops = [asyncio.create_task(self._every(self.scale.lease_seconds / 4, self.renew,
                                                  "leases not renewed"), name="leases"),
+                 asyncio.create_task(self._every(self.scale.lease_seconds / 4, self.balance,
+                                                 "partitions not balanced"), name="balance"),
                  asyncio.create_task(self._every(self.scale.checkpoint_seconds,
                                                  self.checkpoint, "checkpoint failed"),
                                      name="checkpoints")]
