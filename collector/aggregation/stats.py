@@ -444,7 +444,7 @@ class BinCounts(Statistic):
                              f"got {len(counts)}")
         if outside and self.outside != "drop":
             raise StateError(f"{where}[1]: only bins with outside='drop' count values outside")
-        counts = np.array(counts, dtype=np.int64)  # BinCount: 0 <= count < 2**63
+        counts = np.array(counts, dtype=np.int64)  # BinCount: 0 <= count < 2**53
         self.counts = _widened(np.zeros(self.bins, dtype=_COUNT_TYPES[0]),
                                int(counts.max(initial=0)))
         self.counts[:] = counts

@@ -50,12 +50,16 @@ CHECKPOINT_VERSION = 2  # 1 kept a tracker's numbers as a bitmap (read, migrated
 # (collector.scaleout.state_objects).  256 MB holds a partition at every default [limits]
 # (256 channels x 16 series x 61 windows, about 0.5 kB a linear window: 125 MB).
 MAX_PARTITION_STATE_BYTES = 256 << 20
+MAX_PARTITIONS = 1024  # [scale_out] partitions
 MAX_TRACKER_RUNS = 1024  # collector.aggregation.dedup.MAX_RUNS
 DEAD_LETTERS = 200  # recent rejects a collector keeps (and a state may carry)
 MAX_REJECT_REASONS = 256
 
 BigCount = Annotated[int, Meta(ge=0)]  # an exact sum (of codes, of squared codes)
-BinCount = Annotated[int, Meta(ge=0, le=2**63 - 1)]  # summed in int64
+# A bin's count.  The merge view sums one per partition in int64: bounded so that any
+# MAX_PARTITIONS states sum without overflow, whatever a state claims (9.0e15 reports in
+# one bin, 285 years at a million a second).
+BinCount = Annotated[int, Meta(ge=0, le=(2**63 - 1) // MAX_PARTITIONS)]
 # floor(t / window_seconds) for a finite t: below 2**1024 in size, beyond what msgspec's
 # bounds take; Series.load_state checks it.
 WindowStart = int
@@ -331,7 +335,6 @@ def decode_checkpoint(payload: bytes) -> Checkpoint:
 # -- a scale-out partition's state (collector.scaleout, docs/SCALE_OUT.md) ------------------
 
 PARTITION_STATE_VERSION = 1
-MAX_PARTITIONS = 1024
 
 
 class PartitionState(Struct, forbid_unknown_fields=True):

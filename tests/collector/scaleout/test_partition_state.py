@@ -26,6 +26,7 @@ from collector.scaleout.partition_state import PartitionStateRejected, decode_pa
 from collector.scaleout.state_objects import StateObjectMissing, StateObjects
 from collector.storage.checkpoint import tracker_states
 from collector.storage.states import (
+    MAX_PARTITIONS,
     PARTITION_STATE_VERSION,
     AggregateSettings,
     decode_partition_state,
@@ -77,6 +78,21 @@ def test_statistic_refuses_bad_sums(name):
     for value in bad:
         with pytest.raises(StateError):
             type(stat).from_state(stat.params(), value)
+
+
+def test_no_bins_the_merge_view_takes_in_overflow_when_every_partition_is_summed():
+    """A state's bin is bounded so that the merge view's int64 sum over the most
+    partitions a stream can have never overflows (a hostile pair of states once could
+    make every merged document fail); one more than the bound is refused."""
+    bins = STATISTICS["bins-clip"][0]()
+    largest = (2**63 - 1) // MAX_PARTITIONS
+    full = type(bins).from_state(bins.params(), [[largest] + [0] * 49, 0])
+    merged = type(bins).from_state(bins.params(), [[0] * 50, 0])
+    for _ in range(MAX_PARTITIONS):
+        merged.merge(full)
+    assert int(merged.get()[0]) == MAX_PARTITIONS * largest
+    with pytest.raises(StateError, match="expected finite sums"):
+        type(bins).from_state(bins.params(), [[largest + 1] + [0] * 49, 0])
 
 
 def test_statistic_refuses_impossible_sums():
