@@ -127,6 +127,7 @@ class Member:
         self.partitions: dict[int, Partition] = {}
         self.engine: Engine | None = None
         self._leasing = asyncio.Lock()
+        self._sweeps: set[asyncio.Task] = set()  # of state objects, after takeovers
         self.client = CollectorClient(config, role="member", label="member", follow={})
         # Where this member starts looking for free partitions: members spread out.
         self._offset = zlib.crc32(self.name.encode()) % self.scale.partitions
@@ -227,7 +228,7 @@ class Member:
                                    self.scale.lease_seconds / 2)
         except Exception as exc:
             if number in self.partitions:
-                return  # ours and read: only the sweep of stale objects was cut short
+                return  # ours and read
             log.warning("partition %d: not taken over (%r); trying later", number, exc)
             try:
                 await self._kv(self.engine.leases.delete(f"p.{number}", last=lease_revision))
@@ -266,8 +267,15 @@ class Member:
                                                name=f"partition-{number}")
         log.info("took partition %d at stream sequence %d (%d messages counted)", number,
                  partition.sequence, partition.ingestor.counters["messages"])
-        # Objects our fence write left unnamed: an earlier owner's failed attempts.
-        await self.engine.state_objects.sweep(number, set(partition.objects))
+        # Objects our fence write left unnamed: an earlier owner's failed attempts.  In the
+        # background: listing the store makes a consumer, whose request can wait out the
+        # client's 10-s timeout on a cluster with a dead node (takeovers were seen 10 s
+        # apart), and the next partition's takeover must not wait for it.
+        sweep = asyncio.create_task(self.engine.state_objects.sweep(number,
+                                                                    set(partition.objects)),
+                                    name=f"sweep-{number}")
+        self._sweeps.add(sweep)
+        sweep.add_done_callback(self._sweeps.discard)
 
     async def _load(self, number: int, entry, lease_revision: int) -> Partition:
         if entry is None or not entry.value:
@@ -472,9 +480,9 @@ class Member:
         try:
             await stop.wait()
         finally:
-            for task in loops:
+            for task in (*loops, *self._sweeps):
                 task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
+            await asyncio.gather(*loops, *self._sweeps, return_exceptions=True)
             await self._leave()
 
     @staticmethod

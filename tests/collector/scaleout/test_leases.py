@@ -9,6 +9,7 @@ import asyncio
 from collector.config import CollectorConfig, ScaleOutConfig
 from collector.scaleout.engine import open_engine
 from collector.scaleout.member import Member
+from collector.scaleout.state_objects import StateObjects
 from tests.support import collector_config
 from tests.support.scaleout import PARTITIONS, scale_out
 
@@ -116,4 +117,29 @@ def test_a_takeover_that_hangs_gives_its_partition_back_and_is_tried_again(
     member._load = hanging_once
     holders = run_until(member, lambda: len(member.partitions) == PARTITIONS)
     assert loads.count(5) == 2
+    assert set(holders.values()) == {b"m0"}, holders
+
+
+def test_a_slow_sweep_of_state_objects_holds_up_no_takeover(tmp_path, mosquitto, nats_cluster,
+                                                           monkeypatch):
+    """Each takeover's sweep of stale state objects waits until every partition is taken
+    (as a listing that waits on a dead node would, for longer): the sweeps run beside the
+    takeovers, so none holds the next one up (or is cut short with it), and each ends."""
+    member = start_member(tmp_path, mosquitto, nats_cluster)
+    everything_taken, swept = asyncio.Event(), []
+
+    async def waits_for_every_takeover(store, number, keep):
+        await everything_taken.wait()
+        swept.append(number)
+        return 0
+
+    monkeypatch.setattr(StateObjects, "sweep", waits_for_every_takeover)
+
+    def done() -> bool:
+        if len(member.partitions) == PARTITIONS:
+            everything_taken.set()
+        return len(swept) == PARTITIONS
+
+    holders = run_until(member, done)
+    assert sorted(swept) == list(range(PARTITIONS))
     assert set(holders.values()) == {b"m0"}, holders
