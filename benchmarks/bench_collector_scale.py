@@ -21,7 +21,9 @@ hour of history: 61 windows) and push period (1 s).  For each ``--channels`` cou
 * **limits** (``--limits``): a fresh collector filled to every default ``[limits]`` a
   sender reaches with reports (256 channels x 16 series, each with 61 windows: one
   device's reports of one value under 16 values of epsilon); the process tree's RSS once
-  it has counted and estimated them, and the in-process size of one series' sums.
+  it has counted and estimated them (its main process and its network child apart), the
+  in-process size of those sums with and without their estimates (8 channels measured,
+  scaled), and of one series' sums.
 
 Run: ``python -m benchmarks.bench_collector_scale [--channels 32 256] [--flood]``.
 """
@@ -39,7 +41,10 @@ import numpy as np
 import psutil
 
 from benchmarks.machine import describe_machine
+from collector.aggregation.ingest import Ingestor
 from collector.aggregation.series import new_series
+from collector.api.documents import Views
+from collector.storage.states import AggregateSettings
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM
 from edge_agent.protocol import describe
@@ -182,33 +187,42 @@ def one_size(workdir: Path, broker: Mosquitto, channels: int, flood: bool) -> di
         collector.kill()
 
 
-def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256,
-                  series: int = 16) -> dict:
+def limit_reports(channels: int = 256, series: int = 16):
+    """(topic, payload) of the reports that fill the default limits: one device's reports
+    of one value on ``channels`` channels under ``series`` values of epsilon, one in each
+    window of the history."""
+    now = time.time()
+    newest = int(now // 60)
+    rng = np.random.default_rng(5)
+    for k in range(series):
+        mechanism = ClassicalOGPM(epsilon=0.5 + 0.25 * k, low=-2.0, high=2.0)
+        description = mechanism.describe()
+        for w in range(WINDOWS):
+            t = min((newest - WINDOWS + 1 + w) * 60 + 1.0, now)
+            for name in channel_names(channels):
+                codes = mechanism.perturb_codes(rng.normal(0, 0.3, 1).clip(-2, 2), rng)
+                yield protocol.data_topic(FLEET, "device", name), protocol.report(
+                    agent="device", channel=name, kind="linear", seq=k * WINDOWS + w,
+                    t=t, dt=1.0, mechanism=description, codes=codes.tolist())
+
+
+def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256) -> dict:
     """RSS of a collector holding every channel and series the default limits allow, each
-    with a full history."""
+    with a full history: its main process and its network child apart."""
     collector = CollectorProcess(workdir, broker, checkpoint_seconds=60, name="limits",
                                  aggregates={"window_seconds": 60, "history_seconds": 3600},
                                  http={"push_seconds": 1.0}).start()
     try:
-        now = time.time()
-        newest = int(now // 60)
         client = MqttClient(broker, v5=False)
         client.client.max_inflight_messages_set(1000)
         client.connect()
-        rng = np.random.default_rng(5)
         sent = 0
-        for k in range(series):
-            mechanism = ClassicalOGPM(epsilon=0.5 + 0.25 * k, low=-2.0, high=2.0)
-            description = mechanism.describe()
-            for w in range(WINDOWS):
-                t = min((newest - WINDOWS + 1 + w) * 60 + 1.0, now)
-                for name in channel_names(channels):
-                    codes = mechanism.perturb_codes(rng.normal(0, 0.3, 1).clip(-2, 2), rng)
-                    client.publish(protocol.data_topic(FLEET, "device", name), protocol.report(
-                        agent="device", channel=name, kind="linear", seq=k * WINDOWS + w,
-                        t=t, dt=1.0, mechanism=description, codes=codes.tolist()))
-                    sent += 1
-            client.flush(600)
+        for topic, payload in limit_reports(channels):
+            client.publish(topic, payload)
+            sent += 1
+            if sent % 20_000 == 0:
+                client.flush(600)
+        client.flush(600)
         client.close()
 
         def counted() -> bool:
@@ -220,10 +234,37 @@ def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256,
         if not wait_for_api(counted, GUARD_SECONDS):
             raise RuntimeError("the limits were never filled")
         document = collector.api()
+        main = psutil.Process(collector.process.pid)
         return {"reports": sent, "channels": len(document["channels"]),
-                "rejects": document["ingest"]["rejects"], "rss": tree_rss_mb(collector)}
+                "rejects": document["ingest"]["rejects"], "rss": tree_rss_mb(collector),
+                "rss_main": main.memory_info().rss / 2**20}
     finally:
         collector.kill()
+
+
+def aggregates_at_the_limits_mb(sample: int = 8, channels: int = 256) -> tuple[float, float]:
+    """The in-process size of the sums, and of the sums with every estimate computed and
+    kept, at the default limits: ``sample`` channels measured (tracemalloc), scaled to
+    ``channels``."""
+    import gc
+    import tracemalloc
+
+    settings = AggregateSettings(bins=50, window_seconds=60.0, keep_windows=WINDOWS)
+    ingestor = Ingestor.from_settings(FLEET, settings)
+    reports = list(limit_reports(sample))
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for topic, payload in reports:
+        ingestor.ingest(topic, payload)
+    gc.collect()
+    sums = tracemalloc.get_traced_memory()[0] - before
+    Views(lambda: ingestor).channels_json()  # every estimate, kept by the series
+    gc.collect()
+    kept = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    scale = channels / sample / 2**20
+    return sums * scale, kept * scale
 
 
 def series_kilobytes(windows: int = WINDOWS) -> float:
@@ -282,10 +323,14 @@ def main() -> int:
               f"| {r['recomputed']:.0f} | {per:.2f} ms | {r['rss']:.0f} MB "
               f"| {r['rss_restarted']:.0f} MB |")
     if limits is not None:
+        sums, kept = aggregates_at_the_limits_mb()
         print(f"\nat the default limits ({limits['channels']} channels x 16 series x "
               f"{WINDOWS} windows, {limits['reports']:,} reports, refused "
-              f"{limits['rejects']}): RSS {limits['rss']:.0f} MB; one linear series' sums "
-              f"with {WINDOWS} windows: {series_kilobytes():.0f} kB in-process")
+              f"{limits['rejects']}): RSS {limits['rss']:.0f} MB (main process "
+              f"{limits['rss_main']:.0f} MB, network child "
+              f"{limits['rss'] - limits['rss_main']:.0f} MB); in-process, the sums "
+              f"{sums:.0f} MB, with every estimate kept {kept:.0f} MB; one linear series' "
+              f"sums with {WINDOWS} windows of 50 values: {series_kilobytes():.0f} kB")
     for r in results:
         if not r["same"]:
             print(f"\n{r['channels']} channels: the restarted collector's documents DIFFER")
