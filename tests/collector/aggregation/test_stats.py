@@ -330,9 +330,12 @@ def test_histogram_counts_are_kept_narrow_and_widen_exactly_as_they_grow():
     loaded = BinCounts.from_state(stat.params(), [[70_000, 1, 2, 3], 0])
     assert loaded.counts.dtype == np.uint32 and loaded.get().tolist() == [70_000, 1, 2, 3]
     assert BinCounts.from_state(stat.params(), [[0, 1, 2, 3], 0]).counts.dtype == np.uint8
+    # A state holds at most (2**63 - 1) / 1,024 a bin (so that partitions sum); counts
+    # grown in memory past int64 are refused rather than wrapped.
+    huge = BinCounts(0.0, 1.0, 0.0, 1.0, 4, "clip")
+    huge.add((np.array([2**63 - 1, 0, 0, 0], dtype=np.int64), 0))
     with pytest.raises(OverflowError, match="2\\*\\*63"):
-        BinCounts.from_state(stat.params(), [[2**63 - 1, 0, 0, 0], 0]).merge(
-            BinCounts.from_state(stat.params(), [[1, 0, 0, 0], 0]))
+        huge.merge(BinCounts.from_state(stat.params(), [[1, 0, 0, 0], 0]))
 
 
 def test_a_linear_block_whose_bins_are_the_same_keeps_one_histogram_and_counts_once():
