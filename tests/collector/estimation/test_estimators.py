@@ -235,29 +235,21 @@ def test_resampled_fits_from_the_response_spread_like_refits(make, n):
     assert 0.85 < l1[0] / l1[1] < 1.15
 
 
-def _fit_near_an_end_or_spread(mechanism, data, n):
-    """A block of ``n`` reports of data near the lower end or spread over [-2, 2], its
-    model, the maximum-likelihood fit's counts and the fit."""
-    rng = np.random.default_rng([n, 7])
-    x = -2 + 4 * rng.beta(1.3, 9, n) if data == "edge" else rng.uniform(-2, 2, n)
-    block = LinearBlock(describe(mechanism), 50)
-    block.update(mechanism.perturb_codes(x, rng))
-    model = block.model()
-    counts = model.fit_counts(block.out.get())
-    return block, model, counts, model.placed(ems.reconstruct(counts, model.matrix,
-                                                              smoothing=0.0))
-
-
 def test_where_plain_steps_leave_the_fit_the_replicates_are_refits():
     """Classical OGPM near an end at eps = 1: the maximum-likelihood fit (stopped at its
     cap) is one that plain EM steps leave, F_p^1024 grows, no linear response is given
     and the replicates are the refits themselves."""
-    _, model, counts, ml = _fit_near_an_end_or_spread(
-        ClassicalOGPM(epsilon=1.0, low=-2, high=2), "edge", 5000)
+    mechanism, n = ClassicalOGPM(epsilon=1.0, low=-2, high=2), 5000
+    rng = np.random.default_rng([n, 7])
+    block = LinearBlock(describe(mechanism), 50)
+    block.update(mechanism.perturb_codes(-2 + 4 * rng.beta(1.3, 9, n), rng))
+    model = block.model()
+    counts = model.fit_counts(block.out.get())
+    ml = model.placed(ems.reconstruct(counts, model.matrix, smoothing=0.0))
     f_p, _ = ems._fixed_point_derivatives(counts, model.matrix, ml, 0.0, False)
     assert np.abs(np.linalg.matrix_power(f_p, 1024)).max() > 10
     assert ems.fit_response(counts, model.matrix, ml, smoothing=0.0) is None
-    resampled = np.random.default_rng(3).multinomial(5000, counts / 5000, size=4)
+    resampled = np.random.default_rng(3).multinomial(n, counts / n, size=4)
     refits = [ems.reconstruct(one, model.matrix, smoothing=0.0, start=ml,
                               max_steps=REFIT_STEPS) for one in resampled]
     assert np.array_equal(_refits(counts, model.matrix, ml, 0.0, resampled), refits)
