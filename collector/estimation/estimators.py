@@ -69,8 +69,12 @@ BOOTSTRAP_REPLICATES = 30
 # maximum likelihood's); ``_refits`` gives what such refits of the smoothed fit give, from
 # its response within the budget (``ems.fit_response``'s 1,024 plain steps move as far).
 REFIT_STEPS = 60
-# Mass of the maximum-likelihood fit where E[M(x)] is not affine below which it cannot
-# matter: it moves the inversion by at most this times (high - low) / a.
+# Mass of the maximum-likelihood fit where E[M(x)] is not affine moves the inversion by
+# at most a small multiple of that mass times (high - low) / a, and the inversion's standard
+# error is at least sqrt(report variance / n) / a: below NEGLIGIBLE_SHARE of that error in
+# the first bound (and below NEGLIGIBLE_MASS whatever it is) the mass cannot matter.  (The
+# fit's mass there decays slowly, geometrically: 1e-9 took 1-5 ms where 1e-5 took 0.5.)
+NEGLIGIBLE_SHARE = 1e-3
 NEGLIGIBLE_MASS = 1e-9
 # The raw average is kept until both other estimates are SHRINK_FROM standard errors of
 # their distance from it away, then shrunk towards the better of them, entirely from
@@ -251,10 +255,13 @@ def linear_estimates(model: LinearModel, *, out_counts: np.ndarray, raw_mean: fl
     # where E[M(x)] is not affine: the inversion is then (raw - b) / a, whatever the rest
     # of the fit, to within that mass.
     fit_ml = not model.affine_everywhere
+    m = model.mechanism
+    negligible = max(NEGLIGIBLE_MASS, NEGLIGIBLE_SHARE * math.sqrt(report_variance / n)
+                     / (m.high - m.low))
     ml = model.placed(ems.reconstruct(counts, model.matrix, smoothing=0.0,
                                       watched=model.outside_affine,
-                                      vanished=NEGLIGIBLE_MASS)) if fit_ml else fitted
-    ml_moves = fit_ml and float(ml[model.outside_affine].sum()) >= NEGLIGIBLE_MASS
+                                      vanished=negligible)) if fit_ml else fitted
+    ml_moves = fit_ml and float(ml[model.outside_affine].sum()) >= negligible
     resampled = np.array([rng.multinomial(n, counts / n)
                           for _ in range(BOOTSTRAP_REPLICATES)])  # one resample a row
     refits = _refits(counts, model.matrix, fitted, smoothing, resampled)
@@ -295,7 +302,8 @@ def _refit_each(matrix: np.ndarray, fit: np.ndarray, smoothing: float, resampled
                 *, circular: bool = False) -> np.ndarray:
     """Each resample's fit, refitted from ``fit`` within REFIT_STEPS accelerated steps."""
     return np.array([ems.reconstruct(one, matrix, smoothing=smoothing, circular=circular,
-                                     start=fit, max_steps=REFIT_STEPS) for one in resampled])
+                                     start=fit, max_steps=REFIT_STEPS, polish=False)
+                     for one in resampled])
 
 
 def _raw_or_fit(counts: np.ndarray, matrix: np.ndarray, fitted: np.ndarray, smoothing: float,

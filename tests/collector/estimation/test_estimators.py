@@ -13,6 +13,7 @@ from collector.aggregation.blocks import LinearBlock
 from collector.aggregation.series import new_series
 from collector.estimation import ems
 from collector.estimation.estimators import (
+    NEGLIGIBLE_SHARE,
     REFIT_STEPS,
     LinearModel,
     _refits,
@@ -107,6 +108,46 @@ def test_accelerated_em_reaches_the_fixed_point_of_plain_em(smoothing, circular)
     assert likelihood(fast) >= likelihood(slow) - 1e-9
     if smoothing > 0:
         assert np.abs(fast - slow).sum() < 1e-4
+
+
+@pytest.mark.parametrize("smoothing", [1.0, 0.1, 0.01])
+@pytest.mark.parametrize("circular", [False, True])
+def test_newton_polish_lands_on_the_fixed_point_in_fewer_steps(smoothing, circular):
+    """A smoothed fit ends with Newton steps from POLISH_FROM: it lands on the fixed
+    point (of plain smoothed EM, run slowly) within 100 times the tolerance (L1), or as
+    closely as accelerated EM to the same tolerance, with fewer EM steps; where Newton
+    fails, accelerated EM finishes."""
+    rng = np.random.default_rng(31)
+    mechanism = ClassicalOGPM(epsilon=1.0, low=-1, high=1)
+    edges = np.linspace(-1, 1, 26)
+    matrix = ems.transition_matrix(mechanism, edges, edges, circular=circular)
+    counts = rng.multinomial(5000, matrix @ rng.dirichlet(np.ones(25))).astype(float)
+    exact = ems.reconstruct(counts, matrix, smoothing=smoothing, circular=circular,
+                            tolerance=1e-15, max_steps=200_000, polish=False)
+    assert np.abs(exact - slow_em(counts, matrix, smoothing, circular, steps=20_000)).sum() \
+        < 1e-6
+    steps = []
+    original = ems._squarem
+
+    def counting(*args):
+        steps.append(original(*args))
+        return steps[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ems, "_squarem", counting)
+        polished = ems.reconstruct(counts, matrix, smoothing=smoothing, circular=circular)
+        polished_steps = sum(steps)
+        steps.clear()
+        plain = ems.reconstruct(counts, matrix, smoothing=smoothing, circular=circular,
+                                polish=False)
+        plain_steps = sum(steps)
+        steps.clear()
+        patch.setattr(ems, "_polish", lambda *args: None)  # Newton fails: EM finishes
+        finished = ems.reconstruct(counts, matrix, smoothing=smoothing, circular=circular)
+    assert np.abs(polished - exact).sum() < max(1e-7, np.abs(plain - exact).sum())
+    assert polished_steps < plain_steps
+    assert np.abs(finished - plain).sum() < 1e-7
+    assert polished.min() >= 0 and math.isclose(polished.sum(), 1.0, rel_tol=1e-12)
 
 
 def test_reconstruct_refuses_bad_arguments():
@@ -287,9 +328,10 @@ def test_cross_validation_stops_past_the_best_score_without_losing_it():
 
 
 def test_the_maximum_likelihood_refits_are_skipped_only_where_they_change_nothing():
-    """Classical OGPM with the data in the middle: the fit has no mass where E[M(x)] is
-    flat, so the inversion is (raw - b) / a whatever the refits; forcing them changes no
-    number.  With data near an end the refits are made."""
+    """Classical OGPM with the data in the middle: the fit has next to no mass where
+    E[M(x)] is flat, so the inversion is (raw - b) / a whatever the refits; forcing them
+    changes the numbers by a few thousandths of a standard error at most (the mass is
+    below NEGLIGIBLE_SHARE of it).  With data near an end the refits are made."""
     rng = np.random.default_rng(29)
     mechanism = ClassicalOGPM(epsilon=1.0, low=-2.0, high=2.0)
     block = LinearBlock(describe(mechanism), 50)
@@ -317,7 +359,7 @@ def test_the_maximum_likelihood_refits_are_skipped_only_where_they_change_nothin
     assert (fits, refits) == (1, 1 + 30)
     assert skipped["method"] == general["method"]
     for key in ("estimate", "stderr", "bias_bound"):
-        assert math.isclose(skipped[key], general[key], rel_tol=1e-6, abs_tol=1e-9), key
+        assert abs(skipped[key] - general[key]) <= 5 * NEGLIGIBLE_SHARE * general["stderr"], key
     # Near an end the fit has mass where E[M(x)] is flat: it is refitted.
     near = LinearBlock(describe(mechanism), 50)
     near.update(mechanism.perturb_codes(-2 + 4 * rng.beta(1.3, 9, 2500), rng))
