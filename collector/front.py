@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from collector.aggregation.ingest import Ingestor
-from collector.api.documents import Views
+from collector.api.documents import ESTIMATE_SHARE, Views
 from collector.api.server import WebServer
 from collector.api.snapshots import Snapshots
 from collector.broker.publisher import CollectorClient
@@ -55,7 +55,8 @@ class ServingFront:
         self.views = Views(aggregates, lock, clock,
                            broker_status=broker_status or self.client.status,
                            range_results=self.range_results.get,
-                           range_ignored=self.range_results.ignored_counts, extra=extra)
+                           range_ignored=self.range_results.ignored_counts, extra=extra,
+                           budget_seconds=ESTIMATE_SHARE * config.http.push_seconds)
         self.snapshots = self.web = None
         if web:
             self.snapshots = Snapshots(self.views, push_seconds=config.http.push_seconds)

@@ -8,6 +8,7 @@ import pytest
 
 from collector.aggregation.ingest import Ingestor
 from collector.aggregation.series import TOTAL
+from collector.api import documents
 from collector.api.documents import FEW_AGENTS, Views, compute, plan
 from collector.api.server import WebServer
 from tests.support.burst import burst, channel_names
@@ -56,6 +57,31 @@ def test_the_first_tier_is_every_fleet_channels_total_and_newest_window(ingestor
     for name in JUNK:  # invented by one device: after everyone else's
         assert done_for(work, ingestor, name) == []
     assert work.left == len(VALID) * (KEEP - 1) + len(JUNK) * (KEEP + 1)
+
+
+def test_the_budget_counts_from_the_start_of_the_push(ingestor, monkeypatch):
+    """The first tier always completes, and the rest stops once the budget has passed
+    since the push began: a first tier longer than the budget leaves no time for it.  (A
+    clock that each estimate moves by 0.1 s: 6 first-tier estimates take 0.6 s.)"""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(documents.time, "perf_counter", lambda: clock["now"])
+    work_plan = plan(ingestor, None)
+
+    def copy_taking_a_tenth_an_estimate() -> Ingestor:
+        twin = ingestor.copy_aggregates(work_plan.keys())
+        for by_identity in twin.series.values():
+            for series in by_identity.values():
+                def timed(key, compute=series.compute):
+                    clock["now"] += 0.1
+                    return compute(key)
+                series.compute = timed
+        return twin
+
+    over = compute(copy_taking_a_tenth_an_estimate(), work_plan, budget=0.45)
+    assert sum(map(len, over.done.values())) == len(work_plan.first) == 2 * len(VALID)
+    assert (over.first_seconds, over.later_seconds) == (pytest.approx(0.6), 0.0)
+    within = compute(copy_taking_a_tenth_an_estimate(), work_plan, budget=0.85)
+    assert sum(map(len, within.done.values())) == len(work_plan.first) + 3  # 0.6 s, then 3
 
 
 def test_the_rest_follows_within_the_budget_fleet_channels_first(ingestor):
