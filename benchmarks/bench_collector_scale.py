@@ -206,40 +206,74 @@ def limit_reports(channels: int = 256, series: int = 16):
                     t=t, dt=1.0, mechanism=description, codes=codes.tolist())
 
 
+class PeakRss:
+    """The largest RSS of a collector's process tree, sampled every 0.2 s in a thread (a
+    checkpoint's and a push's transient copies come and go between two readings)."""
+
+    def __init__(self, collector: CollectorProcess):
+        self.collector, self.peak, self._stop = collector, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                self.peak = max(self.peak, tree_rss_mb(self.collector))
+            except psutil.Error:  # a process of the tree ended between listing and reading
+                pass
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256) -> dict:
     """RSS of a collector holding every channel and series the default limits allow, each
-    with a full history: its main process and its network child apart."""
+    with a full history: its main process and its network child apart, and the largest
+    the tree reached meanwhile (checkpoints included: one a minute)."""
     collector = CollectorProcess(workdir, broker, checkpoint_seconds=60, name="limits",
                                  aggregates={"window_seconds": 60, "history_seconds": 3600},
                                  http={"push_seconds": 1.0}).start()
     try:
-        client = MqttClient(broker, v5=False)
-        client.client.max_inflight_messages_set(1000)
-        client.connect()
-        sent = 0
-        for topic, payload in limit_reports(channels):
-            client.publish(topic, payload)
-            sent += 1
-            if sent % 20_000 == 0:
-                client.flush(600)
-        client.flush(600)
-        client.close()
-
-        def counted() -> bool:
-            document = collector.api()
-            channels_seen = document["channels"].values()
-            return document["ingest"]["messages"] >= sent \
-                and all(c["state"] == "ready" for c in channels_seen)
-
-        if not wait_for_api(counted, GUARD_SECONDS):
-            raise RuntimeError("the limits were never filled")
-        document = collector.api()
-        main = psutil.Process(collector.process.pid)
-        return {"reports": sent, "channels": len(document["channels"]),
-                "rejects": document["ingest"]["rejects"], "rss": tree_rss_mb(collector),
-                "rss_main": main.memory_info().rss / 2**20}
+        with PeakRss(collector) as peak:
+            found = _fill_the_limits(collector, broker, channels)
+            time.sleep(65)  # one more checkpoint of the full state
+        return {**found, "rss_peak": peak.peak}
     finally:
         collector.kill()
+
+
+def _fill_the_limits(collector: CollectorProcess, broker: Mosquitto, channels: int) -> dict:
+    """Publish the reports that fill the limits and wait until every channel is counted and
+    its estimates ready: the RSS then."""
+    client = MqttClient(broker, v5=False)
+    client.client.max_inflight_messages_set(1000)
+    client.connect()
+    sent = 0
+    for topic, payload in limit_reports(channels):
+        client.publish(topic, payload)
+        sent += 1
+        if sent % 20_000 == 0:
+            client.flush(600)
+    client.flush(600)
+    client.close()
+
+    def counted() -> bool:
+        document = collector.api()
+        channels_seen = document["channels"].values()
+        return document["ingest"]["messages"] >= sent \
+            and all(c["state"] == "ready" for c in channels_seen)
+
+    if not wait_for_api(counted, GUARD_SECONDS):
+        raise RuntimeError("the limits were never filled")
+    document = collector.api()
+    main = psutil.Process(collector.process.pid)
+    return {"reports": sent, "channels": len(document["channels"]),
+            "rejects": document["ingest"]["rejects"], "rss": tree_rss_mb(collector),
+            "rss_main": main.memory_info().rss / 2**20}
 
 
 def aggregates_at_the_limits_mb(sample: int = 8, channels: int = 256) -> tuple[float, float]:
@@ -328,7 +362,8 @@ def main() -> int:
               f"{WINDOWS} windows, {limits['reports']:,} reports, refused "
               f"{limits['rejects']}): RSS {limits['rss']:.0f} MB (main process "
               f"{limits['rss_main']:.0f} MB, network child "
-              f"{limits['rss'] - limits['rss_main']:.0f} MB); in-process, the sums "
+              f"{limits['rss'] - limits['rss_main']:.0f} MB), at most {limits['rss_peak']:.0f} "
+              f"MB meanwhile; in-process, the sums "
               f"{sums:.0f} MB, with every estimate kept {kept:.0f} MB; one linear series' "
               f"sums with {WINDOWS} windows of 50 values: {series_kilobytes():.0f} kB")
     for r in results:

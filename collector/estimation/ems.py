@@ -20,7 +20,9 @@ The iterations are SQUAREM-accelerated (Varadhan and Roland, "Simple and
 globally convergent methods for accelerating the convergence of any EM
 algorithm", Scand. J. Statistics 2008, scheme S3 with the monotone fallback):
 plain EM needs tens of thousands of steps to reach the maximum likelihood
-when M blurs heavily.
+when M blurs heavily.  A smoothed fit (s > 0) is then finished by Newton steps
+on its fixed point, p <- p + (I - F_p)^-1 (F(p) - p) (``_polish``), which
+converge quadratically where SQUAREM converges linearly.
 """
 
 from __future__ import annotations

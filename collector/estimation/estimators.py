@@ -262,8 +262,8 @@ def linear_estimates(model: LinearModel, *, out_counts: np.ndarray, raw_mean: fl
                                       watched=model.outside_affine,
                                       vanished=negligible)) if fit_ml else fitted
     ml_moves = fit_ml and float(ml[model.outside_affine].sum()) >= negligible
-    resampled = np.array([rng.multinomial(n, counts / n)
-                          for _ in range(BOOTSTRAP_REPLICATES)])  # one resample a row
+    # One resample a row (the same draws as one call per resample, in one call).
+    resampled = rng.multinomial(n, counts / n, size=BOOTSTRAP_REPLICATES)
     refits = _refits(counts, model.matrix, fitted, smoothing, resampled)
     # The raw mean moves with the resample (each report at its bin's centre).
     raw_star = raw_mean + (resampled - counts) @ model.out_centres / n
@@ -333,7 +333,7 @@ def circular_histogram(counts, matrix: np.ndarray) -> dict:
                                      seed=int(rng.integers(2**32)))
     fitted = ems.reconstruct(counts, matrix, smoothing=smoothing, circular=True)
     refits = _refits(counts, matrix, fitted, smoothing,
-                     np.array([rng.multinomial(n, counts / n) for _ in range(CIRCULAR_REFITS)]),
+                     rng.multinomial(n, counts / n, size=CIRCULAR_REFITS),
                      circular=True)
     shown, method = _raw_or_fit(counts, matrix, fitted, smoothing, refits,
                                 raw_is_a_histogram=True, circular=True)

@@ -79,8 +79,8 @@ def test_a_restart_serves_the_same_documents_and_computes_nothing_again(tmp_path
 def test_a_flood_of_invented_channels_waits_behind_the_fleets_channel(tmp_path, mosquitto):
     collector = CollectorProcess(tmp_path, mosquitto).start()
     try:
-        # One device's history under 40 names it made up: 560 estimates, about a minute
-        # of them, at most half a second per push.
+        # One device's history under 40 names it made up: 560 estimates, under a minute
+        # of them, within 30% of each push period (ESTIMATE_SHARE).
         junk = channel_names(40, "junk")
         publish(mosquitto, burst(channels=junk, agents=["intruder"], windows=WINDOWS,
                                  values=VALUES, window_seconds=5.0, seed=3))
