@@ -325,7 +325,8 @@ def _without_times(detail: dict) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--channels", type=int, nargs="+", default=[32, 256])
+    parser.add_argument("--channels", type=int, nargs="*", default=[32, 256],
+                        help="channel counts of the burst (none: only --limits)")
     parser.add_argument("--flood", action="store_true",
                         help="measure the flood's delay at the first channel count")
     parser.add_argument("--limits", action="store_true",

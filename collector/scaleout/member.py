@@ -380,7 +380,7 @@ class Member:
         async with partition.writing:
             ingestor, now = partition.ingestor, self.clock()
             state = encode_partition_state(
-                ingestor.to_state(computed=False), tracker_states(ingestor),
+                ingestor.to_state(computed=False, encoded=True), tracker_states(ingestor),
                 partition=partition.number,
                 partitions=self.scale.partitions, owner=self.name, now=now,
                 every=rewrite_seconds(self.scale), sequence=partition.sequence)

@@ -47,7 +47,7 @@ def with_trackers(ingestor: Ingestor, trackers: list[TrackerState]) -> Ingestor:
 
 
 def dump(ingestor: Ingestor) -> bytes:
-    return encode_checkpoint(ingestor.to_state(), tracker_states(ingestor), held=[])
+    return encode_checkpoint(ingestor.to_state(encoded=True), tracker_states(ingestor), held=[])
 
 
 def load(payload: bytes) -> tuple[Ingestor, list[tuple[ValidReport, float]]]:
