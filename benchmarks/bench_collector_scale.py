@@ -249,17 +249,7 @@ def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256) -> dict
 def _fill_the_limits(collector: CollectorProcess, broker: Mosquitto, channels: int) -> dict:
     """Publish the reports that fill the limits and wait until every channel is counted and
     its estimates ready: the RSS then."""
-    client = MqttClient(broker, v5=False)
-    client.client.max_inflight_messages_set(1000)
-    client.connect()
-    sent = 0
-    for topic, payload in limit_reports(channels):
-        client.publish(topic, payload)
-        sent += 1
-        if sent % 20_000 == 0:
-            client.flush(600)
-    client.flush(600)
-    client.close()
+    sent = publish(broker, limit_reports(channels))
 
     def counted() -> bool:
         document = collector.api()

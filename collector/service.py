@@ -46,7 +46,6 @@ PROGRESS_SECONDS = 0.2  # how often the network child learns how far aggregation
 CHECKPOINT_RETRY_SECONDS = 5.0
 
 
-
 def _malloc_trim():
     """glibc's ``malloc_trim``, or None (another C library)."""
     try:
@@ -64,6 +63,7 @@ def release_freed_memory() -> None:
     its heaps unless asked (``malloc_trim``); a no-op elsewhere."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
 
 class CollectorService:
     def __init__(self, config: CollectorConfig, *, clock: Callable[[], float] = time.time,

@@ -90,14 +90,20 @@ def slow_em(counts, matrix, smoothing, circular, steps):
     return p
 
 
+def ogpm_reports(*, epsilon: float, bins: int, seed: int, circular: bool = False):
+    """(M, counts): classical OGPM's matrix on ``bins`` bins of [-1, 1], and the output
+    counts of 5,000 reports of a random distribution over them."""
+    rng = np.random.default_rng(seed)
+    edges = np.linspace(-1, 1, bins + 1)
+    matrix = ems.transition_matrix(ClassicalOGPM(epsilon=epsilon, low=-1, high=1), edges,
+                                   edges, circular=circular)
+    return matrix, rng.multinomial(5000, matrix @ rng.dirichlet(np.ones(bins))).astype(float)
+
+
 @pytest.mark.parametrize("smoothing", [1.0, 0.1, 0.0])
 @pytest.mark.parametrize("circular", [False, True])
 def test_accelerated_em_reaches_the_fixed_point_of_plain_em(smoothing, circular):
-    rng = np.random.default_rng(3)
-    mechanism = ClassicalOGPM(epsilon=2.0, low=-1, high=1)
-    edges = np.linspace(-1, 1, 21)
-    matrix = ems.transition_matrix(mechanism, edges, edges, circular=circular)
-    counts = rng.multinomial(5000, matrix @ rng.dirichlet(np.ones(20))).astype(float)
+    matrix, counts = ogpm_reports(epsilon=2.0, bins=20, seed=3, circular=circular)
     fast = ems.reconstruct(counts, matrix, smoothing=smoothing, circular=circular,
                            tolerance=1e-13, max_steps=20_000)
     slow = slow_em(counts, matrix, smoothing, circular, steps=60_000)
@@ -117,11 +123,7 @@ def test_newton_polish_lands_on_the_fixed_point_in_fewer_steps(smoothing, circul
     point (of plain smoothed EM, run slowly) within 100 times the tolerance (L1), or as
     closely as accelerated EM to the same tolerance, with fewer EM steps; where Newton
     fails, accelerated EM finishes."""
-    rng = np.random.default_rng(31)
-    mechanism = ClassicalOGPM(epsilon=1.0, low=-1, high=1)
-    edges = np.linspace(-1, 1, 26)
-    matrix = ems.transition_matrix(mechanism, edges, edges, circular=circular)
-    counts = rng.multinomial(5000, matrix @ rng.dirichlet(np.ones(25))).astype(float)
+    matrix, counts = ogpm_reports(epsilon=1.0, bins=25, seed=31, circular=circular)
     exact = ems.reconstruct(counts, matrix, smoothing=smoothing, circular=circular,
                             tolerance=1e-15, max_steps=200_000, polish=False)
     assert np.abs(exact - slow_em(counts, matrix, smoothing, circular, steps=20_000)).sum() \
@@ -206,11 +208,8 @@ def test_the_budgeted_response_is_the_response_of_that_many_em_steps(smoothing):
     """K steps of the smoothed EM map from p, linearised: sum_{k<K} F_p^k F_w, which
     ``fit_response`` sums by doubling; checked against K explicit steps of a perturbed
     fit (first order: the gap shrinks with the square of the perturbation)."""
-    rng = np.random.default_rng(12)
-    mechanism = ClassicalOGPM(epsilon=2.0, low=-1, high=1)
-    edges = np.linspace(-1, 1, 21)
-    matrix = ems.transition_matrix(mechanism, edges, edges)
-    counts = rng.multinomial(5000, matrix @ rng.dirichlet(np.ones(20))).astype(float)
+    matrix, counts = ogpm_reports(epsilon=2.0, bins=20, seed=12)
+    rng = np.random.default_rng(13)  # the perturbation's direction
     p = ems.reconstruct(counts, matrix, smoothing=smoothing, tolerance=1e-15,
                         max_steps=50_000)
     response = ems.fit_response(counts, matrix, p, smoothing=smoothing, steps=8)
