@@ -99,7 +99,7 @@ FEW_AGENTS = 2
 # Compute time a push may spend on estimates, as a share of the push period: the first
 # tier (every fleet channel's total and newest window) always completes, the rest goes on
 # until this much time has passed since the push began, and what does not fit waits for
-# the next push.  With the documents' own time (0.1-0.2 s for 225 channels of an hour's
+# the next push.  With the documents' own time (0.1-0.25 s for 225 channels of an hour's
 # history each, measured) a push stays within half its period, so that history left to
 # compute does not stretch the period: ``Snapshots`` waits as long as a push worked once
 # it worked more than half of it, which made a fleet channel's update wait 3 s behind a
