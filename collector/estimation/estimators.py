@@ -238,15 +238,77 @@ def _seed(counts: np.ndarray) -> np.random.Generator:
                                                dtype=np.uint32))
 
 
+class SmoothingMemo:
+    """The smoothing one block of a series' estimates had chosen by cross-validation,
+    taken again by its next estimates instead of choosing anew (the cross-validation is
+    half of a window's estimate: 16 fits, docs/BENCHMARKS.md).
+
+    A choice is taken again while the reports it is asked for number within a factor
+    ``COUNT_RATIO`` of those it was chosen on, at most ``REUSES`` times: the best
+    smoothing depends on how many reports there are and on their shape, which a series'
+    neighbouring windows (or its total, between two pushes) share.  The choice is itself
+    noisy (two random splits of the reports), so on a steady stream a neighbour's choice
+    is as good as the window's own; a stream whose shape changes is chosen for anew at
+    least every ``REUSES + 1`` estimates.  Measured in docs/BENCHMARKS.md."""
+
+    COUNT_RATIO = 1.5
+    REUSES = 9
+    __slots__ = ("smoothing", "count", "uses")
+
+    def __init__(self):
+        self.smoothing: float | None = None
+        self.count = 0  # the reports it was chosen on
+        self.uses = 0  # estimates that took it since
+
+    def offer(self, count: int) -> float | None:
+        """The smoothing to take for an estimate of ``count`` reports (None: choose)."""
+        if self.smoothing is None or self.uses >= self.REUSES \
+                or not self.count / self.COUNT_RATIO <= count <= self.count * self.COUNT_RATIO:
+            return None
+        return self.smoothing
+
+    def record(self, smoothing: float, count: int, *, offered: float | None) -> None:
+        """What an estimate of ``count`` reports took: ``offered``, or its own choice."""
+        if offered is None:
+            self.smoothing, self.count, self.uses = smoothing, count, 0
+        else:
+            self.uses += 1
+
+    def __getstate__(self):
+        return (self.smoothing, self.count, self.uses)
+
+    def __setstate__(self, state) -> None:
+        self.smoothing, self.count, self.uses = state
+
+    def copy(self) -> SmoothingMemo:
+        twin = SmoothingMemo()
+        twin.__setstate__(self.__getstate__())
+        return twin
+
+
+def _smoothing(counts: np.ndarray, matrix: np.ndarray, memo: SmoothingMemo | None,
+               seed: int, *, circular: bool = False) -> float:
+    """The smoothing of a fit to ``counts``: the one ``memo`` offers, or chosen by
+    cross-validation (and recorded in ``memo``)."""
+    n = int(counts.sum())
+    offered = None if memo is None else memo.offer(n)
+    smoothing = offered if offered is not None else \
+        ems.choose_smoothing(counts, matrix, circular=circular, seed=seed)
+    if memo is not None:
+        memo.record(smoothing, n, offered=offered)
+    return smoothing
+
+
 def linear_estimates(model: LinearModel, *, out_counts: np.ndarray, raw_mean: float,
-                     report_variance: float, n: int) -> dict:
+                     report_variance: float, n: int, memo: SmoothingMemo | None = None) -> dict:
     """The mean (with its candidates and interval) and the histogram to show.
 
     ``out_counts``: reports per output bin; ``raw_mean`` and ``report_variance``:
-    the reports' exact mean and variance (from sums of codes); ``n`` reports."""
+    the reports' exact mean and variance (from sums of codes); ``n`` reports;
+    ``memo``: the series' smoothing choice to take again, and to update."""
     rng = _seed(out_counts)
     counts = model.fit_counts(out_counts)
-    smoothing = ems.choose_smoothing(counts, model.matrix, seed=int(rng.integers(2**32)))
+    smoothing = _smoothing(counts, model.matrix, memo, int(rng.integers(2**32)))
     fitted = ems.reconstruct(counts, model.matrix, smoothing=smoothing)
     # The maximum-likelihood fit serves the inversion only; where E[M(x)] is affine
     # everywhere the inversion does not depend on the fit (any fit gives (raw - b) / a),
@@ -323,14 +385,14 @@ def _raw_or_fit(counts: np.ndarray, matrix: np.ndarray, fitted: np.ndarray, smoo
     return fitted, "reconstruction"
 
 
-def circular_histogram(counts, matrix: np.ndarray) -> dict:
+def circular_histogram(counts, matrix: np.ndarray, *, memo: SmoothingMemo | None = None) -> dict:
     """A circular channel's histogram (its output bins are its input bins): the
-    reconstruction with smoothing chosen from the data, or the raw histogram."""
+    reconstruction with smoothing chosen from the data (or ``memo``'s), or the raw
+    histogram."""
     rng = _seed(counts)
     counts = np.asarray(counts, dtype=np.int64)
     n = int(counts.sum())
-    smoothing = ems.choose_smoothing(counts, matrix, circular=True,
-                                     seed=int(rng.integers(2**32)))
+    smoothing = _smoothing(counts, matrix, memo, int(rng.integers(2**32)), circular=True)
     fitted = ems.reconstruct(counts, matrix, smoothing=smoothing, circular=True)
     refits = _refits(counts, matrix, fitted, smoothing,
                      rng.multinomial(n, counts / n, size=CIRCULAR_REFITS),

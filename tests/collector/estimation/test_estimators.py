@@ -4,6 +4,7 @@ margins), and the reconstruction kernel against a slow obvious reference."""
 from __future__ import annotations
 
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from collector.estimation.estimators import (
     NEGLIGIBLE_SHARE,
     REFIT_STEPS,
     LinearModel,
+    SmoothingMemo,
     _refits,
     linear_estimates,
 )
@@ -585,3 +587,24 @@ def test_only_a_mean_affine_over_the_whole_domain_skips_the_fit():
         model = LinearModel(mechanism, edges, edges,
                             ems.transition_matrix(mechanism, edges, edges))
         assert model.affine_everywhere is affine, name
+
+
+def test_a_smoothing_choice_is_offered_for_similar_counts_a_bounded_number_of_times():
+    memo = SmoothingMemo()
+    assert memo.offer(1000) is None  # nothing chosen yet
+    memo.record(0.3, 1000, offered=None)
+    ratio = SmoothingMemo.COUNT_RATIO
+    assert memo.offer(int(1000 * ratio)) == 0.3 and memo.offer(math.ceil(1000 / ratio)) == 0.3
+    assert memo.offer(int(1000 * ratio) + 1) is None
+    assert memo.offer(math.ceil(1000 / ratio) - 1) is None
+    for _ in range(SmoothingMemo.REUSES):
+        assert memo.offer(1000) == 0.3
+        memo.record(0.3, 1000, offered=0.3)
+    assert memo.offer(1000) is None  # chosen anew now ...
+    memo.record(0.1, 900, offered=None)
+    assert (memo.offer(1000), memo.uses) == (0.1, 0)  # ... and offered from there
+    twin = pickle.loads(pickle.dumps(memo))
+    copied = memo.copy()
+    memo.record(0.1, 900, offered=0.1)
+    assert (twin.smoothing, twin.count, twin.uses) == (copied.smoothing, copied.count,
+                                                       copied.uses) == (0.1, 900, 0)
