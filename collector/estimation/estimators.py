@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+from scipy import special
 
 from collector.estimation import ems
 from edge_agent.mechanisms import Mechanism
@@ -241,61 +242,82 @@ def _seed(counts: np.ndarray) -> np.random.Generator:
 class SmoothingMemo:
     """The smoothing one block of a series' estimates had chosen by cross-validation,
     taken again by its next estimates instead of choosing anew (the cross-validation is
-    half of a window's estimate: 16 fits, docs/BENCHMARKS.md).
+    about half of a window's estimate: 16 fits, docs/BENCHMARKS.md).
 
-    A choice is taken again while the reports it is asked for number within a factor
-    ``COUNT_RATIO`` of those it was chosen on, at most ``REUSES`` times: the best
-    smoothing depends on how many reports there are and on their shape, which a series'
-    neighbouring windows (or its total, between two pushes) share.  The choice is itself
-    noisy (two random splits of the reports), so on a steady stream a neighbour's choice
-    is as good as the window's own; a stream whose shape changes is chosen for anew at
-    least every ``REUSES + 1`` estimates.  Measured in docs/BENCHMARKS.md."""
+    The best smoothing depends on how many reports there are and on their shape, which a
+    series' neighbouring windows (or its total, between two pushes) share; and the choice
+    is itself noisy (two random splits of the reports), so on a steady stream a
+    neighbour's choice serves as well as the window's own.  A choice is taken again
+    while the reports number within a factor ``COUNT_RATIO`` of those it was chosen on,
+    their histogram is not told apart from those reports' by a chi-square test of
+    homogeneity at level ``SHAPE_LEVEL`` (the wearers changed activity, say), and it
+    was taken at most ``REUSES`` times.  Measured in docs/BENCHMARKS.md
+    (``benchmarks/bench_smoothing.py``)."""
 
     COUNT_RATIO = 1.5
+    SHAPE_LEVEL = 0.01
     REUSES = 9
-    __slots__ = ("smoothing", "count", "uses")
+    __slots__ = ("smoothing", "counts", "uses")
 
     def __init__(self):
         self.smoothing: float | None = None
-        self.count = 0  # the reports it was chosen on
+        self.counts: np.ndarray | None = None  # the reports it was chosen on, per bin
         self.uses = 0  # estimates that took it since
 
-    def offer(self, count: int) -> float | None:
-        """The smoothing to take for an estimate of ``count`` reports (None: choose)."""
+    def offer(self, counts: np.ndarray) -> float | None:
+        """The smoothing to take for a fit to ``counts`` (None: choose)."""
         if self.smoothing is None or self.uses >= self.REUSES \
-                or not self.count / self.COUNT_RATIO <= count <= self.count * self.COUNT_RATIO:
+                or self.counts.shape != counts.shape:
+            return None
+        n, chosen_on = int(counts.sum()), int(self.counts.sum())
+        if not chosen_on / self.COUNT_RATIO <= n <= chosen_on * self.COUNT_RATIO:
+            return None
+        if _homogeneity_p(counts, self.counts) < self.SHAPE_LEVEL:
             return None
         return self.smoothing
 
-    def record(self, smoothing: float, count: int, *, offered: float | None) -> None:
-        """What an estimate of ``count`` reports took: ``offered``, or its own choice."""
+    def record(self, smoothing: float, counts: np.ndarray, *, offered: float | None) -> None:
+        """What a fit to ``counts`` took: ``offered``, or its own choice."""
         if offered is None:
-            self.smoothing, self.count, self.uses = smoothing, count, 0
+            self.smoothing, self.counts, self.uses = smoothing, counts.copy(), 0
         else:
             self.uses += 1
 
     def __getstate__(self):
-        return (self.smoothing, self.count, self.uses)
+        return (self.smoothing, self.counts, self.uses)
 
     def __setstate__(self, state) -> None:
-        self.smoothing, self.count, self.uses = state
+        self.smoothing, self.counts, self.uses = state
 
     def copy(self) -> SmoothingMemo:
         twin = SmoothingMemo()
-        twin.__setstate__(self.__getstate__())
+        twin.__setstate__(self.__getstate__())  # counts are never changed in place
         return twin
+
+
+def _homogeneity_p(a: np.ndarray, b: np.ndarray) -> float:
+    """P-value of the chi-square test that counts ``a`` and ``b`` are draws of one
+    distribution over the same bins (the bins either counts, k - 1 degrees of freedom)."""
+    n_a, n_b = float(a.sum()), float(b.sum())
+    both = (a + b) > 0
+    k = int(np.count_nonzero(both))
+    if k < 2:
+        return 1.0
+    a, b = a[both], b[both]
+    statistic = float((((a * math.sqrt(n_b / n_a) - b * math.sqrt(n_a / n_b)) ** 2)
+                       / (a + b)).sum())
+    return float(special.chdtrc(k - 1, statistic))
 
 
 def _smoothing(counts: np.ndarray, matrix: np.ndarray, memo: SmoothingMemo | None,
                seed: int, *, circular: bool = False) -> float:
     """The smoothing of a fit to ``counts``: the one ``memo`` offers, or chosen by
     cross-validation (and recorded in ``memo``)."""
-    n = int(counts.sum())
-    offered = None if memo is None else memo.offer(n)
+    offered = None if memo is None else memo.offer(counts)
     smoothing = offered if offered is not None else \
         ems.choose_smoothing(counts, matrix, circular=circular, seed=seed)
     if memo is not None:
-        memo.record(smoothing, n, offered=offered)
+        memo.record(smoothing, counts, offered=offered)
     return smoothing
 
 
