@@ -93,7 +93,8 @@ def main() -> None:
     ratios = {"l1": [], "mean": [], "cpu": []}
     warm = linear_mechanism("ogpm", epsilon=1.0, low=0.0, high=1.0, grid_bits=GRID_BITS)
     x = np.full(100, 0.5)  # compiles the kernels before any timing
-    estimate_windows(protocol.describe(warm), [x], [warm.perturb_codes(x, SEED)], memo=None)
+    codes = warm.perturb_codes(x, np.random.default_rng(SEED))
+    estimate_windows(protocol.describe(warm), [x], [codes], memo=None)
     for d, (name, (low, high, by_activity)) in enumerate(pools().items()):
         for regime in ("steady", "changing"):
             for label in args.mechanisms:
