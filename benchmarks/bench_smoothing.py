@@ -22,12 +22,16 @@ Run: ``python -m benchmarks.bench_smoothing [--windows 42] [--repetitions 3]
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import time
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
 from benchmarks.bench_accuracy import GRID_BITS, LINEAR
+from benchmarks.machine import describe_machine
 from benchmarks.recordings import GYRO_FULL_SCALE, load_basic_motions
 from collector.aggregation.blocks import LinearBlock
 from collector.estimation.estimators import SmoothingMemo
@@ -40,6 +44,7 @@ ACTIVITIES = ("Standing", "Walking", "Running", "Badminton")
 CHANGE_EVERY = 7
 
 
+@lru_cache(maxsize=1)
 def pools() -> dict[str, tuple[float, float, dict[str, np.ndarray]]]:
     """Data set -> (low, high, activity -> readings); "" holds every reading."""
     r = load_basic_motions()
@@ -79,6 +84,30 @@ def estimate_windows(description, xs, codes, *, memo: SmoothingMemo | None):
     return scores, time.process_time() - started
 
 
+def cell(name: str, d: int, regime: str, label: str, epsilon: float, n: int,
+         args) -> dict:
+    """One (data set, regime, mechanism, epsilon, N): ``args.repetitions`` streams of
+    ``args.windows`` windows, estimated with fresh choices and with the memo."""
+    low, high, by_activity = pools()[name]
+    mechanism = linear_mechanism(LINEAR[label], epsilon=epsilon, low=low, high=high,
+                                 grid_bits=GRID_BITS)
+    description = protocol.describe(mechanism)
+    fresh, kept, fresh_cpu, kept_cpu = [], [], 0.0, 0.0
+    for rep in range(args.repetitions):
+        rng = np.random.default_rng([SEED, d, len(regime), round(1000 * epsilon), n,
+                                     list(LINEAR).index(label), rep])
+        xs = stream(by_activity, regime, args.windows, n, rng)
+        codes = [mechanism.perturb_codes(x, rng) for x in xs]
+        scores, cpu = estimate_windows(description, xs, codes, memo=None)
+        fresh, fresh_cpu = fresh + scores, fresh_cpu + cpu
+        scores, cpu = estimate_windows(description, xs, codes, memo=SmoothingMemo())
+        kept, kept_cpu = kept + scores, kept_cpu + cpu
+    return {"l1": np.mean([k[0] for k in kept]) / np.mean([f[0] for f in fresh]),
+            "mean": np.mean([k[1] for k in kept]) / np.mean([f[1] for f in fresh]),
+            "cpu": kept_cpu / fresh_cpu,
+            "differ": sum(k[2] != f[2] for k, f in zip(kept, fresh)), "windows": len(kept)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--windows", type=int, default=42)
@@ -86,49 +115,36 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[500, 2500, 20000])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0])
     parser.add_argument("--mechanisms", nargs="+", default=["OGPM", "PM-C", "SW-C"])
+    parser.add_argument("--markdown", type=Path, help="also write the table here")
     args = parser.parse_args()
-    print("| data | regime | mechanism | eps | N | histogram L1, memo / fresh | "
-          "mean error, memo / fresh | windows whose smoothing differs | CPU, memo / fresh |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
-    ratios = {"l1": [], "mean": [], "cpu": []}
+    lines = ["| data | regime | mechanism | eps | N | histogram L1, memo / fresh | mean error, "
+             "memo / fresh | windows whose smoothing differs | CPU, memo / fresh |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    print(*lines, sep="\n")
     warm = linear_mechanism("ogpm", epsilon=1.0, low=0.0, high=1.0, grid_bits=GRID_BITS)
     x = np.full(100, 0.5)  # compiles the kernels before any timing
-    codes = warm.perturb_codes(x, np.random.default_rng(SEED))
-    estimate_windows(protocol.describe(warm), [x], [codes], memo=None)
-    for d, (name, (low, high, by_activity)) in enumerate(pools().items()):
-        for regime in ("steady", "changing"):
-            for label in args.mechanisms:
-                for epsilon in args.epsilons:
-                    mechanism = linear_mechanism(LINEAR[label], epsilon=epsilon, low=low,
-                                                 high=high, grid_bits=GRID_BITS)
-                    description = protocol.describe(mechanism)
-                    for n in args.sizes:
-                        fresh, kept, fresh_cpu, kept_cpu = [], [], 0.0, 0.0
-                        for rep in range(args.repetitions):
-                            seed = [SEED, d, len(regime), round(1000 * epsilon), n,
-                                    list(LINEAR).index(label), rep]
-                            rng = np.random.default_rng(seed)
-                            xs = stream(by_activity, regime, args.windows, n, rng)
-                            codes = [mechanism.perturb_codes(x, rng) for x in xs]
-                            scores, cpu = estimate_windows(description, xs, codes, memo=None)
-                            fresh, fresh_cpu = fresh + scores, fresh_cpu + cpu
-                            scores, cpu = estimate_windows(description, xs, codes,
-                                                           memo=SmoothingMemo())
-                            kept, kept_cpu = kept + scores, kept_cpu + cpu
-                        l1 = np.mean([k[0] for k in kept]) / np.mean([f[0] for f in fresh])
-                        mean = np.mean([k[1] for k in kept]) / np.mean([f[1] for f in fresh])
-                        differ = sum(k[2] != f[2] for k, f in zip(kept, fresh))
-                        ratios["l1"].append(l1)
-                        ratios["mean"].append(mean)
-                        ratios["cpu"].append(kept_cpu / fresh_cpu)
-                        print(f"| {name} | {regime} | {label} | {epsilon:g} | {n:,} | "
-                              f"{l1:.3f} | {mean:.3f} | {differ} of {len(kept)} | "
-                              f"{kept_cpu / fresh_cpu:.2f} |", flush=True)
+    estimate_windows(protocol.describe(warm), [x],
+                     [warm.perturb_codes(x, np.random.default_rng(SEED))], memo=None)
+    ratios = {"l1": [], "mean": [], "cpu": []}
+    for (d, name), regime, label, epsilon, n in itertools.product(
+            enumerate(pools()), ("steady", "changing"), args.mechanisms, args.epsilons,
+            args.sizes):
+        r = cell(name, d, regime, label, epsilon, n, args)
+        for key, values in ratios.items():
+            values.append(r[key])
+        lines.append(f"| {name} | {regime} | {label} | {epsilon:g} | {n:,} | {r['l1']:.3f} | "
+                     f"{r['mean']:.3f} | {r['differ']} of {r['windows']} | {r['cpu']:.2f} |")
+        print(lines[-1], flush=True)
+    lines.append("")
     for key, values in ratios.items():
         values = np.asarray(values)
-        print(f"{key}: median {np.median(values):.3f}, geometric mean "
-              f"{math.exp(np.log(values).mean()):.3f}, worst {values.max():.3f}, "
-              f"best {values.min():.3f}")
+        lines.append(f"{key}: median {np.median(values):.3f}, geometric mean "
+                     f"{math.exp(np.log(values).mean()):.3f}, worst {values.max():.3f}, "
+                     f"best {values.min():.3f}")
+        print(lines[-1])
+    if args.markdown:
+        args.markdown.write_text(f"Machine: {describe_machine()}\n\n" + "\n".join(lines)
+                                 + "\n")
 
 
 if __name__ == "__main__":
