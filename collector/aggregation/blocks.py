@@ -33,12 +33,7 @@ from collector.aggregation.stats import (
     TrigMoments,
 )
 from collector.estimation import circular, ems
-from collector.estimation.estimators import (
-    LinearModel,
-    SmoothingMemo,
-    circular_histogram,
-    linear_estimates,
-)
+from collector.estimation.estimators import LinearModel, circular_histogram, linear_estimates
 from collector.estimation.frequencies import frequency_summary
 from collector.estimation.jsonsafe import finite, json_safe
 from collector.storage.states import (
@@ -150,15 +145,10 @@ class Block:
                 and other.component == self.component
                 and all(a == b for a, b in zip(self._statistics(), other._statistics())))
 
-    def get(self, memo: SmoothingMemo | None = None) -> dict:
-        """The block's estimates (computed once for these sums); ``memo``: the series'
-        smoothing choice to take again and update, where the kind fits histograms."""
+    def get(self) -> dict:
         if self._cache is None:
-            self._cache = self._compute(memo)
+            self._cache = self._compute()
         return self._cache
-
-    def _compute(self, memo: SmoothingMemo | None) -> dict:
-        raise NotImplementedError
 
 
 
@@ -196,7 +186,7 @@ class LinearBlock(Block):
     def model(self) -> LinearModel:
         return _linear_model(self.description, self.component, self.bins)
 
-    def _compute(self, memo: SmoothingMemo | None) -> dict:
+    def _compute(self) -> dict:
         n = self.count.get()
         raw_counts = self.raw.get()
         histogram = {"edges": self.in_edges.tolist(),
@@ -210,7 +200,7 @@ class LinearBlock(Block):
         moments = self.moments.get()
         found = linear_estimates(self.model(), out_counts=self.out.get(),
                                  raw_mean=moments["mean"], report_variance=moments["variance"],
-                                 n=n, memo=memo)
+                                 n=n)
         shown = found["histogram"]
         histogram.update(estimate=shown.tolist(), method=found["histogram_method"],
                          smoothing=found["smoothing"])
@@ -263,15 +253,14 @@ class CircularBlock(Block):
     def _statistics(self):
         return (self.count, self.trig, self.hist)
 
-    def _compute(self, memo: SmoothingMemo | None) -> dict:
+    def _compute(self) -> dict:
         m, n = self.mechanism, self.count.get()
         counts = self.hist.get()
         histogram = {"edges": self.edges.tolist(),
                      "raw": (counts / n).tolist() if n else [0.0] * self.bins,
                      "estimate": None, "method": None, "smoothing": None}
         if n:
-            shown = circular_histogram(counts, self._transition(self.edges, self.edges, True),
-                                       memo=memo)
+            shown = circular_histogram(counts, self._transition(self.edges, self.edges, True))
             histogram.update(shown, estimate=shown["estimate"].tolist())
         trig = self.trig.get()
         stats = circular.summary(n, trig["x"], trig["y"], trig["x2"], trig["y2"],
@@ -306,7 +295,7 @@ class CategoricalBlock(Block):
         support = self.support.summarize(reports)
         return support[1], support  # the count is the support's number of reports
 
-    def _compute(self, memo: SmoothingMemo | None) -> dict:  # no histogram to smooth
+    def _compute(self) -> dict:
         oracle, n = self.mechanism, self.count.get()
         counts = self.support.counts
         shares = frequency_summary(oracle, counts, n)

@@ -32,7 +32,6 @@ from collector.aggregation.blocks import (
 from collector.aggregation.stats import (
     StateError,
 )
-from collector.estimation.estimators import SmoothingMemo
 from collector.estimation.jsonsafe import json_safe
 from collector.storage.states import (
     POINTS,
@@ -88,10 +87,6 @@ class Series:
         # What changed since it was computed (TOTAL, window starts): what to compute costs
         # what changed, not what the history holds.
         self.changed: set[int | None] = set()
-        # The smoothing each block's cross-validation chose, taken again by the next
-        # estimates of similar counts (``SmoothingMemo``): one for the total, one for the
-        # windows, by block name.  Derived, not saved: a restart chooses anew.
-        self.smoothing: dict[tuple[bool, str], SmoothingMemo] = {}
         self._starts: list[int] | None = None  # a detached copy's: every window's start
         self._total_count: int | None = None  # a detached copy's, without the total's sums
 
@@ -126,18 +121,8 @@ class Series:
         raise NotImplementedError
 
     def _view(self, blocks: dict) -> dict:
-        """A set of blocks' estimates, as the kind's document has them (each block's
-        from ``_estimates``)."""
+        """A set of blocks' estimates, as the kind's document has them."""
         raise NotImplementedError
-
-    def _estimates(self, blocks: dict, name: str) -> dict:
-        """One block's estimates, with the series' smoothing choice for its total or its
-        windows (``SmoothingMemo``)."""
-        key = (blocks is self.total, name)
-        memo = self.smoothing.get(key)
-        if memo is None:
-            memo = self.smoothing[key] = SmoothingMemo()
-        return blocks[name].get(memo)
 
     def units(self) -> dict:
         """``unit``: the values' unit (``Report.unit``)."""
@@ -277,7 +262,6 @@ class Series:
         twin._starts = self.starts
         twin.points = dict(self.points)
         twin.changed = set(self.changed)
-        twin.smoothing = {key: memo.copy() for key, memo in self.smoothing.items()}
         return twin
 
     def compute(self, key: int | None) -> None:
@@ -292,9 +276,7 @@ class Series:
 
     def keep(self, computed: Series, keys: list[int | None]) -> None:
         """Take what ``computed`` (a detached copy) computed for ``keys``, where these sums
-        have not counted more since, and its smoothing choices."""
-        if keys:
-            self.smoothing = computed.smoothing
+        have not counted more since."""
         for key in keys:
             if key is TOTAL:
                 if computed.summary is not None and computed.summary[0] == self.count():
@@ -451,7 +433,7 @@ class _OneBlockSeries(Series):
         return blocks["value"].count.get()
 
     def _view(self, blocks: dict) -> dict:
-        return _without_count(self._estimates(blocks, "value"))
+        return _without_count(blocks["value"].get())
 
 
 class LinearSeries(_OneBlockSeries):
@@ -543,8 +525,8 @@ class PolarSeries(Series):
         return blocks["radius"].count.get()
 
     def _view(self, blocks: dict) -> dict:
-        return {"radius": _without_count(self._estimates(blocks, "radius")),
-                "angle": _without_count(self._estimates(blocks, "angle")),
+        return {"radius": _without_count(blocks["radius"].get()),
+                "angle": _without_count(blocks["angle"].get()),
                 "mean_vector": blocks["cross"].mean_vector(blocks["angle"])}
 
     def units(self) -> dict:
@@ -580,7 +562,7 @@ class VectorSeries(Series):
         return sum(block.count.get() for block in blocks.values())
 
     def _view(self, blocks: dict) -> dict:
-        return {"axes": {field: self._estimates(blocks, field) for field in self.fields}}
+        return {"axes": {field: blocks[field].get() for field in self.fields}}
 
     def get(self, *, windows: bool = False) -> dict:
         out = super().get(windows=windows)

@@ -1,7 +1,7 @@
 """The collector's aggregates as documents: the HTTP API (docs/API.md).
 
 An estimate (a series' total, or one window's history point) costs EM fits and a
-bootstrap, 5-30 ms for a window of a few thousand reports (docs/BENCHMARKS.md),
+bootstrap, 10-30 ms for a window of a few thousand reports (docs/BENCHMARKS.md),
 and is computed once: when its sums change (a window closes, a late report arrives),
 and never again for the same sums.  What the sums gave is kept with them
 (``Series.summary``, ``Series.points``) and saved with the checkpoint, so a

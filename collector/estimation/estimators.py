@@ -59,7 +59,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
-from scipy import special
 
 from collector.estimation import ems
 from edge_agent.mechanisms import Mechanism
@@ -239,98 +238,15 @@ def _seed(counts: np.ndarray) -> np.random.Generator:
                                                dtype=np.uint32))
 
 
-class SmoothingMemo:
-    """The smoothing one block of a series' estimates had chosen by cross-validation,
-    taken again by its next estimates instead of choosing anew (the cross-validation is
-    about half of a window's estimate: 16 fits, docs/BENCHMARKS.md).
-
-    The best smoothing depends on how many reports there are and on their shape, which a
-    series' neighbouring windows (or its total, between two pushes) share; and the choice
-    is itself noisy (two random splits of the reports), so on a steady stream a
-    neighbour's choice serves as well as the window's own.  A choice is taken again
-    while the reports number within a factor ``COUNT_RATIO`` of those it was chosen on,
-    their histogram is not told apart from those reports' by a chi-square test of
-    homogeneity at level ``SHAPE_LEVEL`` (the wearers changed activity, say), and it
-    was taken at most ``REUSES`` times.  Measured in docs/BENCHMARKS.md
-    (``benchmarks/bench_smoothing.py``)."""
-
-    COUNT_RATIO = 1.5
-    SHAPE_LEVEL = 0.01
-    REUSES = 9
-    __slots__ = ("smoothing", "counts", "uses")
-
-    def __init__(self):
-        self.smoothing: float | None = None
-        self.counts: np.ndarray | None = None  # the reports it was chosen on, per bin
-        self.uses = 0  # estimates that took it since
-
-    def offer(self, counts: np.ndarray) -> float | None:
-        """The smoothing to take for a fit to ``counts`` (None: choose)."""
-        if self.smoothing is None or self.uses >= self.REUSES \
-                or self.counts.shape != counts.shape:
-            return None
-        n, chosen_on = int(counts.sum()), int(self.counts.sum())
-        if not chosen_on / self.COUNT_RATIO <= n <= chosen_on * self.COUNT_RATIO:
-            return None
-        if _homogeneity_p(counts, self.counts) < self.SHAPE_LEVEL:
-            return None
-        return self.smoothing
-
-    def record(self, smoothing: float, counts: np.ndarray, *, offered: float | None) -> None:
-        """What a fit to ``counts`` took: ``offered``, or its own choice."""
-        if offered is None:
-            self.smoothing, self.counts, self.uses = smoothing, counts.copy(), 0
-        else:
-            self.uses += 1
-
-    def __getstate__(self):
-        return (self.smoothing, self.counts, self.uses)
-
-    def __setstate__(self, state) -> None:
-        self.smoothing, self.counts, self.uses = state
-
-    def copy(self) -> SmoothingMemo:
-        twin = SmoothingMemo()
-        twin.__setstate__(self.__getstate__())  # counts are never changed in place
-        return twin
-
-
-def _homogeneity_p(a: np.ndarray, b: np.ndarray) -> float:
-    """P-value of the chi-square test that counts ``a`` and ``b`` are draws of one
-    distribution over the same bins (the bins either counts, k - 1 degrees of freedom)."""
-    n_a, n_b = float(a.sum()), float(b.sum())
-    both = (a + b) > 0
-    k = int(np.count_nonzero(both))
-    if k < 2:
-        return 1.0
-    a, b = a[both], b[both]
-    statistic = float((((a * math.sqrt(n_b / n_a) - b * math.sqrt(n_a / n_b)) ** 2)
-                       / (a + b)).sum())
-    return float(special.chdtrc(k - 1, statistic))
-
-
-def _smoothing(counts: np.ndarray, matrix: np.ndarray, memo: SmoothingMemo | None,
-               seed: int, *, circular: bool = False) -> float:
-    """The smoothing of a fit to ``counts``: the one ``memo`` offers, or chosen by
-    cross-validation (and recorded in ``memo``)."""
-    offered = None if memo is None else memo.offer(counts)
-    smoothing = offered if offered is not None else \
-        ems.choose_smoothing(counts, matrix, circular=circular, seed=seed)
-    if memo is not None:
-        memo.record(smoothing, counts, offered=offered)
-    return smoothing
-
-
 def linear_estimates(model: LinearModel, *, out_counts: np.ndarray, raw_mean: float,
-                     report_variance: float, n: int, memo: SmoothingMemo | None = None) -> dict:
+                     report_variance: float, n: int) -> dict:
     """The mean (with its candidates and interval) and the histogram to show.
 
     ``out_counts``: reports per output bin; ``raw_mean`` and ``report_variance``:
-    the reports' exact mean and variance (from sums of codes); ``n`` reports;
-    ``memo``: the series' smoothing choice to take again, and to update."""
+    the reports' exact mean and variance (from sums of codes); ``n`` reports."""
     rng = _seed(out_counts)
     counts = model.fit_counts(out_counts)
-    smoothing = _smoothing(counts, model.matrix, memo, int(rng.integers(2**32)))
+    smoothing = ems.choose_smoothing(counts, model.matrix, seed=int(rng.integers(2**32)))
     fitted = ems.reconstruct(counts, model.matrix, smoothing=smoothing)
     # The maximum-likelihood fit serves the inversion only; where E[M(x)] is affine
     # everywhere the inversion does not depend on the fit (any fit gives (raw - b) / a),
@@ -407,14 +323,14 @@ def _raw_or_fit(counts: np.ndarray, matrix: np.ndarray, fitted: np.ndarray, smoo
     return fitted, "reconstruction"
 
 
-def circular_histogram(counts, matrix: np.ndarray, *, memo: SmoothingMemo | None = None) -> dict:
+def circular_histogram(counts, matrix: np.ndarray) -> dict:
     """A circular channel's histogram (its output bins are its input bins): the
-    reconstruction with smoothing chosen from the data (or ``memo``'s), or the raw
-    histogram."""
+    reconstruction with smoothing chosen from the data, or the raw histogram."""
     rng = _seed(counts)
     counts = np.asarray(counts, dtype=np.int64)
     n = int(counts.sum())
-    smoothing = _smoothing(counts, matrix, memo, int(rng.integers(2**32)), circular=True)
+    smoothing = ems.choose_smoothing(counts, matrix, circular=True,
+                                     seed=int(rng.integers(2**32)))
     fitted = ems.reconstruct(counts, matrix, smoothing=smoothing, circular=True)
     refits = _refits(counts, matrix, fitted, smoothing,
                      rng.multinomial(n, counts / n, size=CIRCULAR_REFITS),

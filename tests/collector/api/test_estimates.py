@@ -4,7 +4,6 @@ what a late report makes stale, and documents that say they are still computing.
 from __future__ import annotations
 
 import msgspec
-import numpy as np
 import pytest
 
 from collector.aggregation.ingest import Ingestor
@@ -12,8 +11,6 @@ from collector.aggregation.series import TOTAL
 from collector.api import documents
 from collector.api.documents import FEW_AGENTS, Views, compute, plan
 from collector.api.server import WebServer
-from collector.estimation import ems
-from collector.estimation.estimators import SmoothingMemo
 from tests.support.burst import burst, channel_names
 from tests.support.configs import FLEET
 from tests.support.web import request, strict_json
@@ -177,65 +174,3 @@ def test_a_report_older_than_every_kept_window_leaves_nothing_to_compute(ingesto
     ingest(ingestor, [ancient])
     assert min(series.starts) == oldest  # its window is not kept ...
     assert series.stale() == [TOTAL]  # ... and only the total changed
-
-
-def counting_choices(monkeypatch) -> list:
-    """Count the cross-validations (``ems.choose_smoothing`` calls) from here on."""
-    calls = []
-    choose = ems.choose_smoothing
-
-    def counted(*args, **kwargs):
-        calls.append(int(np.sum(args[0])))
-        return choose(*args, **kwargs)
-
-    monkeypatch.setattr(ems, "choose_smoothing", counted)
-    return calls
-
-
-def test_a_series_chooses_its_smoothing_once_for_windows_of_similar_counts(ingestor,
-                                                                             monkeypatch):
-    """Each channel's six windows count the same: the newest chooses its smoothing by
-    cross-validation and the other five take it again; the total chooses its own.  A late
-    report then recomputes a window and the total with the kept choices (the live series
-    took the computing copy's), until the counts move past COUNT_RATIO."""
-    assert SmoothingMemo.REUSES >= KEEP - 1
-    calls = counting_choices(monkeypatch)
-    views = Views(lambda: ingestor, clock=lambda: NOW, budget_seconds=None)
-    views.documents(views.capture())
-    channels = len(VALID) + len(JUNK)
-    assert sorted(set(calls)) == sorted([5 * 40, 6 * 5 * 40, 40, 6 * 40]) \
-        and len(calls) == 2 * channels
-    for name in VALID:
-        series = ingestor.series[name][ingestor.latest[name]]
-        assert series.smoothing[(False, "value")].uses == KEEP - 1
-        assert series.smoothing[(True, "value")].uses == 0
-
-    name = VALID[1]
-    late = list(burst(channels=[name], agents=["late"], windows=KEEP, values=40,
-                      window_seconds=WINDOW, now=NOW, seed=7))[0]  # 200 -> 240 values
-    ingest(ingestor, [late])
-    calls.clear()
-    views.documents(views.capture())
-    assert calls == []
-    # Past the ratio: a window of 200 values gets 300 more, and chooses anew.
-    more = list(burst(channels=[name], agents=[f"more{i}" for i in range(6)], windows=KEEP,
-                      values=50, window_seconds=WINDOW, now=NOW, seed=9))[:6]
-    ingest(ingestor, more)
-    views.documents(views.capture())
-    assert calls == [240 + 6 * 50]
-
-
-def test_a_window_that_takes_a_choice_again_is_what_that_choice_gives(ingestor, monkeypatch):
-    """Taking the choice again changes nothing else: the estimates equal a fresh
-    estimate's whose cross-validation chose the same."""
-    name = VALID[0]
-    series = ingestor.series[name][ingestor.latest[name]]
-    oldest = min(series.starts)
-    Views(lambda: ingestor, clock=lambda: NOW, budget_seconds=None).channels_json()
-    taken = series.points[oldest][1]
-    chosen = series.smoothing[(False, "value")].smoothing
-    monkeypatch.setattr(ems, "choose_smoothing", lambda *args, **kwargs: chosen)
-    fresh = ingestor.series[name][ingestor.latest[name]].detach(None)
-    fresh.smoothing = {}
-    fresh.compute(oldest)
-    assert msgspec.to_builtins(fresh.points[oldest][1]) == msgspec.to_builtins(taken)

@@ -4,7 +4,6 @@ margins), and the reconstruction kernel against a slow obvious reference."""
 from __future__ import annotations
 
 import math
-import pickle
 
 import numpy as np
 import pytest
@@ -17,7 +16,6 @@ from collector.estimation.estimators import (
     NEGLIGIBLE_SHARE,
     REFIT_STEPS,
     LinearModel,
-    SmoothingMemo,
     _refits,
     linear_estimates,
 )
@@ -587,46 +585,3 @@ def test_only_a_mean_affine_over_the_whole_domain_skips_the_fit():
         model = LinearModel(mechanism, edges, edges,
                             ems.transition_matrix(mechanism, edges, edges))
         assert model.affine_everywhere is affine, name
-
-
-def test_a_smoothing_choice_is_offered_for_similar_reports_a_bounded_number_of_times():
-    """Offered again for counts within COUNT_RATIO of those it was chosen on and of a
-    histogram the chi-square test does not tell apart (exact: scipy's contingency test),
-    at most REUSES times; a false alarm rate of about SHAPE_LEVEL on the same shape."""
-    rng = np.random.default_rng(3)
-    shape = rng.dirichlet(np.full(40, 2.0))
-    chosen_on = rng.multinomial(1000, shape)
-    memo = SmoothingMemo()
-    assert memo.offer(chosen_on) is None  # nothing chosen yet
-    memo.record(0.3, chosen_on, offered=None)
-    ratio = SmoothingMemo.COUNT_RATIO
-
-    def like(n: int) -> np.ndarray:  # the same shape, exactly (no test can tell it apart)
-        return np.round(chosen_on * n / 1000).astype(np.int64)
-
-    assert memo.offer(like(round(1000 * ratio) - 20)) == 0.3
-    assert memo.offer(like(round(1000 / ratio) + 20)) == 0.3
-    assert memo.offer(like(round(1000 * ratio) + 20)) is None
-    assert memo.offer(like(round(1000 / ratio) - 20)) is None
-    other = rng.multinomial(1000, np.roll(shape, 5))  # the wearers changed activity
-    p = stats.chi2_contingency(np.vstack([other, chosen_on])[:, (other + chosen_on) > 0])[1]
-    assert p < SmoothingMemo.SHAPE_LEVEL and memo.offer(other) is None
-    for _ in range(SmoothingMemo.REUSES):
-        assert memo.offer(chosen_on) == 0.3
-        memo.record(0.3, chosen_on, offered=0.3)
-    assert memo.offer(chosen_on) is None  # chosen anew now ...
-    memo.record(0.1, other, offered=None)
-    assert (memo.offer(other), memo.uses) == (0.1, 0)  # ... and offered from there
-    twin = pickle.loads(pickle.dumps(memo))
-    copied = memo.copy()
-    memo.record(0.1, other, offered=0.1)
-    assert twin.smoothing == copied.smoothing == 0.1 and twin.uses == copied.uses == 0
-    assert np.array_equal(twin.counts, other) and np.array_equal(copied.counts, other)
-    # Same shape: offered again but for about SHAPE_LEVEL of draws (2,000 pairs: a false
-    # alarm rate of 1% gives 20 +- 4.5; 6 sd on either side).
-    refused = 0
-    for _ in range(2000):
-        fresh = SmoothingMemo()
-        fresh.record(0.3, rng.multinomial(1000, shape), offered=None)
-        refused += fresh.offer(rng.multinomial(1200, shape)) is None
-    assert 20 - 6 * 4.5 < refused < 20 + 6 * 4.5
