@@ -35,6 +35,7 @@ from edge_agent.range_responder import RangeResponder
 from edge_agent.readings import Readings
 from edge_agent.sources import build_source
 from edge_agent.sources.base import Source
+from edge_agent.spending import guarantee_text
 from edge_agent.state import DELTA_UNIT, NANO, Budget, StateStore, Transaction, period_start
 from edge_agent.transport import Outbox, PahoTransport, Transport
 
@@ -65,9 +66,10 @@ def write_local_status(state_dir: Path, status: dict[str, Any]) -> None:
 
 
 def budget_of(config: AgentConfig) -> Budget:
-    """``[privacy]``: budget_epsilon and budget_delta in every rolling budget_period."""
-    return Budget.of(config.privacy.budget_epsilon, config.privacy.period_seconds,
-                     config.privacy.budget_delta)
+    """``[privacy]``: every guarantee (or the shorthand's one), each over every rolling
+    window of its length."""
+    return Budget.of_guarantees([(g.epsilon, g.seconds, g.delta)
+                                 for g in config.privacy.horizons])
 
 
 @dataclass
@@ -264,8 +266,8 @@ class AgentCore:
             if channel.name not in self.exhausted:
                 self.exhausted.add(channel.name)
                 log.warning("%sprivacy budget exhausted: channel %s reports again as earlier "
-                            "spending leaves the rolling %s window", self.log_prefix,
-                            channel.name, self.config.privacy.budget_period)
+                            "spending leaves its rolling window (%s)", self.log_prefix,
+                            channel.name, guarantee_text(self.config.privacy.horizons))
 
     def _poll(self, source: Source, now: float) -> Readings:
         try:
@@ -280,22 +282,27 @@ class AgentCore:
         """What the retained status publishes: only what the reports themselves show
         (docs/PRIVACY.md): the ε (and δ, with a δ budget) spent is what the reports
         charged, ``reports`` and ``messages`` count them."""
-        spent = self.store.spent(self.agent_id, self.budget.window_seconds)
-        budget = {"epsilon": self.config.privacy.budget_epsilon,
-                  "spent": round(spent / NANO, 9),
-                  "period": self.config.privacy.budget_period}
-        if self.config.privacy.budget_delta > 0:
-            budget["delta"] = self.config.privacy.budget_delta
-            budget["delta_spent"] = \
-                self.store.spent_delta(self.agent_id, self.budget.window_seconds) / DELTA_UNIT
-        return {
+        guarantees = []
+        for guarantee in self.config.privacy.horizons:
+            spent = self.store.spent(self.agent_id, guarantee.seconds)
+            entry = {"epsilon": guarantee.epsilon, "spent": round(spent / NANO, 9),
+                     "period": guarantee.per}
+            if guarantee.delta > 0:
+                entry["delta"] = guarantee.delta
+                entry["delta_spent"] = \
+                    self.store.spent_delta(self.agent_id, guarantee.seconds) / DELTA_UNIT
+            guarantees.append(entry)
+        out = {
             "state": state,
-            "budget": budget,
+            # The longest guarantee's, as collectors before guarantees read it.
+            "budget": guarantees[-1],
             "channels": {c.name: {"exhausted": c.name in self.exhausted, **c.counters}
                          for c in self.channels},
             "sources": {s.name: {"finished": s.finished, "error": s.error}
                         for s in self.sources.values()},
+            "guarantees": guarantees,
         }
+        return out
 
     def local_status(self) -> dict[str, Any]:
         """The device-only status: also the counters that depend on readings (non-finite,

@@ -143,61 +143,72 @@ def fleet(config_path: str, count: int, keep_running: bool, truth_path: str | No
                    "a fleet's virtual agents are <agent_id>-<i>)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
-    """Epsilon (and delta, with a delta budget) spent in the rolling budget period that
-    ends now, per channel."""
+    """Epsilon (and delta, with a delta budget) spent in the rolling window of each
+    guarantee that ends now, per channel."""
     from edge_agent.agent import STATE_FILE
-    from edge_agent.state import DELTA_UNIT, NANO, StateStore, delta_units_down
+    from edge_agent.state import StateStore
 
     config = _load(config_path)
     agent_id = agent_id or config.agent_id
     path = Path(config.privacy.state_dir) / STATE_FILE
-    window, total = config.privacy.period_seconds, config.privacy.budget_epsilon
-    rows: dict[str, tuple[int, int, int]] = {}
+    guarantees = config.privacy.horizons
+    rows: list[dict[str, tuple[int, int, int]]] = [{} for _ in guarantees]
     behind = False
     if not path.exists():
         click.echo(f"no ledger yet at {path}: nothing has been spent", err=True)
     else:
         store = StateStore(path, read_only=True)
         try:
-            rows = store.budget_report(agent_id, window)
-            behind = store.clock().behind(time.time())
+            now = time.time()
+            rows = [store.budget_report(agent_id, g.seconds, now) for g in guarantees]
+            behind = store.clock(now).behind(now)
         except sqlite3.OperationalError:
             raise click.ClickException(f"{path}: a ledger from an earlier version; start the "
                                        f"agent once to convert it") from None
         finally:
             store.close()
+    windows = [_spent_in_window(g, of) for g, of in zip(guarantees, rows)]
+    # The longest guarantee's at the top, as before guarantees; every one under it.
+    summary = {"agent": agent_id, **windows[-1], "clock_behind": behind,
+               "guarantees": windows}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"agent {agent_id}:")
+    if behind:
+        click.echo("  the clock is behind the latest time the agent saw: nothing is reported")
+    for window in windows:
+        click.echo(f"  ε {window['budget_epsilon']:g} in every rolling {window['period']}: "
+                   f"spent {window['spent']:.6g}, remaining {window['remaining']:.6g}")
+        if "budget_delta" in window:
+            click.echo(f"    delta: budget {window['budget_delta']:.6g}; spent "
+                       f"{window['spent_delta']:.6g}, remaining "
+                       f"{window['remaining_delta']:.6g}")
+        for channel, entry in sorted(window["channels"].items()):
+            line = f"    {channel:<24} {entry['spent']:>12.6g}  ({entry['reports']} reports)"
+            if "delta" in entry:
+                line += f"  delta {entry['delta']:.6g}"
+            click.echo(line)
+
+
+def _spent_in_window(guarantee, rows: dict[str, tuple[int, int, int]]) -> dict:
+    """One guarantee's window as ``budget`` shows it (``rows``: the ledger's per channel)."""
+    from edge_agent.state import DELTA_UNIT, NANO, delta_units_down
+
     # Delta only where there is any: a budget for it, or delta spent under an earlier one.
-    total_delta = config.privacy.budget_delta
     spent_delta = sum(delta for _, _, delta in rows.values())  # exact, in units
-    show_delta = total_delta > 0 or spent_delta > 0
+    show_delta = guarantee.delta > 0 or spent_delta > 0
     channels = {name: {"spent": nano / NANO, "reports": reports,
                        **({"delta": delta / DELTA_UNIT} if show_delta else {})}
                 for name, (nano, reports, delta) in rows.items()}
     spent = sum(entry["spent"] for entry in channels.values())
-    summary = {"agent": agent_id, "budget_epsilon": total,
-               "period": config.privacy.budget_period, "spent": spent,
-               "remaining": max(0.0, total - spent), "clock_behind": behind,
-               "channels": channels}
+    out = {"budget_epsilon": guarantee.epsilon, "period": guarantee.per, "spent": spent,
+           "remaining": max(0.0, guarantee.epsilon - spent), "channels": channels}
     if show_delta:
-        remaining_delta = max(0, delta_units_down(total_delta) - spent_delta) / DELTA_UNIT
-        summary.update(budget_delta=total_delta, spent_delta=spent_delta / DELTA_UNIT,
-                       remaining_delta=remaining_delta)
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
-        return
-    click.echo(f"agent {agent_id}: budget {total:g} in every rolling "
-               f"{config.privacy.budget_period}; spent {spent:.6g}, remaining "
-               f"{summary['remaining']:.6g}")
-    if show_delta:
-        click.echo(f"  delta: budget {total_delta:.6g}; spent {summary['spent_delta']:.6g}, "
-                   f"remaining {remaining_delta:.6g}")
-    if behind:
-        click.echo("  the clock is behind the latest time the agent saw: nothing is reported")
-    for channel, entry in sorted(channels.items()):
-        line = f"    {channel:<24} {entry['spent']:>12.6g}  ({entry['reports']} reports)"
-        if show_delta:
-            line += f"  delta {entry['delta']:.6g}"
-        click.echo(line)
+        out.update(budget_delta=guarantee.delta, spent_delta=spent_delta / DELTA_UNIT,
+                   remaining_delta=max(0, delta_units_down(guarantee.delta) - spent_delta)
+                   / DELTA_UNIT)
+    return out
 
 
 @main.command()

@@ -162,8 +162,7 @@ class RangeResponder:
                 reason = "epsilon_above_max"
             elif window.extreme(message.side, message.window_seconds) is None:
                 reason = "no_data"
-            elif self.store.spent(agent, self.budget.window_seconds, now) \
-                    + to_nano_up(message.epsilon) > self.budget.nano:
+            elif to_nano_up(message.epsilon) > self.store.epsilon_room(agent, self.budget, now):
                 reason = "budget"
             if reason is not None:
                 self.counters[agent].refuse(reason)

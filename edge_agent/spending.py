@@ -93,53 +93,98 @@ def rate_text(per_second: float) -> str:
     return f"{per_second * 86400:.3g}/d"
 
 
-def budget_plan(config: AgentConfig, spending: list[ChannelSpending]) -> dict:
-    """The ``budget`` section of ``check-config``: per channel and in all, what a budget
-    period costs at the configured rates and how long the budget lasts in each period.
+_PERIOD_WORDS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week"}
 
-    ``lasts_seconds`` equals the period when the budget is enough, is null when a rate
-    is unknown; a channel's ``alone_lasts_seconds`` is how long the budget would last
-    if that channel were the only one (the budget is shared: every channel stops when
-    it runs out)."""
-    privacy = config.privacy
-    period = privacy.period_seconds
+
+def period_words(per: str) -> str:
+    """'10m' -> '10 minutes', '1d' -> 'day', '1.5h' -> '1.5 hours'."""
+    text = per.strip()
+    number, unit = text[:-1].strip(), _PERIOD_WORDS[text[-1]]
+    if float(number) == 1:
+        return unit
+    return f"{float(number):g} {unit}s"
+
+
+def guarantee_text(guarantees) -> str:
+    """What a wearer gets, in words: 'any 10 minutes of a wearer's data: ε ≤ 4; any day:
+    ε ≤ 120' (``guarantees``: ``PrivacyConfig.horizons``)."""
+    parts = []
+    for g in guarantees:
+        delta = f", δ ≤ {g.delta:g}" if g.delta > 0 else ""
+        parts.append(f"any {period_words(g.per)} of a wearer's data: ε ≤ {g.epsilon:g}{delta}")
+    return "; ".join(parts)
+
+
+def _guarantee_plan(guarantee, epsilon_rate: float | None, delta_rate: float | None) -> dict:
+    """One guarantee at the configured rates (None: a rate is unknown)."""
+    period = guarantee.seconds
+    out = {"epsilon": guarantee.epsilon, "delta": guarantee.delta, "per": guarantee.per,
+           "epsilon_per_period": None, "delta_per_period": None, "lasts_seconds": None,
+           "whole_period": False, "limited_by": None}
+    if epsilon_rate is None:
+        return out
+    lasts, limited_by = lasts_seconds(guarantee.epsilon, epsilon_rate, period), "epsilon"
+    if delta_rate:
+        delta_lasts = lasts_seconds(guarantee.delta, delta_rate, period)
+        if delta_lasts < lasts:
+            lasts, limited_by = delta_lasts, "delta"
+    out.update(epsilon_per_period=epsilon_rate * period, delta_per_period=delta_rate * period,
+               lasts_seconds=lasts, whole_period=lasts == period,
+               limited_by=None if lasts == period else limited_by)
+    return out
+
+
+def budget_plan(config: AgentConfig, spending: list[ChannelSpending]) -> dict:
+    """The ``budget`` section of ``check-config``: what a wearer is promised (``promise``),
+    and per guarantee and channel what each rolling window costs at the configured rates
+    and how long the guarantee lets them report in each window.
+
+    A guarantee's ``lasts_seconds`` equals its window when the rates fit in it, is null
+    when a rate is unknown; a channel's ``alone_lasts_seconds`` (per guarantee) is how
+    long that guarantee would last if the channel were the only one (every guarantee is
+    shared: every channel stops when one runs out)."""
+    guarantees = config.privacy.horizons
     known = [c for c in spending if c.reports_per_second is not None]
     unknown = [c.name for c in spending if c.reports_per_second is None]
-    epsilon_rate = math.fsum(c.epsilon_per_second for c in known)
-    delta_rate = math.fsum(c.delta_per_second for c in known)
+    epsilon_rate = None if unknown else math.fsum(c.epsilon_per_second for c in known)
+    delta_rate = None if unknown else math.fsum(c.delta_per_second for c in known)
     channels = {}
     for c in spending:
+        rate = c.epsilon_per_second
         entry = {"reports_per_second": c.reports_per_second, "rate_is_upper_bound": c.at_most,
                  "epsilon_per_report": c.epsilon_per_report,
-                 "epsilon_per_period": None if c.epsilon_per_second is None
-                 else c.epsilon_per_second * period,
-                 "alone_lasts_seconds": lasts_seconds(privacy.budget_epsilon,
-                                                      c.epsilon_per_second, period)}
+                 "epsilon_per_period": {g.per: None if rate is None else rate * g.seconds
+                                        for g in guarantees},
+                 "alone_lasts_seconds": {g.per: lasts_seconds(g.epsilon, rate, g.seconds)
+                                         for g in guarantees}}
         if c.delta_per_report:
             entry["delta_per_report"] = c.delta_per_report
         channels[c.name] = entry
-    lasts, limited_by = None, None
-    if not unknown:
-        lasts, limited_by = lasts_seconds(privacy.budget_epsilon, epsilon_rate, period), \
-            "budget_epsilon"
-        if delta_rate > 0:
-            delta_lasts = lasts_seconds(privacy.budget_delta, delta_rate, period)
-            if delta_lasts < lasts:
-                lasts, limited_by = delta_lasts, "budget_delta"
-    return {"budget_epsilon": privacy.budget_epsilon, "budget_delta": privacy.budget_delta,
-            "budget_period": privacy.budget_period,
-            "epsilon_per_period": None if unknown else epsilon_rate * period,
-            "delta_per_period": None if unknown else delta_rate * period,
-            "lasts_seconds": lasts, "whole_period": lasts == period,
-            "limited_by": None if lasts == period else limited_by,
+    return {"promise": guarantee_text(guarantees),
+            "guarantees": [_guarantee_plan(g, epsilon_rate, delta_rate) for g in guarantees],
             "unknown_rate": unknown, "channels": channels}
 
 
 def budget_lines(config: AgentConfig, plan: dict) -> list[str]:
-    """The plan for a person; the first line starts with WARNING when the budget runs
-    out within its period."""
-    privacy = config.privacy
-    lines = []
+    """The plan for a person: what a wearer gets, then each guarantee (a line starting
+    with WARNING when it runs out within its window), then the channels."""
+    lines = [f"What a wearer gets: {plan['promise']}"]
+    for g in plan["guarantees"]:
+        head = f"ε ≤ {g['epsilon']:g}" + (f", δ ≤ {g['delta']:g}" if g["delta"] else "") \
+            + f" per {g['per']}"
+        lasts = g["lasts_seconds"]
+        if lasts is None:
+            lines.append(f"{head}: how long it lasts depends on how fast the data comes")
+        elif g["whole_period"]:
+            lines.append(f"{head} lasts the whole window at the configured rates "
+                         f"(ε {g['epsilon_per_period']:.6g} spent)")
+        else:
+            spent = (f"ε {g['epsilon_per_period']:.6g}" if g["limited_by"] == "epsilon"
+                     else f"δ {g['delta_per_period']:.3g}")
+            lines.append(f"WARNING: {head} runs out {duration_text(lasts)} into each "
+                         f"{g['per']} at the configured rates ({spent} asked for); reports "
+                         f"then stop until earlier spending leaves the rolling window.  Raise "
+                         f"report_interval or the guarantee's {g['limited_by']}")
     for name, c in plan["channels"].items():
         rate = c["reports_per_second"]
         if rate is None:
@@ -147,28 +192,12 @@ def budget_lines(config: AgentConfig, plan: dict) -> list[str]:
                          f"report_interval to bound it), ε {c['epsilon_per_report']:g} each")
             continue
         bound = "at most " if c["rate_is_upper_bound"] else ""
-        share = c["epsilon_per_period"] / plan["epsilon_per_period"] \
-            if plan["epsilon_per_period"] else 0.0
+        per_window = ", ".join(f"ε {spent:.6g} per {per}"
+                               for per, spent in c["epsilon_per_period"].items())
         lines.append(f"  {name}: {bound}{rate_text(rate)} × ε {c['epsilon_per_report']:g} = "
-                     f"ε {c['epsilon_per_period']:.6g} per {privacy.budget_period}"
-                     + (f" ({share:.0%} of the spending)" if plan["epsilon_per_period"] else ""))
-    lasts = plan["lasts_seconds"]
-    head = f"budget_epsilon = {privacy.budget_epsilon:g} per {privacy.budget_period}"
-    if lasts is None:
-        lines.insert(0, f"{head}: how long it lasts depends on how fast the data comes:")
-    elif plan["whole_period"]:
-        lines.insert(0, f"{head} lasts the whole period at the configured rates "
-                        f"(ε {plan['epsilon_per_period']:.6g} spent):")
-    else:
-        limit = plan["limited_by"]
-        spent = (f"ε {plan['epsilon_per_period']:.6g}" if limit == "budget_epsilon"
-                 else f"δ {plan['delta_per_period']:.3g}")
-        value = privacy.budget_epsilon if limit == "budget_epsilon" else privacy.budget_delta
-        lines.insert(0, f"WARNING: {limit} = {value:g} per {privacy.budget_period} runs out "
-                        f"{duration_text(lasts)} into each period at the configured rates "
-                        f"({spent} asked for); reports then stop until the period rolls on.  "
-                        f"Raise report_interval or {limit}:")
-    if privacy.range_epsilon_max > 0:
-        lines.append(f"  plus at most ε {privacy.range_epsilon_max:g} per range-discovery run "
-                     f"this agent joins ([privacy] range_epsilon_max)")
+                     f"{per_window}")
+    range_max = config.privacy.range_epsilon_max
+    if range_max > 0:
+        lines.append(f"  plus at most ε {range_max:g} per range-discovery run this agent "
+                     f"joins ([privacy] range_epsilon_max)")
     return lines

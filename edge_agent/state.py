@@ -190,22 +190,67 @@ def boot_id() -> str:
         return f"process-{os.getpid()}-{time.time()}"
 
 
+def bucket_width(window_seconds: float) -> float:
+    """The ledger-time buckets spending is kept in for a rolling window of this length."""
+    return min(3600.0, max(1.0, window_seconds / BUCKETS_PER_PERIOD))
+
+
 @dataclass(frozen=True)
-class Budget:
-    """At most ``nano`` units of epsilon and ``delta`` units (``DELTA_UNIT``) of delta
-    in every rolling window of ``window_seconds`` (basic composition)."""
+class Limit:
+    """At most ``nano`` units of epsilon and ``delta`` units (``DELTA_UNIT``) of delta in
+    every rolling window of ``window_seconds`` (basic composition): one guarantee."""
 
     nano: int
     window_seconds: float
     delta: int = 0
 
+    def allows(self, wanted: int, cost: int, delta_cost: int,
+               spent: tuple[int, int]) -> int:
+        """How many of ``wanted`` reports at ``cost`` and ``delta_cost`` fit after
+        ``spent`` (nano-epsilon, delta units) in the window."""
+        allowed = min(wanted, max(0, self.nano - spent[0]) // cost)
+        if delta_cost:  # a budget of delta 0 allows no report that costs delta
+            allowed = min(allowed, max(0, self.delta - spent[1]) // delta_cost)
+        return int(allowed)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Every guarantee at once (``limits``, shortest window first): a charge is allowed
+    only where it keeps every rolling window of every limit within it."""
+
+    limits: tuple[Limit, ...]
+
+    def __post_init__(self):
+        if not self.limits:
+            raise ValueError("limits: at least one")
+        windows = [limit.window_seconds for limit in self.limits]
+        if windows != sorted(set(windows)):
+            raise ValueError(f"limits: windows must be distinct and ascending, got {windows}")
+
     @classmethod
     def of(cls, epsilon: float, window_seconds: float, delta: float = 0.0) -> Budget:
-        return cls(to_nano_down(epsilon), float(window_seconds), delta_units_down(delta))
+        """One guarantee."""
+        return cls.of_guarantees([(epsilon, window_seconds, delta)])
+
+    @classmethod
+    def of_guarantees(cls, guarantees) -> Budget:
+        """(epsilon, window_seconds, delta) per guarantee, in any order; budgets round
+        down exactly."""
+        return cls(tuple(Limit(to_nano_down(epsilon), float(seconds), delta_units_down(delta))
+                         for epsilon, seconds, delta in sorted(guarantees,
+                                                               key=lambda g: g[1])))
+
+    @property
+    def window_seconds(self) -> float:
+        """The longest window: spending is kept that long."""
+        return self.limits[-1].window_seconds
 
     @property
     def bucket_seconds(self) -> float:
-        return min(3600.0, max(1.0, self.window_seconds / BUCKETS_PER_PERIOD))
+        """The shortest window's buckets: a new charge counts at most one of them more
+        than it must in any window."""
+        return bucket_width(self.limits[0].window_seconds)
 
     def bucket_end(self, ledger_time: float) -> float:
         width = self.bucket_seconds
@@ -251,7 +296,7 @@ class Transaction:
         # While a savepoint is open: (agent, its windows before the part's first charge).
         self._undo: list[tuple[str, dict[float, tuple[int, int]]]] | None = None
         self._clock: LedgerClock | None = None
-        self._retained: set[float] = set()  # windows whose old spending was forgotten
+        self._retained: set[Budget] = set()  # budgets whose old spending was forgotten
 
     # -- the ledger --
     @property
@@ -290,20 +335,19 @@ class Transaction:
         clock = self.clock
         if clock.behind(self.now):
             return 0
-        spent, spent_delta = self._spending(agent, budget.window_seconds)
-        allowed = min(wanted, max(0, budget.nano - spent) // cost)
-        if delta_cost:  # a budget of delta 0 allows no report that costs delta
-            allowed = min(allowed, max(0, budget.delta - spent_delta) // delta_cost)
-        allowed = int(allowed)
+        allowed = wanted
+        for limit in budget.limits:
+            allowed = limit.allows(allowed, cost, delta_cost,
+                                   self._spending(agent, limit.window_seconds))
         if allowed:
             windows = self._spent[agent]
             if self._undo is not None:
                 self._undo.append((agent, dict(windows)))
             for window, (nano, delta) in windows.items():  # every window read grows
                 windows[window] = (nano + cost * allowed, delta + delta_cost * allowed)
-            if budget.window_seconds not in self._retained:  # once per transaction
-                self._retained.add(budget.window_seconds)
-                self._store._retain(self._db, clock, budget.window_seconds)
+            if budget not in self._retained:  # once per transaction
+                self._retained.add(budget)
+                self._store._retain(self._db, clock, budget)
             self._db.execute(
                 "INSERT INTO spending (agent, channel, until, spent_nano, reports, spent_delta) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (agent, channel, until) DO UPDATE SET "
@@ -389,6 +433,8 @@ class StateStore:
         self.max_messages = max_messages
         self.monotonic = monotonic
         self.boot_id = boot_id()
+        # (window, bucket width) -> the ledger time up to which spending was coarsened.
+        self._coarsened: dict[tuple[float, float], float] = {}
         # One connection per store; the agent loop is its only user, but keep a
         # lock so a stray thread cannot interleave transactions.
         self._lock = threading.RLock()
@@ -494,13 +540,52 @@ class StateStore:
                     clock.boot_id, clock.since_boot))
         return clock
 
-    @staticmethod
-    def _retain(db: sqlite3.Connection, clock: LedgerClock, window_seconds: float) -> None:
-        """Keep spending for the longest period ever used; forget what is older."""
+    def _retain(self, db: sqlite3.Connection, clock: LedgerClock,
+                budget: Budget | float) -> None:
+        """Keep spending for the longest period ever used; forget what is older; and keep
+        what only longer windows still count in their coarser buckets (``_coarsen``)."""
+        window_seconds = budget if isinstance(budget, float) else budget.window_seconds
         retain = max(clock.retain_seconds, window_seconds)
         if retain > clock.retain_seconds:
             db.execute("UPDATE ledger_clock SET retain_seconds = ? WHERE id = 0", (retain,))
         db.execute("DELETE FROM spending WHERE until <= ?", (clock.ledger_time - retain,))
+        if not isinstance(budget, float):
+            for shorter, longer in zip(budget.limits, budget.limits[1:]):
+                self._coarsen(db, clock.ledger_time, shorter.window_seconds,
+                              bucket_width(longer.window_seconds))
+
+    def _coarsen(self, db: sqlite3.Connection, ledger_time: float, window_seconds: float,
+                 width: float) -> None:
+        """Move spending that no window of ``window_seconds`` or shorter counts any more
+        into buckets of ``width`` (the next longer window's), so that a day's spending
+        under a ten-minute guarantee is not kept in one-second rows.
+
+        A row's ``until`` only moves later (to its bucket's end), so it counts in every
+        window it counted in before, and more: the ledger stays on the safe side.  Only
+        rows with ``until`` at least ``width`` before the shorter window's start move, so
+        none enters a window of ``window_seconds`` or shorter again.  Each transaction
+        moves what passed that point since the previous one (this store's first: all)."""
+        cut = ledger_time - window_seconds - width
+        done = self._coarsened.get((window_seconds, width), -math.inf)
+        if cut <= done:
+            return
+        self._coarsened[(window_seconds, width)] = cut
+        rows = db.execute(
+            "SELECT agent, channel, until, spent_nano, reports, spent_delta FROM spending "
+            "WHERE until <= ? AND until > ?", (cut, done)).fetchall()
+        for agent, channel, until, nano, reports, delta in rows:
+            end = math.ceil(until / width) * width
+            if end == until:
+                continue
+            db.execute("DELETE FROM spending WHERE agent = ? AND channel = ? AND until = ?",
+                       (agent, channel, until))
+            db.execute(
+                "INSERT INTO spending (agent, channel, until, spent_nano, reports, spent_delta) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (agent, channel, until) DO UPDATE SET "
+                "spent_nano = spent_nano + excluded.spent_nano, "
+                "reports = reports + excluded.reports, "
+                "spent_delta = spent_delta + excluded.spent_delta",
+                (agent, channel, float(end), nano, reports, delta))
 
     def _spending(self, db: sqlite3.Connection, agent: str, window_seconds: float,
                   ledger_time: float) -> tuple[int, int]:
@@ -525,6 +610,11 @@ class StateStore:
         """Delta ``agent`` has spent in the rolling window that ends at ``now``
         (``DELTA_UNIT``)."""
         return self._spent_in(agent, window_seconds, now)[1]
+
+    def epsilon_room(self, agent: str, budget: Budget, now: float | None = None) -> int:
+        """Nano-epsilon ``agent`` may still spend now under every limit of ``budget``."""
+        return min(limit.nano - self.spent(agent, limit.window_seconds, now)
+                   for limit in budget.limits)
 
     def _spent_in(self, agent: str, window_seconds: float,
                   now: float | None) -> tuple[int, int]:

@@ -25,14 +25,43 @@ from edge_agent.common.config import (
 from edge_agent.config.channels import ChannelConfig, mechanism_problem
 from edge_agent.config.sources import SourceConfig, source_fields
 from edge_agent.mechanisms import EPSILON_MAX
-from edge_agent.protocol.statuses import MAX_AGENT_CHANNELS
+from edge_agent.protocol.statuses import MAX_AGENT_CHANNELS, MAX_GUARANTEES
 
 # Most virtual agents ``edge-agent fleet`` runs in one process.
 FLEET_MAX_COUNT = 100_000
 
 
+class Guarantee(Model):
+    """At most ``epsilon`` (and ``delta``) spent on any wearer's data over every rolling
+    window of ``per`` (docs/PRIVACY.md, "What ε means for a wearer")."""
+
+    epsilon: Annotated[float, Field(gt=0, le=1e6, description=(
+        "most epsilon spent on a wearer's data in any rolling window of `per`"))]
+    per: Annotated[str, Field(description=(
+        "the window: 10m, 1h, 1d, 1w ... (at least a minute), rolling on the ledger clock"))]
+    # With (epsilon, delta)-LDP channels: the delta allowed in the same windows (basic
+    # composition); 0: only pure epsilon-LDP reports.
+    delta: Annotated[float, Field(ge=0, le=1)] = 0.0
+
+    @field_validator("per")
+    @classmethod
+    def _period(cls, value: str) -> str:
+        parse_period(value)
+        return value
+
+    @property
+    def seconds(self) -> float:
+        return parse_period(self.per)
+
+
 class PrivacyConfig(Model):
-    budget_epsilon: Annotated[float, Field(gt=0)]
+    # What every wearer is promised: each guarantee holds over every rolling window of
+    # its length, all channels and range discovery together, e.g.
+    # [{epsilon = 4, per = "10m"}, {epsilon = 120, per = "1d"}].
+    guarantees: Annotated[list[Guarantee], Field(min_length=1, max_length=MAX_GUARANTEES)] \
+        | None = None
+    # The shorthand for one guarantee: budget_epsilon (and budget_delta) per budget_period.
+    budget_epsilon: Annotated[float, Field(gt=0)] | None = None
     # Total delta this agent may spend in any rolling period, all channels together
     # ((epsilon, delta)-LDP channels; basic composition, docs/PRIVACY.md "δ"); 0: only
     # pure epsilon-LDP reports.
@@ -53,9 +82,72 @@ class PrivacyConfig(Model):
     def _home(cls, value: Path) -> Path:
         return value.expanduser()  # "~/..." for a user without root
 
+    @model_validator(mode="after")
+    def _one_way_to_say_it(self):
+        if self.guarantees is None and self.budget_epsilon is None:
+            raise ValueError("privacy.guarantees: missing: set guarantees = [{epsilon = ..., per = "
+                             "\"...\"}, ...], or its shorthand budget_epsilon (and "
+                             "budget_period)")
+        if self.guarantees is not None:
+            given = sorted(self.model_fields_set & {"budget_epsilon", "budget_delta",
+                                                     "budget_period"})
+            if given:
+                raise ValueError(f"privacy.{given[0]}: the shorthand for one guarantee; with "
+                                 f"guarantees, give each guarantee's epsilon, per and delta "
+                                 f"there instead")
+            _consistent(self.guarantees)
+        return self
+
+    @property
+    def horizons(self) -> list[Guarantee]:
+        """Every guarantee, shortest window first (the shorthand's one)."""
+        if self.guarantees is None:
+            return [Guarantee(epsilon=self.budget_epsilon, per=self.budget_period,
+                              delta=self.budget_delta)]
+        return sorted(self.guarantees, key=lambda g: g.seconds)
+
+    @property
+    def longest(self) -> Guarantee:
+        return self.horizons[-1]
+
+    @property
+    def shortest(self) -> Guarantee:
+        return self.horizons[0]
+
     @property
     def period_seconds(self) -> float:
-        return parse_period(self.budget_period)
+        """The longest guarantee's window (a discovered range is adopted when one begins,
+        UTC-aligned)."""
+        return self.longest.seconds
+
+    @property
+    def delta_allowed(self) -> bool:
+        """Whether any report may cost delta (every guarantee allows some)."""
+        return all(g.delta > 0 for g in self.horizons)
+
+
+def _consistent(guarantees: list[Guarantee]) -> None:
+    """Guarantees that say the same twice, or one that another already implies, are a
+    mistake in the configuration: ``ValueError`` naming the guarantee."""
+    order = sorted(range(len(guarantees)), key=lambda i: guarantees[i].seconds)
+    for shorter, longer in zip(order, order[1:]):
+        a, b = guarantees[shorter], guarantees[longer]
+        if a.seconds == b.seconds:
+            raise ValueError(f"privacy.guarantees[{longer}].per: {b.per} is also "
+                             f"guarantees[{shorter}]'s window: give each window once")
+    for i in order:
+        for j in order:
+            a, b = guarantees[i], guarantees[j]
+            if a.seconds < b.seconds and a.epsilon >= b.epsilon and a.delta >= b.delta:
+                raise ValueError(
+                    f"privacy.guarantees[{i}]: implied by guarantees[{j}]: any {a.per} lies within "
+                    f"a {b.per}, where epsilon <= {b.epsilon:g} already holds; remove it, or "
+                    f"raise guarantees[{j}].epsilon above {a.epsilon:g}")
+            if a.seconds > b.seconds and (a.delta > 0) != (b.delta > 0):
+                raise ValueError(
+                    f"privacy.guarantees[{i}].delta: {a.delta:g} per {a.per}, but guarantees[{j}] "
+                    f"allows delta {b.delta:g} per {b.per}: (epsilon, delta) channels need "
+                    f"a delta in every guarantee, pure epsilon-LDP none in any")
 
 
 class SpoolConfig(Model):
@@ -103,10 +195,15 @@ class AgentConfig(Model):
             problem = mechanism_problem(channel)
             if problem:
                 raise ValueError(f"channels[{i}]: its mechanism refuses it: {problem}")
-            if getattr(channel, "delta", 0.0) > 0 and self.privacy.budget_delta == 0:
+            if getattr(channel, "delta", 0.0) > 0 and not self.privacy.delta_allowed:
                 raise ValueError(f"channels[{i}].delta: {channel.delta:g} needs a delta "
-                                 f"budget: set privacy.budget_delta (basic composition: "
-                                 f"each report spends delta)")
+                                 f"budget: set privacy.budget_delta, or each guarantee's "
+                                 f"delta (basic composition: each report spends delta)")
+            shortest = self.privacy.shortest
+            if channel.epsilon > shortest.epsilon:
+                raise ValueError(f"channels[{i}].epsilon: {channel.epsilon:g} per report is "
+                                 f"more than the privacy guarantee allows in any {shortest.per}"
+                                 f" ({shortest.epsilon:g}): this channel could never report")
             available = source_fields(source)
             wanted = [channel.field] if hasattr(channel, "field") else list(channel.fields)
             if available is not None:

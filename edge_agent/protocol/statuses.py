@@ -23,12 +23,15 @@ MAX_STATUS_BYTES = 32 * 1024  # a status with MAX_AGENT_CHANNELS channels and so
 class BudgetStatus(Struct, forbid_unknown_fields=True, omit_defaults=True):
     epsilon: Positive
     spent: NonNegative  # in the rolling window of ``period`` that ends now
-    period: Annotated[str, Meta(max_length=32)]
+    period: Annotated[str, Meta(max_length=32)]  # "10m", "1d": [privacy]'s own words
     period_start: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # legacy
     # With [privacy] budget_delta > 0 only: the delta budget and the delta spent in the
     # same window (docs/PRIVACY.md, "δ").
     delta: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     delta_spent: NonNegative | None = None
+
+
+MAX_GUARANTEES = 8  # [privacy] guarantees of one agent
 
 
 class ChannelStatus(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -68,7 +71,10 @@ class Status(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=Tru
     agent: Name
     state: Literal["online", "offline"]
     t: Finite | None = None
-    budget: BudgetStatus | None = None
+    budget: BudgetStatus | None = None  # the longest guarantee's (agents before guarantees)
+    # Every guarantee, shortest window first: its epsilon (and delta) per ``period`` and
+    # what was spent in the rolling window of ``period`` that ends now.
+    guarantees: Annotated[list[BudgetStatus], Meta(max_length=MAX_GUARANTEES)] | None = None
     channels: Annotated[dict[Name, ChannelStatus],
                         Meta(max_length=MAX_AGENT_CHANNELS)] | None = None
     sources: Annotated[dict[Name, SourceStatus], Meta(max_length=MAX_AGENT_CHANNELS)] | None = None

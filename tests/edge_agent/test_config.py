@@ -9,6 +9,7 @@ import pytest
 from edge_agent.config import ConfigError, load_config, parse_config, parse_period
 from edge_agent.protocol import KINDS
 from tests.support import REPO
+from tests.support.configs import AX_CHANNEL, agent_config
 
 BASE = {
     "agent_id": "w1", "fleet": "demo",
@@ -117,3 +118,52 @@ def test_toml_syntax_and_missing_file(tmp_path):
 def test_periods():
     assert parse_period("1d") == 86400 and parse_period("12h") == 43200
     assert parse_period("1w") == 604800 and parse_period("30m") == 1800
+
+
+# -- [privacy] guarantees ----------------------------------------------------------------
+
+def _guarantees(*guarantees, channels=None, **privacy):
+    return parse_config(agent_config(
+        state_dir="/tmp/unused", budget=None, batch_seconds=None,
+        privacy={"guarantees": [dict(g) for g in guarantees], **privacy},
+        **({"channels": channels} if channels is not None else {})))
+
+
+def test_guarantees_are_kept_shortest_first_and_the_shorthand_is_one_of_them():
+    config = _guarantees({"epsilon": 120, "per": "1d"}, {"epsilon": 4, "per": "10m"})
+    assert [(g.epsilon, g.seconds) for g in config.privacy.horizons] == [(4, 600), (120, 86400)]
+    assert config.privacy.period_seconds == 86400
+    shorthand = parse_config(agent_config(state_dir="/tmp/unused", budget=500.0, period="1d"))
+    assert [(g.epsilon, g.per, g.delta) for g in shorthand.privacy.horizons] == \
+        [(500.0, "1d", 0.0)]
+
+
+@pytest.mark.parametrize(("guarantees", "privacy", "message"), [
+    ([{"epsilon": 4, "per": "10m"}, {"epsilon": 5, "per": "600s"}], {},
+     r"guarantees\[1\]\.per: 600s is also guarantees\[0\]'s window"),
+    ([{"epsilon": 8, "per": "10m"}, {"epsilon": 4, "per": "1d"}], {},
+     r"guarantees\[0\]: implied by guarantees\[1\]: any 10m lies within a 1d"),
+    ([{"epsilon": 4, "per": "10m", "delta": 1e-9}, {"epsilon": 40, "per": "1d"}], {},
+     r"guarantees\[1\]\.delta: 0 per 1d"),
+    ([{"epsilon": 4, "per": "10m"}], {"budget_epsilon": 10},
+     r"budget_epsilon: the shorthand for one guarantee"),
+    ([{"epsilon": 4, "per": "10s"}], {},
+     r"privacy\.guarantees\[0\]\.per: must be at least 1 minute"),
+    ([], {}, r"guarantees.*at least 1 item"),
+])
+def test_contradicting_or_redundant_guarantees_are_errors_naming_the_key(guarantees, privacy,
+                                                                         message):
+    with pytest.raises(ConfigError, match=message):
+        _guarantees(*guarantees, **privacy)
+
+
+def test_no_guarantee_at_all_is_an_error():
+    with pytest.raises(ConfigError, match="guarantees: missing"):
+        parse_config(agent_config(state_dir="/tmp/unused", budget=None))
+
+
+def test_a_channel_no_guarantee_lets_report_is_an_error_naming_it():
+    with pytest.raises(ConfigError, match=r"channels\[0\]\.epsilon: 2 per report is more than "
+                                          r"the privacy guarantee allows in any 10m \(1\)"):
+        _guarantees({"epsilon": 1, "per": "10m"}, {"epsilon": 50, "per": "1d"},
+                    channels=[{**AX_CHANNEL, "epsilon": 2.0}])

@@ -117,6 +117,33 @@ def test_without_a_delta_budget_the_status_shows_no_delta(tmp_path):
     assert set(core.status()["budget"]) == {"epsilon", "spent", "period"}
 
 
+def test_the_shortest_guarantee_binds_first_and_the_status_shows_each(tmp_path):
+    """4 per 10 minutes and 6 per day, 3 readings a second at ε 1: four reports in the
+    first ten minutes, two more in the next, then none until the day rolls on."""
+    config = parse_config(agent_config(
+        state_dir=tmp_path, budget=None, batch_seconds=1.0, channels=[AX_CHANNEL],
+        privacy={"guarantees": [{"epsilon": 6, "per": "1d"}, {"epsilon": 4, "per": "10m"}]}))
+    clock = SimulatedTime(10 * DAY + 100.0)
+    store = StateStore(tmp_path / "state.sqlite", monotonic=clock.monotonic,
+                       boot_id=clock.boot_id)
+    core = AgentCore(config, store, sources={"imu": ScriptedSource(per_poll=3)},
+                     rng=np.random.default_rng(0))
+    core.tick(clock.wall)
+    core.tick(clock.advance(1))
+    assert [len(m["codes"]) for m in messages(store)] == [3, 1]
+    core.tick(clock.advance(600))  # the ten minutes rolled on: the day's 2 are left
+    core.tick(clock.advance(600))
+    assert [len(m["codes"]) for m in messages(store)] == [3, 1, 2]
+    status = core.status()
+    assert status["guarantees"] == [
+        {"epsilon": 4.0, "spent": 2.0, "period": "10m"},
+        {"epsilon": 6.0, "spent": 6.0, "period": "1d"}]
+    assert status["budget"] == status["guarantees"][-1]
+    _, decoded = protocol.decode_status(protocol.status_topic(config.fleet, "w1"),
+                                     protocol.status(agent="w1", **status))
+    assert [g.period for g in decoded.guarantees] == ["10m", "1d"]
+
+
 def test_restart_does_not_reset_budget_or_seq(tmp_path):
     config = make_config(tmp_path, budget=4.0)
     store = StateStore(tmp_path / "state.sqlite")

@@ -18,6 +18,7 @@ from tests.support import (
     REPO,
     AgentProcess,
     Mosquitto,
+    SimulatedTime,
     Subscriber,
     run_module,
     write_agent_config,
@@ -294,25 +295,52 @@ def test_check_config_says_how_long_the_budget_lasts(tmp_path):
     sample = (REPO / "configs" / "agent.toml").read_text()
     good = run_cli("check-config", str(REPO / "configs" / "agent.toml"))
     budget = json.loads(good.stdout)["budget"]
-    assert budget["whole_period"] and budget["lasts_seconds"] == 86400
-    assert budget["epsilon_per_period"] <= budget["budget_epsilon"]
+    [day] = budget["guarantees"]
+    assert day["whole_period"] and day["lasts_seconds"] == 86400
+    assert day["epsilon_per_period"] <= day["epsilon"] == 500
     assert budget["channels"]["accel_x"]["reports_per_second"] == 1 / 900
-    others = budget["epsilon_per_period"] - budget["channels"]["accel_x"]["epsilon_per_period"]
-    assert "WARNING" not in good.stderr and "lasts the whole period" in good.stderr
+    others = day["epsilon_per_period"] \
+        - budget["channels"]["accel_x"]["epsilon_per_period"]["1d"]
+    assert "WARNING" not in good.stderr and "lasts the whole window" in good.stderr
+    assert "What a wearer gets: any day of a wearer's data: ε ≤ 500" in good.stderr
     busy = tmp_path / "busy.toml"
     assert sample.count("report_interval = 900.0    # seconds") == 1  # accel_x's
     busy.write_text(sample.replace("report_interval = 900.0    # seconds",
                                    "report_interval = 0.5    # seconds"))
     result = run_cli("check-config", str(busy))
     assert result.returncode == 0, result.stderr
-    budget = json.loads(result.stdout)["budget"]
+    [day] = json.loads(result.stdout)["budget"]["guarantees"]
     # accel_x: 2 reports a second at epsilon 1, and the others as before.
     spent_per_second = 2.0 + others / 86400
-    assert budget["lasts_seconds"] == pytest.approx(500 / spent_per_second, rel=1e-9)
-    assert budget["limited_by"] == "budget_epsilon" and not budget["whole_period"]
-    assert "WARNING: budget_epsilon = 500 per 1d runs out 4 min 9 s into each period" \
-        in result.stderr
-    assert "accel_x: 2/s × ε 1 = ε 172800 per 1d (100% of the spending)" in result.stderr
+    assert day["lasts_seconds"] == pytest.approx(500 / spent_per_second, rel=1e-9)
+    assert day["limited_by"] == "epsilon" and not day["whole_period"]
+    assert "WARNING: ε ≤ 500 per 1d runs out 4 min 9 s into each 1d" in result.stderr
+    assert "accel_x: 2/s × ε 1 = ε 172800 per 1d" in result.stderr
+
+
+def test_budget_shows_every_guarantees_window(tmp_path):
+    """Two guarantees: a charge an hour ago counts in the day's window only."""
+    state = tmp_path / "state"
+    config = write_agent_config(
+        tmp_path / "agent.toml", state_dir=state, budget=None,
+        privacy={"guarantees": [{"epsilon": 4, "per": "10m"}, {"epsilon": 120, "per": "1d"}]})
+    clock = SimulatedTime(wall=time.time() - 3600)
+    store = StateStore(state / "state.sqlite", monotonic=clock.monotonic,
+                       boot_id=clock.boot_id)
+    budget = Budget.of_guarantees([(4.0, 600.0, 0.0), (120.0, 86400.0, 0.0)])
+    with store.transaction(clock.wall) as tx:
+        assert tx.charge("w1", "ax", cost=3 * NANO, wanted=1, budget=budget) == 1
+    with store.transaction(clock.advance(3600)) as tx:  # the ten minutes hold only these
+        assert tx.charge("w1", "ax", cost=NANO, wanted=9, budget=budget) == 4
+    store.close()
+    report = json.loads(run_cli("budget", "--config", str(config), "--json").stdout)
+    ten, day = report["guarantees"]
+    assert (ten["period"], ten["spent"], ten["remaining"]) == ("10m", 4.0, 0.0)
+    assert (day["period"], day["spent"], day["remaining"]) == ("1d", 7.0, 113.0)
+    assert report["spent"] == 7.0 and report["channels"] == day["channels"]
+    text = run_cli("budget", "--config", str(config)).stdout
+    assert "ε 4 in every rolling 10m: spent 4, remaining 0" in text
+    assert "ε 120 in every rolling 1d: spent 7, remaining 113" in text
 
 
 @pytest.mark.parametrize("command", [("run",), ("fleet", "--count", "2")])

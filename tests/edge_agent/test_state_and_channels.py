@@ -24,6 +24,7 @@ from edge_agent.state import (
     NANO,
     RANGE_REPLIES,
     Budget,
+    Limit,
     StateStore,
     delta_units_down,
     delta_units_up,
@@ -178,7 +179,7 @@ D = 7  # delta units (1e-15) one report costs in these tests
 def test_a_delta_budget_allows_what_fits_until_the_window_passes(tmp_path):
     clock = SimulatedTime()
     budget = Budget.of(100.0, DAY, delta=Decimal(3 * D) / DELTA_UNIT)  # exactly 3 reports
-    assert budget.delta == 3 * D
+    assert budget.limits[0].delta == 3 * D
     store = StateStore(tmp_path / "s.sqlite", monotonic=clock.monotonic)
     [r] = record(store, [Charge("w1", "ax", NANO, 5, delta=D)], now=clock.wall, budget=budget)
     assert (r.allowed, r.exhausted) == (3, True)
@@ -202,7 +203,7 @@ def test_a_delta_budget_allows_what_fits_until_the_window_passes(tmp_path):
 ])
 def test_epsilon_and_delta_both_bind_and_the_tighter_wins(tmp_path, epsilon, delta, allowed):
     store = StateStore(tmp_path / "s.sqlite")
-    budget = Budget(to_nano_down(epsilon), DAY, delta=delta)
+    budget = Budget((Limit(to_nano_down(epsilon), DAY, delta),))
     [r] = record(store, [Charge("w1", "ax", NANO, 5, delta=D)], now=1000.0, budget=budget)
     assert r.allowed == allowed
     assert store.spent("w1", DAY, 1000.0) == allowed * NANO
@@ -229,7 +230,7 @@ def test_a_delta_cost_must_be_a_non_negative_integer(tmp_path, delta_cost):
 
 def test_delta_spent_survives_restarts_and_clock_steps(tmp_path):
     path, clock = tmp_path / "s.sqlite", SimulatedTime()
-    budget = Budget(100 * NANO, DAY, delta=3 * D)
+    budget = Budget((Limit(100 * NANO, DAY, 3 * D),))
 
     def charge_once(store):
         [r] = record(store, [Charge("w1", "ax", NANO, 1, delta=D)], now=clock.wall,
@@ -262,7 +263,7 @@ def test_delta_spent_survives_restarts_and_clock_steps(tmp_path):
 
 def test_a_savepoint_rolled_back_restores_delta_spending(tmp_path):
     store = StateStore(tmp_path / "s.sqlite")
-    budget = Budget(100 * NANO, DAY, delta=3 * D)
+    budget = Budget((Limit(100 * NANO, DAY, 3 * D),))
     with store.transaction(1000.0) as tx:
         with tx.savepoint():
             assert tx.charge("w1", "ax", cost=NANO, wanted=2, budget=budget, delta_cost=D) == 2
@@ -289,7 +290,8 @@ def test_delta_units_round_up_and_budgets_down_exactly():
     assert delta_units_up(Decimal("1.0000000000000001e-15")) == 2
     assert delta_units_down(Decimal("1.0000000000000001e-15")) == 1
     assert delta_units_up(0) == delta_units_down(0.0) == 0
-    assert Budget.of(1.0, DAY, 1e-6).delta == 10**9 - 1 and Budget.of(1.0, DAY).delta == 0
+    assert Budget.of(1.0, DAY, 1e-6).limits[0].delta == 10**9 - 1
+    assert Budget.of(1.0, DAY).limits[0].delta == 0
 
 
 # The ledger as state files from before delta accounting have it.
@@ -335,7 +337,7 @@ def test_a_state_file_from_before_delta_is_migrated(tmp_path):
     assert "spent_delta" in columns
     assert store.spent("w1", DAY, 1000.0) == 2 * NANO  # the epsilon it held is kept
     assert store.spent_delta("w1", DAY, 1000.0) == 0
-    budget = Budget(3 * NANO, DAY, delta=5 * D)
+    budget = Budget((Limit(3 * NANO, DAY, 5 * D),))
     [r] = record(store, [Charge("w1", "ax", NANO, 5, delta=D)], now=1000.0, budget=budget)
     assert r.allowed == 1  # 2 of the 3 epsilon were spent before
     assert store.budget_report("w1", DAY, 1000.0) == {"ax": (3 * NANO, 3, D)}

@@ -77,20 +77,21 @@ def broker_table(broker, **settings) -> dict:
 # -- the agent ------------------------------------------------------------------------
 
 def agent_config(*, state_dir, broker=None, agent_id: str = "w1", fleet: str = FLEET,
-                 budget: float = 1e6, period: str | None = None,
+                 budget: float | None = 1e6, period: str | None = None,
                  batch_seconds: float | None = 0.2, sources: Sequence[Mapping] = (SYNTHETIC_IMU,),
                  channels: Sequence[Mapping] = (AX_CHANNEL,),
                  privacy: Mapping | None = None, delivery: Mapping | None = None) -> dict:
     """An agent configuration.  The defaults suit a test: a budget that never runs out
     and 0.2 s batches, so reports arrive within a second; ``None`` leaves a key to the
-    agent's own default.  ``privacy`` adds keys to [privacy] (``range_epsilon_max``),
-    ``delivery`` is the [delivery] table."""
+    agent's own default (``budget=None`` with ``privacy={"guarantees": ...}``).
+    ``privacy`` adds keys to [privacy] (``range_epsilon_max``), ``delivery`` is the
+    [delivery] table."""
     data = {"agent_id": agent_id, "fleet": fleet}
     if batch_seconds is not None:
         data["batch_seconds"] = batch_seconds
     if broker is not None:
         data["broker"] = broker_table(broker)
-    data["privacy"] = {"budget_epsilon": budget,
+    data["privacy"] = {**({"budget_epsilon": budget} if budget is not None else {}),
                        **({"budget_period": period} if period is not None else {}),
                        "state_dir": str(state_dir), **(privacy or {})}
     if delivery is not None:
