@@ -328,7 +328,8 @@ class Ingestor:
             stats.online, stats.status = False, StatusSummary()
         else:
             stats.online = message.state == "online"
-            stats.status = StatusSummary(state=message.state, budget=message.budget, t=message.t)
+            stats.status = StatusSummary(state=message.state, budget=message.budget, t=message.t,
+                                         guarantees=message.guarantees)
         return "status"
 
     # -- merging partitions --------------------------------------------------------------------

@@ -83,6 +83,35 @@ class SnapshotSource(Protocol):
         ...
 
 
+# Distinct promises /api/channels lists (the agents' statuses say what they are
+# configured with; a fleet normally has one or two, a hostile one could send many).
+MAX_PROMISES = 8
+
+
+def fleet_guarantees(agents: dict) -> dict:
+    """What the online agents' statuses say they promise every wearer (configuration
+    only, docs/PRIVACY.md): each distinct set of guarantees (shortest window first) with
+    how many agents state it, the most common first, at most MAX_PROMISES of them
+    (``others``: agents stating one not listed).  An agent from before guarantees states
+    its one budget."""
+    counts: dict[tuple, int] = {}
+    for stats in agents.values():
+        status = stats.status
+        if status.state != "online":
+            continue
+        stated = status.guarantees or ([status.budget] if status.budget is not None else [])
+        if stated:
+            promise = tuple((g.epsilon, g.period, g.delta or 0.0) for g in stated)
+            counts[promise] = counts.get(promise, 0) + 1
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    listed = [{"agents": count,
+               "guarantees": [{"epsilon": epsilon, "per": per,
+                               **({"delta": delta} if delta else {})}
+                              for epsilon, per, delta in promise]}
+              for promise, count in ranked[:MAX_PROMISES]]
+    return {"promises": listed, "others": sum(count for _, count in ranked[MAX_PROMISES:])}
+
+
 def range_document(results: dict, ignored: dict, t: float) -> dict:
     """GET /api/range: the latest range-discovery result per channel and side, and how
     many results were not shown, by reason."""
@@ -350,6 +379,7 @@ class Views:
                               "rejects": s.rejects, "duplicates": s.duplicates}
                        for name, s in sorted(ingestor.agents.items())},
             "ingest": {**ingestor.counters, "rejects": dict(ingestor.rejects)},
+            "guarantees": fleet_guarantees(ingestor.agents),
             "channels": entries,
             "range": range_document(*ranges, now)["channels"],
             "range_ignored": dict(ranges[1]),

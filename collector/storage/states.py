@@ -43,7 +43,7 @@ from edge_agent.protocol.snapshots import (
     LinearSummary,
     PolarSummary,
 )
-from edge_agent.protocol.statuses import BudgetStatus
+from edge_agent.protocol.statuses import MAX_GUARANTEES, BudgetStatus
 
 CHECKPOINT_VERSION = 2  # 1 kept a tracker's numbers as a bitmap (read, migrated on load)
 # One partition's state: written as the KV value itself when small, else as an object
@@ -252,6 +252,8 @@ class StatusSummary(Struct, forbid_unknown_fields=True, omit_defaults=True):
     state: Literal["online", "offline"] | None = None
     budget: BudgetStatus | None = None
     t: Finite | None = None
+    # The agent's privacy guarantees as its status states them (configuration only).
+    guarantees: Annotated[list[BudgetStatus], Meta(max_length=MAX_GUARANTEES)] | None = None
 
 
 class AgentState(Struct, forbid_unknown_fields=True):

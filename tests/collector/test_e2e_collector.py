@@ -127,6 +127,33 @@ def test_agents_and_collector_estimates_match_the_truth(tmp_path, mosquitto):
     assert collector.terminate() == 0
 
 
+def test_the_api_states_the_guarantees_the_online_agents_state(tmp_path, mosquitto):
+    """Two agents promise ε 4 per 10 minutes and 120 per day, one (the shorthand) 500 a
+    day: the API lists both promises, the most common first, from their statuses; once
+    an agent goes offline its promise is no longer listed."""
+    collector = CollectorProcess(tmp_path, mosquitto).start()
+    two = {"guarantees": [{"epsilon": 120, "per": "1d"}, {"epsilon": 4, "per": "10m"}]}
+    agents = []
+    for i, (budget, privacy) in enumerate([(None, two), (None, two), (500.0, {})]):
+        config = write_agent_config(tmp_path / f"agent{i}.toml", agent_id=f"w{i}",
+                                    broker=mosquitto, state_dir=tmp_path / f"state{i}",
+                                    budget=budget, privacy=privacy)
+        agents.append(AgentProcess(config, tmp_path / f"agent{i}.log").start())
+    try:
+        assert wait_until(lambda: collector.api()["agents_online"] == 3)
+        stated = collector.api()["guarantees"]
+        assert stated == {"others": 0, "promises": [
+            {"agents": 2, "guarantees": [{"epsilon": 4.0, "per": "10m"},
+                                         {"epsilon": 120.0, "per": "1d"}]},
+            {"agents": 1, "guarantees": [{"epsilon": 500.0, "per": "1d"}]}]}
+        assert agents[2].terminate() == 0
+        assert wait_until(lambda: len(collector.api()["guarantees"]["promises"]) == 1)
+    finally:
+        for agent in agents:
+            agent.kill()
+    assert collector.terminate() == 0
+
+
 def test_replays_and_hostile_messages_are_counted_not_aggregated(tmp_path, mosquitto):
     collector = CollectorProcess(tmp_path, mosquitto).start()
     publisher = MqttClient(mosquitto, v5=False).connect()

@@ -291,6 +291,10 @@ class FakeSource:
             "agents": agents,
             "ingest": {"messages": messages, "values": 50 * messages,
                        "duplicates": self._duplicates, "rejects": dict(self._rejects)},
+            "guarantees": {"others": 1, "promises": [
+                {"agents": n_agents - 2, "guarantees": [{"epsilon": 4.0, "per": "10m"},
+                                                        {"epsilon": 120.0, "per": "1d"}]},
+                {"agents": 1, "guarantees": [{"epsilon": 500.0, "per": "1d"}]}]},
             "channels": channels,
         }
 

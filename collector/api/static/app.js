@@ -1079,8 +1079,29 @@
   }
   const rejectNodes = new Map();
 
+  // "10m" -> "10 minutes", "1d" -> "day" (the agents' [privacy] guarantees' own words).
+  const PERIOD_WORDS = { s: "second", m: "minute", h: "hour", d: "day", w: "week" };
+  function periodWords(per) {
+    const match = /^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$/.exec(String(per));
+    if (!match) return String(per);
+    const n = Number(match[1]), unit = PERIOD_WORDS[match[2]];
+    return n === 1 ? unit : `${n} ${unit}s`;
+  }
+
+  // What the online agents promise every wearer, as their statuses state it: the most
+  // common set of guarantees, and how many agents state another one.
+  function promiseText(fleet) {
+    const promises = fleet && Array.isArray(fleet.promises) ? fleet.promises : [];
+    if (!promises.length) return DASH;
+    const words = promises[0].guarantees.map((g) =>
+      `any ${periodWords(g.per)}: ε ≤ ${fmt(g.epsilon)}` + (g.delta ? `, δ ≤ ${g.delta}` : ""));
+    const differ = promises.slice(1).reduce((n, p) => n + p.agents, fleet.others || 0);
+    return words.join("; ") + (differ ? ` (${fmtCount(differ)} agents state another)` : "");
+  }
+
   function renderHeader(doc) {
     const ingest = doc.ingest || {};
+    setText(headerStat("promise"), promiseText(doc.guarantees));
     setText(headerStat("fleet"), doc.fleet || DASH);
     setText(headerStat("agents-online"), fmtCount(doc.agents_online));
     setText(headerStat("agents-total"), fmtCount(doc.agents ? Object.keys(doc.agents).length : null));

@@ -48,6 +48,9 @@ def test_dashboard_numbers_match_the_api(dashboard, server):
     for reason, n in ingest["rejects"].items():
         assert board.text(f'[data-reject="{reason}"]') == f"{reason} {n}"
     assert board.text('#fleet [data-stat="broker"]') == "connected"
+    # The most common promise in words, and how many agents state another.
+    assert board.text('#fleet [data-stat="promise"]') == (
+        "any 10 minutes: ε ≤ 4; any day: ε ≤ 120 (2 agents state another)")
 
     channels = document["channels"]
     for name, channel in channels.items():

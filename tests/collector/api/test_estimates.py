@@ -174,3 +174,31 @@ def test_a_report_older_than_every_kept_window_leaves_nothing_to_compute(ingesto
     ingest(ingestor, [ancient])
     assert min(series.starts) == oldest  # its window is not kept ...
     assert series.stale() == [TOTAL]  # ... and only the total changed
+
+
+def test_the_fleets_promises_are_counted_bounded_and_only_of_online_agents():
+    from types import SimpleNamespace
+
+    from collector.storage.states import StatusSummary
+    from edge_agent.protocol.statuses import BudgetStatus
+
+    def agent(state, *guarantees, budget=None):
+        stated = [BudgetStatus(epsilon=e, spent=0.0, period=p) for e, p in guarantees]
+        return SimpleNamespace(status=StatusSummary(state=state, guarantees=stated or None,
+                                                    budget=budget))
+
+    agents = {f"a{i}": agent("online", (4.0, "10m"), (120.0, "1d")) for i in range(3)}
+    agents["old"] = agent("online", budget=BudgetStatus(epsilon=500.0, spent=1.0, period="1d"))
+    agents["gone"] = agent("offline", (1.0, "1h"))
+    agents["silent"] = SimpleNamespace(status=StatusSummary())
+    # A hostile fleet: 20 agents each stating a promise of its own.
+    agents.update({f"h{i}": agent("online", (2.0 + i, "1h")) for i in range(20)})
+    stated = documents.fleet_guarantees(agents)
+    promises = stated["promises"]
+    assert len(promises) == documents.MAX_PROMISES
+    assert promises[0] == {"agents": 3, "guarantees": [{"epsilon": 4.0, "per": "10m"},
+                                                       {"epsilon": 120.0, "per": "1d"}]}
+    assert sum(p["agents"] for p in promises) + stated["others"] == 3 + 1 + 20
+    # Ties ranked by the promise itself: the offline agent's (1 per hour) would come
+    # second if it were counted.
+    assert promises[1] == {"agents": 1, "guarantees": [{"epsilon": 2.0, "per": "1h"}]}
