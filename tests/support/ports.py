@@ -14,6 +14,8 @@ back-off), the configuration makes the wrong outcome take far longer than the gu
 
 from __future__ import annotations
 
+import itertools
+import os
 import socket
 import threading
 import time
@@ -25,11 +27,38 @@ HANG_GUARD_SECONDS = 60.0
 HANG_GUARD_MS = 60_000  # the same, for playwright
 
 
+# Ports the tests' servers listen on come from below Linux's ephemeral range (32768-60999
+# by default), split between the xdist workers.  The kernel's choice (bind to port 0) is
+# taken from the ephemeral range, where any outgoing connection of any test may take the
+# same port between our check and the child's bind: twice a full run lost a server to
+# "Address already in use" that way (2026-11-28).
+TEST_PORTS_FIRST, TEST_PORTS_SPAN = 20_000, 12_000
+_next_port = itertools.count()
+
+
+def _worker_ports() -> range:
+    """This xdist worker's share of the test ports (all of them outside xdist)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    share = TEST_PORTS_SPAN // workers
+    first = TEST_PORTS_FIRST + (index % workers) * share
+    return range(first, first + share)
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now (the kernel's choice), for a child to bind."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+    """A TCP port nobody listens on right now, for a child to bind: the next one of this
+    worker's share that binds (no other worker, and no outgoing connection, takes it)."""
+    ports = _worker_ports()
+    for _ in range(len(ports)):
+        port = ports[next(_next_port) % len(ports)]
+        with socket.socket() as s:
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {ports}")
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
