@@ -292,7 +292,7 @@ class AgentCore:
                 entry["delta_spent"] = \
                     self.store.spent_delta(self.agent_id, guarantee.seconds) / DELTA_UNIT
             guarantees.append(entry)
-        out = {
+        return {
             "state": state,
             # The longest guarantee's, as collectors before guarantees read it.
             "budget": guarantees[-1],
@@ -302,7 +302,6 @@ class AgentCore:
                         for s in self.sources.values()},
             "guarantees": guarantees,
         }
-        return out
 
     def local_status(self) -> dict[str, Any]:
         """The device-only status: also the counters that depend on readings (non-finite,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from edge_agent.common.config import period_parts
 from edge_agent.config import AgentConfig
 
 
@@ -98,11 +99,9 @@ _PERIOD_WORDS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "we
 
 def period_words(per: str) -> str:
     """'10m' -> '10 minutes', '1d' -> 'day', '1.5h' -> '1.5 hours'."""
-    text = per.strip()
-    number, unit = text[:-1].strip(), _PERIOD_WORDS[text[-1]]
-    if float(number) == 1:
-        return unit
-    return f"{float(number):g} {unit}s"
+    number, unit = period_parts(per)
+    word = _PERIOD_WORDS[unit]
+    return word if number == 1 else f"{number:g} {word}s"
 
 
 def guarantee_text(guarantees) -> str:

@@ -485,7 +485,7 @@ class StateStore:
                 "WHERE period_start > ? GROUP BY agent, channel",
                 (now + 1.0, now - LEGACY_RETAIN))
             clock = self._advance(self._db, now)
-            self._retain(self._db, clock, LEGACY_RETAIN)
+            self._retain(self._db, clock, Budget((Limit(0, LEGACY_RETAIN),)))
             self._db.execute("DROP TABLE ledger")
 
     def close(self) -> None:
@@ -540,19 +540,16 @@ class StateStore:
                     clock.boot_id, clock.since_boot))
         return clock
 
-    def _retain(self, db: sqlite3.Connection, clock: LedgerClock,
-                budget: Budget | float) -> None:
+    def _retain(self, db: sqlite3.Connection, clock: LedgerClock, budget: Budget) -> None:
         """Keep spending for the longest period ever used; forget what is older; and keep
         what only longer windows still count in their coarser buckets (``_coarsen``)."""
-        window_seconds = budget if isinstance(budget, float) else budget.window_seconds
-        retain = max(clock.retain_seconds, window_seconds)
+        retain = max(clock.retain_seconds, budget.window_seconds)
         if retain > clock.retain_seconds:
             db.execute("UPDATE ledger_clock SET retain_seconds = ? WHERE id = 0", (retain,))
         db.execute("DELETE FROM spending WHERE until <= ?", (clock.ledger_time - retain,))
-        if not isinstance(budget, float):
-            for shorter, longer in zip(budget.limits, budget.limits[1:]):
-                self._coarsen(db, clock.ledger_time, shorter.window_seconds,
-                              bucket_width(longer.window_seconds))
+        for shorter, longer in zip(budget.limits, budget.limits[1:]):
+            self._coarsen(db, clock.ledger_time, shorter.window_seconds,
+                          bucket_width(longer.window_seconds))
 
     def _coarsen(self, db: sqlite3.Connection, ledger_time: float, window_seconds: float,
                  width: float) -> None:

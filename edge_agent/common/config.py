@@ -39,15 +39,27 @@ _PERIOD = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _PERIOD_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def parse_period(text: str) -> float:
-    """'1d', '12h', '30m', '90s', '1w' -> seconds."""
+def period_parts(text: str) -> tuple[float, str]:
+    """'10m' -> (10.0, 'm'): the number and the unit (s, m, h, d or w) of a period."""
     match = _PERIOD.match(text)
     if not match:
         raise ValueError(f"must look like 30m, 12h, 1d or 1w, got {text!r}")
-    seconds = float(match.group(1)) * _PERIOD_SECONDS[match.group(2)]
+    return float(match.group(1)), match.group(2)
+
+
+def parse_period(text: str) -> float:
+    """'1d', '12h', '30m', '90s', '1w' -> seconds."""
+    number, unit = period_parts(text)
+    seconds = number * _PERIOD_SECONDS[unit]
     if seconds < 60:
         raise ValueError(f"must be at least 1 minute, got {text!r}")
     return seconds
+
+
+def _valid_period(text: str) -> str:
+    period_parts(text)  # its form (named here so that docs/CONFIG_REFERENCE.md lists both)
+    parse_period(text)  # and its length
+    return text
 
 
 class Model(BaseModel):
@@ -66,6 +78,8 @@ def _epsilon_range(value: float) -> float:
 
 
 Epsilon = Annotated[float, AfterValidator(_epsilon_range)]
+# A rolling window's length as a user writes it ("10m", "1d"): at least a minute.
+Period = Annotated[str, AfterValidator(_valid_period)]
 GridBits = Annotated[int, Field(ge=GRID_BITS_MIN, le=GRID_BITS_MAX)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Rate = Annotated[float, Field(gt=0, le=10_000)]

@@ -18,6 +18,7 @@ from edge_agent.common.config import (
     ConfigError,
     Model,
     Name,
+    Period,
     format_validation_error,
     parse_period,
     read_toml,
@@ -37,17 +38,11 @@ class Guarantee(Model):
 
     epsilon: Annotated[float, Field(gt=0, le=1e6, description=(
         "most epsilon spent on a wearer's data in any rolling window of `per`"))]
-    per: Annotated[str, Field(description=(
+    per: Annotated[Period, Field(description=(
         "the window: 10m, 1h, 1d, 1w ... (at least a minute), rolling on the ledger clock"))]
     # With (epsilon, delta)-LDP channels: the delta allowed in the same windows (basic
     # composition); 0: only pure epsilon-LDP reports.
     delta: Annotated[float, Field(ge=0, le=1)] = 0.0
-
-    @field_validator("per")
-    @classmethod
-    def _period(cls, value: str) -> str:
-        parse_period(value)
-        return value
 
     @property
     def seconds(self) -> float:
@@ -66,16 +61,10 @@ class PrivacyConfig(Model):
     # ((epsilon, delta)-LDP channels; basic composition, docs/PRIVACY.md "δ"); 0: only
     # pure epsilon-LDP reports.
     budget_delta: Annotated[float, Field(ge=0, le=1)] = 0.0
-    budget_period: str = "1d"
+    budget_period: Period = "1d"
     state_dir: Path = Path("/var/lib/edge-agent")
     # Most epsilon one range-discovery run may take from this agent (0 = never).
     range_epsilon_max: Annotated[float, Field(ge=0, le=EPSILON_MAX)] = 4.0
-
-    @field_validator("budget_period")
-    @classmethod
-    def _period(cls, value: str) -> str:
-        parse_period(value)
-        return value
 
     @field_validator("state_dir")
     @classmethod
