@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent import protocol, sdnotify
-from edge_agent.channels import Channel, Selection, build_channel
+from edge_agent.channels import Channel, Selection, build_channels
 from edge_agent.config import AgentConfig
 from edge_agent.range_responder import RangeResponder
 from edge_agent.readings import Readings
@@ -120,8 +120,8 @@ class AgentCore:
         self.rng = rng  # None: the OS-seeded CSPRNG; tests may pass a seeded Generator
         self.sources = sources if sources is not None else {
             s.name: build_source(s, agent_id=self.agent_id) for s in config.sources}
-        self.channels: list[Channel] = channels if channels is not None else [
-            build_channel(c, agent_id=self.agent_id, fleet=config.fleet) for c in config.channels]
+        self.channels: list[Channel] = channels if channels is not None else \
+            build_channels(config, self.agent_id)
         self.period_seconds = config.privacy.period_seconds
         self.budget = budget_of(config)
         self.range: RangeResponder | None = None  # set by the service: range discovery
@@ -209,7 +209,7 @@ class AgentCore:
             self._period = start
         batch = Batch(self, now, batch_start, now - batch_start)
         for channel in self.channels:
-            selection = channel.select(readings[channel.source])
+            selection = channel.select(readings[channel.source], now, self.rng)
             if len(selection):
                 batch.selections.append((channel, selection))
         return batch
@@ -257,6 +257,12 @@ class AgentCore:
             if self.log_shared:
                 log.info("%sthe clock has caught up: reporting again", self.log_prefix)
         for channel, wanted, allowed in batch.outcomes:
+            if channel.spacing is not None:  # planned: a refused report stays due
+                if allowed:
+                    channel.reported(batch.now)
+                else:
+                    channel.local["budget_refused"] += wanted
+                continue
             if allowed == wanted:
                 if channel.name in self.exhausted:
                     self.exhausted.discard(channel.name)
@@ -341,7 +347,7 @@ class AgentService:
             fleet=config.fleet, store=self.store, rng=rng,
             agents={core.agent_id: [c.name for c in core.channels if c.kind == "linear"]
                     for core in self.cores},
-            budget=budget_of(config), range_epsilon_max=config.privacy.range_epsilon_max)
+            budget=budget_of(config), range_epsilon_max=config.range_epsilon_limit)
         for core in self.cores:
             core.range = self.range
         self.agents = frozenset(core.agent_id for core in self.cores)

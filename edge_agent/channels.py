@@ -6,8 +6,10 @@ A channel (a Telegraf-style processor) does three things per batch:
    (counted on the device only, ``local['non_finite_dropped']``; such a reading
    is broken, and guessing a value would misreport it), then keep at most one reading per
    ``report_interval`` seconds (the first at or after the previous report
-   plus the interval; 0 keeps every reading).  Which readings are kept
-   depends only on time, never on values.
+   plus the interval; 0 keeps every reading).  A planned channel (``spacing``,
+   ``edge_agent.planning``) keeps instead the batch's last reading once ``spacing``
+   seconds have passed since its previous report, the first time at a phase drawn
+   from the CSPRNG.  Which readings are kept depends only on time, never on values.
 2. The state store decides how many of the selected readings the budget
    allows (see ``state.StateStore.record``).
 3. ``build_message``: perturb that many readings and encode one message.
@@ -89,7 +91,8 @@ class Selection:
 class Channel:
     kind: str
 
-    def __init__(self, config, *, agent_id: str, fleet: str):
+    def __init__(self, config, *, agent_id: str, fleet: str, spacing: float | None = None):
+        """``spacing``: the planner's seconds between reports (None: ``report_interval``)."""
         self.config = config
         self.name = config.name
         self.source = config.source
@@ -97,6 +100,7 @@ class Channel:
         self.agent_id = agent_id
         self.topic = protocol.data_topic(fleet, agent_id, config.name)
         self.report_interval = config.report_interval
+        self.spacing = spacing
         self._next_due = -math.inf
         self._charge: tuple[Any, int] | None = None
         self.counters = dict.fromkeys(PUBLISHED_COUNTERS, 0)
@@ -150,14 +154,37 @@ class Channel:
         return 0
 
     # -- step 1 --------------------------------------------------------------------------
-    def select(self, readings: Readings) -> Selection:
+    def select(self, readings: Readings, now: float = 0.0, rng: Any = None) -> Selection:
+        """What of ``readings`` (a batch at time ``now``) this channel would report;
+        ``rng`` draws a planned channel's first phase (None: the CSPRNG)."""
         columns, ok = self._read(readings)
+        if self.spacing is not None:
+            return self._select_planned(columns, ok, readings.times, now, rng)
         index = np.flatnonzero(ok)
         times = readings.times[index]
         if self.report_interval > 0 and index.size:
             index = index[self._subsample(times)]
             times = readings.times[index]
         return Selection(times, tuple(column[index] for column in columns))
+
+    def _select_planned(self, columns, ok, times, now: float, rng: Any) -> Selection:
+        if self._next_due == -math.inf:
+            # A random phase, so that each slot of the fleet's windows holds a random
+            # share of the wearers (population division), drawn at every start: the
+            # ledger holds a report back until the previous one has left its windows.
+            uniform = float(as_random_source(rng).words(1)[0]) / 2.0 ** 64
+            self._next_due = now + uniform * self.spacing
+        index = np.flatnonzero(ok)
+        if now < self._next_due or not index.size:
+            return Selection(times[:0], tuple(column[:0] for column in columns))
+        last = index[-1:]
+        return Selection(times[last], tuple(column[last] for column in columns))
+
+    def reported(self, now: float) -> None:
+        """A planned channel's report was charged at batch time ``now``: the next one is
+        due ``spacing`` later (a report the ledger refused stays due)."""
+        if self.spacing is not None:
+            self._next_due = now + self.spacing
 
     def _read(self, readings: Readings) -> tuple[list[np.ndarray], np.ndarray]:
         """The channel's columns, and which rows can be reported (finite in every one)."""
@@ -363,6 +390,25 @@ class CategoricalChannel(Channel):
             order = np.argsort(keys)
             self._keys, self._numbers = keys[order], order.astype(np.int64)
 
+    def _select_planned(self, columns, ok, times, now: float, rng: Any) -> Selection:
+        if self._next_due == -math.inf:
+            # A random phase, so that each slot of the fleet's windows holds a random
+            # share of the wearers (population division), drawn at every start: the
+            # ledger holds a report back until the previous one has left its windows.
+            uniform = float(as_random_source(rng).words(1)[0]) / 2.0 ** 64
+            self._next_due = now + uniform * self.spacing
+        index = np.flatnonzero(ok)
+        if now < self._next_due or not index.size:
+            return Selection(times[:0], tuple(column[:0] for column in columns))
+        last = index[-1:]
+        return Selection(times[last], tuple(column[last] for column in columns))
+
+    def reported(self, now: float) -> None:
+        """A planned channel's report was charged at batch time ``now``: the next one is
+        due ``spacing`` later (a report the ledger refused stays due)."""
+        if self.spacing is not None:
+            self._next_due = now + self.spacing
+
     def _read(self, readings: Readings) -> tuple[list[np.ndarray], np.ndarray]:
         """Category numbers of the rows (``unknown``'s, or -1 where a reading is none of
         them); numbers beyond the bin edges go to the end bins (counted as clipped)."""
@@ -432,5 +478,13 @@ _KINDS = {"linear": LinearChannel, "circular": CircularChannel, "polar": PolarCh
           "vector": VectorChannel, "categorical": CategoricalChannel}
 
 
-def build_channel(config, *, agent_id: str, fleet: str) -> Channel:
-    return _KINDS[config.kind](config, agent_id=agent_id, fleet=fleet)
+def build_channel(config, *, agent_id: str, fleet: str, spacing: float | None = None) -> Channel:
+    return _KINDS[config.kind](config, agent_id=agent_id, fleet=fleet, spacing=spacing)
+
+
+def build_channels(config, agent_id: str) -> list[Channel]:
+    """Every channel of an ``AgentConfig``, planned ones with the planner's spacing."""
+    plan = config.plan
+    return [build_channel(c, agent_id=agent_id, fleet=config.fleet,
+                          spacing=plan.channel(c.name).spacing if plan else None)
+            for c in config.channels]

@@ -42,26 +42,35 @@ def implied(config: AgentConfig) -> dict:
     """What ``check-config`` adds to the configuration: each channel's mechanism as the
     protocol will announce it (polar splits, vector plans), and how long the budget
     lasts at the configured rates (edge_agent.spending)."""
-    from edge_agent.channels import build_channel
-    from edge_agent.spending import ChannelSpending, budget_plan, reports_per_second
+    from edge_agent.channels import build_channels
+    from edge_agent.spending import (
+        ChannelSpending,
+        budget_plan,
+        plan_document,
+        reports_per_second,
+    )
     from edge_agent.state import DELTA_UNIT, NANO
 
-    channels = [build_channel(c, agent_id=config.agent_id, fleet=config.fleet)
-                for c in config.channels]
+    channels = build_channels(config, config.agent_id)
     sources = {source.name: source for source in config.sources}
     spending = [ChannelSpending(channel.name,
-                                *reports_per_second(channel.config, sources[channel.source]),
+                                *((1.0 / channel.spacing, True) if channel.spacing else
+                                  reports_per_second(channel.config, sources[channel.source])),
                                 epsilon_per_report=channel.charge_nano / NANO,
                                 delta_per_report=channel.charge_delta / DELTA_UNIT)
                 for channel in channels]
-    return {"mechanisms": describe_channels(channels),
-            "budget": budget_plan(config, spending)}
+    implied = {"mechanisms": describe_channels(channels),
+               "budget": budget_plan(config, spending)}
+    if config.plan is not None:
+        implied["plan"] = plan_document(config)
+    return implied
 
 
 def budget_advice(config: AgentConfig, effective: dict) -> list[str]:
-    from edge_agent.spending import budget_lines
+    from edge_agent.spending import budget_lines, plan_lines
 
-    return budget_lines(config, effective["budget"])
+    lines = budget_lines(config, effective["budget"])
+    return lines + (plan_lines(effective["plan"]) if "plan" in effective else [])
 
 
 add_check_config(main, load_config, implied, budget_advice)

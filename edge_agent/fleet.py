@@ -56,7 +56,7 @@ import numpy as np
 
 from edge_agent import protocol
 from edge_agent.agent import AgentCore, AgentService, open_state
-from edge_agent.channels import Channel, Selection, build_channel
+from edge_agent.channels import Channel, Selection, build_channels
 from edge_agent.config import (
     FLEET_MAX_COUNT,
     NAME_PATTERN,
@@ -216,8 +216,8 @@ class TruthTap:
     def __getattr__(self, name: str):
         return getattr(self._channel, name)
 
-    def select(self, readings: Readings) -> Selection:
-        selection = self._channel.select(readings)
+    def select(self, readings: Readings, now: float = 0.0, rng: Any = None) -> Selection:
+        selection = self._channel.select(readings, now, rng)
         if len(selection):
             self._truth.add(self._channel, selection)
         return selection
@@ -235,8 +235,7 @@ def fleet_service(config: AgentConfig, *, count: int, truth_path: Path | None = 
     truth = TrueMeans() if truth_path is not None else None
     # One template per channel config: its mechanism is built (and later JIT-compiled)
     # once and shared by every virtual agent's clone.
-    templates = [build_channel(c, agent_id=agent_ids[0], fleet=config.fleet)
-                 for c in config.channels]
+    templates = build_channels(config, agent_ids[0])
     cores = []
     for i, agent_id in enumerate(agent_ids):
         channels = [t.for_agent(agent_id, config.fleet) for t in templates]

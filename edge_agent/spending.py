@@ -195,8 +195,57 @@ def budget_lines(config: AgentConfig, plan: dict) -> list[str]:
                                for per, spent in c["epsilon_per_period"].items())
         lines.append(f"  {name}: {bound}{rate_text(rate)} × ε {c['epsilon_per_report']:g} = "
                      f"{per_window}")
-    range_max = config.privacy.range_epsilon_max
+    range_max = config.range_epsilon_limit
     if range_max > 0:
         lines.append(f"  plus at most ε {range_max:g} per range-discovery run this agent "
                      f"joins ([privacy] range_epsilon_max)")
+    return lines
+
+
+def plan_document(config: AgentConfig) -> dict:
+    """The ``plan`` section of ``check-config`` (``[privacy] plan = "auto"``): per channel
+    its ε per report, spacing, the most reports and ε any window of each guarantee
+    counts, the share of the wearers in each slot and the relative error of the fleet's
+    mean per slot for 1,000 wearers, beside reporting every slot at ε / w."""
+    from edge_agent.planning import NANO, every_slot_error
+
+    plan = config.plan
+    wearers = 1000
+    channels = {}
+    for channel, planned in zip(config.channels, plan.channels):
+        baseline = every_slot_error(channel, planned, plan.horizons, plan.slot, plan.spread)
+        channels[planned.name] = {
+            "epsilon_per_report": planned.epsilon, "every_seconds": planned.spacing,
+            "reports_in_any": {h.per: n for h, n in zip(plan.horizons, planned.counts)},
+            "epsilon_in_any": {h.per: planned.spend(i) / NANO
+                               for i, h in enumerate(plan.horizons)},
+            "reports_per_slot": planned.reports_per_slot,
+            "relative_rmse": planned.slot_error / math.sqrt(wearers),
+            "every_slot_relative_rmse": None if baseline is None
+            else baseline / math.sqrt(wearers)}
+    return {"slot_seconds": plan.slot, "spread": plan.spread, "wearers": wearers,
+            "range_discovery_epsilon": plan.reserve_nano / NANO, "channels": channels}
+
+
+def plan_lines(plan: dict) -> list[str]:
+    """The plan for a person, a line per channel."""
+    lines = [f"Plan (privacy.plan = \"auto\"): the error of the fleet's mean per "
+             f"{duration_text(plan['slot_seconds'])} slot, {plan['wearers']:,} wearers whose "
+             f"readings spread over {plan['spread']:g} of the domain, relative to its width:"]
+    for name, c in plan["channels"].items():
+        windows = ", ".join(f"{n} in any {period_words(per)} (ε {c['epsilon_in_any'][per]:.6g})"
+                            for per, n in c["reports_in_any"].items())
+        m = c["reports_per_slot"]
+        who = (f"each slot holds {m:.1%} of the wearers" if m < 1
+               else f"each wearer reports {m:.3g} times a slot")
+        line = (f"  {name}: one report every {duration_text(c['every_seconds'])} at "
+                f"ε {c['epsilon_per_report']:.6g} (a random phase per wearer); at most "
+                f"{windows}; {who}; relative RMSE {c['relative_rmse']:.3g}")
+        if c["every_slot_relative_rmse"] is not None:
+            line += (f" (every slot at ε/w: {c['every_slot_relative_rmse']:.3g}, "
+                     f"{c['every_slot_relative_rmse'] / c['relative_rmse']:.1f}x)")
+        lines.append(line)
+    if plan["range_discovery_epsilon"]:
+        lines.append(f"  range discovery: ε {plan['range_discovery_epsilon']:g} kept free in "
+                     f"every window ([privacy] range_epsilon_max)")
     return lines

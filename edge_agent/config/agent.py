@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from edge_agent.common.config import (
     BrokerConfig,
@@ -63,8 +63,20 @@ class PrivacyConfig(Model):
     budget_delta: Annotated[float, Field(ge=0, le=1)] = 0.0
     budget_period: Period = "1d"
     state_dir: Path = Path("/var/lib/edge-agent")
-    # Most epsilon one range-discovery run may take from this agent (0 = never).
-    range_epsilon_max: Annotated[float, Field(ge=0, le=EPSILON_MAX)] = 4.0
+    # Most epsilon one range-discovery run may take from this agent (0 = never).  Left
+    # out: 4, or with plan = "auto" a quarter of the shortest guarantee's epsilon (at most
+    # 4), which the planner keeps free in every window of every guarantee.
+    range_epsilon_max: Annotated[float, Field(ge=0, le=EPSILON_MAX)] | None = None
+    # "auto": the planner sets every channel's epsilon per report and when it reports,
+    # for the least error of the fleet's mean under the guarantees (docs/PRIVACY.md, "The
+    # planner"); "manual": each channel's epsilon and report_interval.  Left out: "auto"
+    # when no channel gives its epsilon, else "manual".
+    plan: Literal["auto", "manual"] | None = None
+    # What the planner makes accurate: the fleet's mean over each window of plan_slot (the
+    # collector's [aggregates] window_seconds), for a fleet whose readings spread with a
+    # standard deviation of plan_spread x the domain's width.
+    plan_slot: Period = "1m"
+    plan_spread: Annotated[float, Field(gt=0, le=0.5)] = 0.15
 
     @field_validator("state_dir")
     @classmethod
@@ -108,6 +120,10 @@ class PrivacyConfig(Model):
         """The longest guarantee's window (a discovered range is adopted when one begins,
         UTC-aligned)."""
         return self.longest.seconds
+
+    @property
+    def plan_slot_seconds(self) -> float:
+        return parse_period(self.plan_slot)
 
     @property
     def delta_allowed(self) -> bool:
@@ -170,29 +186,60 @@ class AgentConfig(Model):
     batch_seconds: Annotated[float, Field(ge=0.05, le=3600)] = 1.0
     sources: Annotated[list[SourceConfig], Field(min_length=1, max_length=MAX_AGENT_CHANNELS)]
     channels: Annotated[list[ChannelConfig], Field(min_length=1, max_length=MAX_AGENT_CHANNELS)]
+    # plan = "auto": the planner's choice; ``channels`` then carry its epsilon per report.
+    _plan: Any = PrivateAttr(None)
+
+    @property
+    def planned(self) -> bool:
+        """Whether the planner sets the channels' epsilon and schedule."""
+        plan = self.privacy.plan
+        return self._plan is not None or plan == "auto" or (
+            plan is None and all(c.epsilon is None for c in self.channels))
+
+    @property
+    def plan(self):
+        """The planner's ``edge_agent.planning.Plan`` (None with plan = "manual")."""
+        return self._plan
+
+    @property
+    def range_epsilon_limit(self) -> float:
+        """``[privacy] range_epsilon_max``, or its default (see there)."""
+        if self.privacy.range_epsilon_max is not None:
+            return self.privacy.range_epsilon_max
+        return min(4.0, self.privacy.shortest.epsilon / 4) if self.planned else 4.0
 
     @model_validator(mode="after")
     def _references(self):
         _unique("sources", [s.name for s in self.sources])
         _unique("channels", [c.name for c in self.channels])
         sources = {s.name: s for s in self.sources}
+        planned = self.planned
         for i, channel in enumerate(self.channels):
             source = sources.get(channel.source)
             if source is None:
                 raise ValueError(f"channels[{i}].source: no source named {channel.source!r} "
                                  f"(have: {', '.join(sources)})")
-            problem = mechanism_problem(channel)
-            if problem:
-                raise ValueError(f"channels[{i}]: its mechanism refuses it: {problem}")
+            if planned:
+                _plannable(i, channel, self.privacy.plan)
+            elif channel.epsilon is None:
+                raise ValueError(
+                    f"channels[{i}].epsilon: missing: give every channel its epsilon per report"
+                    f" (privacy.plan = \"manual\"), or none and the planner sets them all "
+                    f"(privacy.plan = \"auto\")")
+            else:
+                problem = mechanism_problem(channel)
+                if problem:
+                    raise ValueError(f"channels[{i}]: its mechanism refuses it: {problem}")
+                shortest = self.privacy.shortest
+                if channel.epsilon > shortest.epsilon:
+                    raise ValueError(
+                        f"channels[{i}].epsilon: {channel.epsilon:g} per report is more than "
+                        f"the privacy guarantee allows in any {shortest.per} "
+                        f"({shortest.epsilon:g}): this channel could never report")
             if getattr(channel, "delta", 0.0) > 0 and not self.privacy.delta_allowed:
                 raise ValueError(f"channels[{i}].delta: {channel.delta:g} needs a delta "
                                  f"budget: set privacy.budget_delta, or each guarantee's "
                                  f"delta (basic composition: each report spends delta)")
-            shortest = self.privacy.shortest
-            if channel.epsilon > shortest.epsilon:
-                raise ValueError(f"channels[{i}].epsilon: {channel.epsilon:g} per report is "
-                                 f"more than the privacy guarantee allows in any {shortest.per}"
-                                 f" ({shortest.epsilon:g}): this channel could never report")
             available = source_fields(source)
             wanted = [channel.field] if hasattr(channel, "field") else list(channel.fields)
             if available is not None:
@@ -213,6 +260,28 @@ class AgentConfig(Model):
                     f"readings, got {source.commit_timeout_seconds:g}")
         return self
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _make_plan(cls, data: Any, handler):
+        """With plan = "auto", the channels as the planner sets them (epsilon per report),
+        their mechanisms checked like configured ones.  Defined after the other
+        validators, so that it wraps them: they see the configuration as written."""
+        config = handler(data)
+        if not config.planned or config._plan is not None:
+            return config
+        from edge_agent.planning import make_plan  # it reads this module's models
+        plan = make_plan(config)
+        channels = [c.model_copy(update={"epsilon": p.epsilon})
+                    for c, p in zip(config.channels, plan.channels)]
+        for i, channel in enumerate(channels):
+            problem = mechanism_problem(channel)
+            if problem:
+                raise ValueError(f"channels[{i}]: its mechanism refuses the planned epsilon "
+                                 f"{channel.epsilon:g}: {problem}")
+        planned = config.model_copy(update={"channels": channels})
+        planned._plan = plan
+        return planned
+
     def source(self, name: str):
         return next(s for s in self.sources if s.name == name)
 
@@ -229,6 +298,22 @@ class AgentConfig(Model):
     def dirs_written(self) -> dict[str, Path]:
         """Every directory the agent writes, by configuration key."""
         return {"privacy.state_dir": self.privacy.state_dir}
+
+
+def _plannable(i: int, channel, plan: str | None) -> None:
+    """What the planner sets must not be configured too (``ValueError`` naming the key)."""
+    why = ('with privacy.plan = "auto"' if plan == "auto" else
+           "while no channel gives its epsilon (the planner sets them all)")
+    if channel.epsilon is not None:
+        raise ValueError(f"channels[{i}].epsilon: set by the planner {why}: leave it out, or "
+                         f"set privacy.plan = \"manual\" and give every channel its epsilon")
+    if channel.report_interval > 0:
+        raise ValueError(f"channels[{i}].report_interval: the planner sets when a channel "
+                         f"reports {why}: leave it out, or set privacy.plan = \"manual\"")
+    if getattr(channel, "delta", 0.0) > 0:
+        raise ValueError(f"channels[{i}].delta: the planner plans pure epsilon-LDP channels: "
+                         f"set privacy.plan = \"manual\" to give this one its epsilon and "
+                         f"report_interval")
 
 
 def _unique(what: str, names: list[str]) -> None:

@@ -36,9 +36,13 @@ OgpmOnly = Literal[KIND_CONFIG_NAMES["circular"]]  # type: ignore[valid-type]
 class _ChannelBase(Model):
     name: Name
     source: Name
-    epsilon: Epsilon  # per report (a vector or polar report counts once)
-    # Seconds between reported readings: sub-sampling stretches the budget.
+    # Per report (a vector or polar report counts once).  Leave it out and the planner
+    # sets it ([privacy] plan = "auto", docs/PRIVACY.md "The planner").
+    epsilon: Epsilon | None = None
+    # Seconds between reported readings: sub-sampling stretches the budget (plan = "manual").
     report_interval: Annotated[float, Field(ge=0, le=86400)] = 0.0
+    # plan = "auto": this channel's share of every guarantee, relative to the others'.
+    plan_weight: Annotated[float, Field(gt=0, le=1e6)] = 1.0
     grid_bits: GridBits = 16
 
     @field_validator("name")
