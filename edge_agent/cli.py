@@ -69,8 +69,10 @@ def implied(config: AgentConfig) -> dict:
 def budget_advice(config: AgentConfig, effective: dict) -> list[str]:
     from edge_agent.spending import budget_lines, plan_lines
 
-    lines = budget_lines(config, effective["budget"])
-    return lines + (plan_lines(effective["plan"]) if "plan" in effective else [])
+    if "plan" in effective:  # the plan states its worst cases; rates would say averages
+        return [f"What a wearer gets: {effective['budget']['promise']}",
+                *plan_lines(effective["plan"])]
+    return budget_lines(config, effective["budget"])
 
 
 add_check_config(main, load_config, implied, budget_advice)

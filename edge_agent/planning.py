@@ -282,8 +282,9 @@ def plan_channel(channel, shares: tuple[int, ...], horizons: tuple[Horizon, ...]
 def every_slot_error(channel, plan: ChannelPlan, horizons: tuple[Horizon, ...],
                      slot: float, spread: float) -> float | None:
     """The slot error of the natural configuration for comparison: every wearer reports
-    once per slot, at what the channel's shares allow (budget division, ε / w)."""
-    n = counts(slot, horizons)
+    once per slot, at what the channel's shares allow (budget division: ε / w for w
+    slots a window, ideally: without the ledger's bucket)."""
+    n = tuple(math.ceil(Fraction(h.window) / Fraction(slot)) for h in horizons)
     epsilon = epsilon_of_nano(min(share // count for share, count in zip(plan.shares, n)))
     variance = report_variance(channel, epsilon) if epsilon >= EPSILON_MIN else None
     return None if variance is None else slot_error(variance, slot, slot, spread)

@@ -230,8 +230,9 @@ def plan_document(config: AgentConfig) -> dict:
 def plan_lines(plan: dict) -> list[str]:
     """The plan for a person, a line per channel."""
     lines = [f"Plan (privacy.plan = \"auto\"): the error of the fleet's mean per "
-             f"{duration_text(plan['slot_seconds'])} slot, {plan['wearers']:,} wearers whose "
-             f"readings spread over {plan['spread']:g} of the domain, relative to its width:"]
+             f"{duration_text(plan['slot_seconds'])} slot for {plan['wearers']:,} wearers whose "
+             f"readings spread by {plan['spread']:g} of the domain's width (standard "
+             f"deviation), relative to that width:"]
     for name, c in plan["channels"].items():
         windows = ", ".join(f"{n} in any {period_words(per)} (ε {c['epsilon_in_any'][per]:.6g})"
                             for per, n in c["reports_in_any"].items())

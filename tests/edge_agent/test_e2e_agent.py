@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from edge_agent.mechanisms import from_description
+from edge_agent.spending import duration_text
 from edge_agent.state import NANO, Budget, StateStore
 from tests.support import (
     REPO,
@@ -275,46 +276,81 @@ def test_check_config_prints_effective_config_and_rejects_bad_ones(tmp_path):
     good = run_cli("check-config", str(REPO / "configs" / "agent.toml"))
     assert good.returncode == 0, good.stderr
     effective = json.loads(good.stdout)
-    assert effective["mechanisms"]["accel_polar"]["mechanism"]["epsilon_radius"] > 0
+    polar = effective["mechanisms"]["accel_polar"]["mechanism"]
+    assert polar["epsilon_radius"] + polar["epsilon_angle"] == pytest.approx(polar["epsilon"])
+    assert effective["channels"][2]["epsilon"] == polar["epsilon"]  # the planner's
     assert effective["batch_seconds"] == 1.0
     bad = tmp_path / "bad.toml"
     sample = (REPO / "configs" / "agent.toml").read_text()
-    assert sample.count("epsilon = 3.0 ") == 1  # the polar channel, channels[2]
-    bad.write_text(sample.replace("epsilon = 3.0 ", "epsilon = -1 "))
+    assert sample.count("radius_max = 2.0 ") == 1  # the polar channel, channels[2]
+    bad.write_text(sample.replace("radius_max = 2.0 ", "radius_max = -1 "))
     result = run_cli("check-config", str(bad))
     assert result.returncode == 2
-    assert "channels[2].epsilon: must be in [1e-05, 20], got -1" in result.stderr
+    assert "channels[2].radius_max: must be > 0, got -1" in result.stderr
     assert run_cli("run", "--config", str(bad)).returncode == 78  # EX_CONFIG: no restart loop
     missing = run_cli("check-config", str(tmp_path / "nope.toml"))
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
+def test_check_config_states_the_sample_guarantees_and_its_plan():
+    """The sample: two guarantees, planned; check-config says what a wearer gets, and
+    per channel the worst case of each window, which all channels and the range reserve
+    together keep within the guarantee."""
+    result = run_cli("check-config", str(REPO / "configs" / "agent.toml"))
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)["plan"]
+    assert result.stderr.splitlines()[0] == (
+        "What a wearer gets: any 10 minutes of a wearer's data: ε ≤ 4; any day of a "
+        "wearer's data: ε ≤ 120")
+    assert "WARNING" not in result.stderr
+    channels = plan["channels"]
+    assert len(channels) == 7
+    for per, guarantee in (("10m", 4), ("1d", 120)):
+        worst = sum(c["epsilon_in_any"][per] for c in channels.values())
+        assert worst + plan["range_discovery_epsilon"] <= guarantee
+        assert worst + plan["range_discovery_epsilon"] > guarantee * 0.95  # little left over
+    accel_x = channels["accel_x"]
+    assert accel_x["epsilon_in_any"]["1d"] == pytest.approx(
+        accel_x["reports_in_any"]["1d"] * accel_x["epsilon_per_report"])
+    line = next(x for x in result.stderr.splitlines() if x.startswith("  accel_x: "))
+    assert line.startswith(f"  accel_x: one report every {duration_text(accel_x['every_seconds'])}"
+                           f" at ε {accel_x['epsilon_per_report']:.6g} (a random phase per "
+                           f"wearer); at most 1 in any 10 minutes")
+    assert "range discovery: ε 1 kept free in every window" in result.stderr
+
+
+MANUAL = [{"name": "accel_x", "source": "imu", "field": "accel_x", "kind": "linear",
+           "epsilon": 1.0, "domain": [-2, 2], "report_interval": 900.0},
+          {"name": "roll", "source": "imu", "field": "roll", "kind": "circular",
+           "epsilon": 1.0, "report_interval": 1800.0}]
+
+
 def test_check_config_says_how_long_the_budget_lasts(tmp_path):
-    """The sample configuration reports all day; one reporting every second runs out
-    of its budget within minutes, and check-config says so per channel."""
-    sample = (REPO / "configs" / "agent.toml").read_text()
-    good = run_cli("check-config", str(REPO / "configs" / "agent.toml"))
+    """Manual channels: one reporting every 15 minutes lasts the day; one reporting every
+    half second runs out of its budget within minutes, and check-config says so."""
+    path = write_agent_config(tmp_path / "a.toml", state_dir=tmp_path, budget=500.0,
+                              batch_seconds=1.0, channels=MANUAL,
+                              sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50}])
+    good = run_cli("check-config", str(path))
     budget = json.loads(good.stdout)["budget"]
     [day] = budget["guarantees"]
     assert day["whole_period"] and day["lasts_seconds"] == 86400
-    assert day["epsilon_per_period"] <= day["epsilon"] == 500
+    assert day["epsilon_per_period"] == pytest.approx(96 + 48)
     assert budget["channels"]["accel_x"]["reports_per_second"] == 1 / 900
-    others = day["epsilon_per_period"] \
-        - budget["channels"]["accel_x"]["epsilon_per_period"]["1d"]
     assert "WARNING" not in good.stderr and "lasts the whole window" in good.stderr
     assert "What a wearer gets: any day of a wearer's data: ε ≤ 500" in good.stderr
-    busy = tmp_path / "busy.toml"
-    assert sample.count("report_interval = 900.0    # seconds") == 1  # accel_x's
-    busy.write_text(sample.replace("report_interval = 900.0    # seconds",
-                                   "report_interval = 0.5    # seconds"))
+    busy = write_agent_config(tmp_path / "b.toml", state_dir=tmp_path, budget=500.0,
+                              batch_seconds=1.0,
+                              channels=[{**MANUAL[0], "report_interval": 0.5}, MANUAL[1]],
+                              sources=[{"name": "imu", "type": "synthetic", "rate_hz": 50}])
     result = run_cli("check-config", str(busy))
     assert result.returncode == 0, result.stderr
     [day] = json.loads(result.stdout)["budget"]["guarantees"]
-    # accel_x: 2 reports a second at epsilon 1, and the others as before.
-    spent_per_second = 2.0 + others / 86400
+    # accel_x: 2 reports a second at epsilon 1, and roll as before.
+    spent_per_second = 2.0 + 48 / 86400
     assert day["lasts_seconds"] == pytest.approx(500 / spent_per_second, rel=1e-9)
     assert day["limited_by"] == "epsilon" and not day["whole_period"]
-    assert "WARNING: ε ≤ 500 per 1d runs out 4 min 9 s into each 1d" in result.stderr
+    assert "WARNING: ε ≤ 500 per 1d runs out 4 min 10 s into each 1d" in result.stderr
     assert "accel_x: 2/s × ε 1 = ε 172800 per 1d" in result.stderr
 
 

@@ -15,12 +15,13 @@ import csv
 import json
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edge_agent import protocol
-from edge_agent.agent import AgentCore, AgentService
+from edge_agent.agent import STATE_FILE, AgentCore, AgentService
 from edge_agent.channels import build_channel, vector_plan
 from edge_agent.config import VectorChannelConfig, parse_config
 from edge_agent.fleet import fleet_service
@@ -81,39 +82,55 @@ def recordings(tmp_path):
     return paths
 
 
-def config_for(tmp_path, mosquitto, recording, run: str, budget: float):
-    data = agent_config(
-        state_dir=tmp_path / f"state-{run}", broker=mosquitto, budget=budget,
-        batch_seconds=1.0, channels=CHANNELS,
-        sources=[{"name": "rec", "type": "csv", "path": str(recording), "pace": "fast",
-                  "rate_hz": 50.0, "columns": {f: f for f in FIELDS}}])
+def config_for(tmp_path, mosquitto, recording, run: str, budget: float, planned: bool = False):
+    source = {"name": "rec", "type": "csv", "path": str(recording), "pace": "fast",
+              "rate_hz": 50.0, "columns": {f: f for f in FIELDS}}
+    if planned:  # the planner's epsilons and schedule: a reading a second, for minutes
+        data = agent_config(
+            state_dir=tmp_path / f"state-{run}", broker=mosquitto, budget=None,
+            batch_seconds=1.0, privacy={"guarantees": [{"epsilon": 4, "per": "1m"}]},
+            channels=[{k: v for k, v in c.items() if k != "epsilon"} for c in CHANNELS],
+            sources=[{**source, "pace": "fixed", "rate_hz": 1.0, "loop": True}])
+    else:
+        data = agent_config(state_dir=tmp_path / f"state-{run}", broker=mosquitto,
+                            budget=budget, batch_seconds=1.0, channels=CHANNELS,
+                            sources=[source])
     return parse_config(data)
 
 
-def publish_once(service: AgentService) -> None:
-    """One batch of everything the recording holds, a status, then a clean stop: the run
-    loop's steps in a fixed order (the run loop times them by the clock)."""
+PLANNED_SECONDS = 200  # a planned run's batches, one a second: each channel reports
+
+
+def publish_once(service: AgentService, times=(T0,)) -> None:
+    """A batch of what the recording holds at each of ``times``, a status, then a clean
+    stop: the run loop's steps in a fixed order (the run loop times them by the clock)."""
     for core in service.cores:
         core.warm_up()
         core.start()
     service.transport.start()
     assert wait_until(lambda: service.transport.connected, 10)
-    service.tick(T0)
+    for now in times:
+        service.tick(now)
     service._publish_status()
     service._shutdown()
 
 
 def captured(tmp_path, mosquitto, recording, run: str, *, fleet: int | None = None,
-             budget: float = 1e6) -> list[tuple[str, bytes, bool]]:
+             budget: float = 1e6, planned: bool = False) -> list[tuple[str, bytes, bool]]:
     """Every message the agent (or fleet) publishes for ``recording``, in order."""
     subscriber = Subscriber(mosquitto, f"{protocol.TOPIC_ROOT}/#")
-    config = config_for(tmp_path, mosquitto, recording, run, budget)
+    config = config_for(tmp_path, mosquitto, recording, run, budget, planned)
     rng = np.random.default_rng(11)
     clock = lambda: T0  # noqa: E731  (statuses and reports carry no time that differs)
-    service = (AgentService(config, rng=rng, clock=clock, drain_timeout=10)
+    # The ledger's clock paced by a simulated monotonic clock, so that batches a second
+    # apart are a second apart for it too, however fast the test runs them.
+    time = SimulatedTime(T0 - 1)
+    store = StateStore(Path(config.privacy.state_dir) / STATE_FILE,
+                       monotonic=time.monotonic, boot_id=time.boot_id)
+    service = (AgentService(config, rng=rng, clock=clock, drain_timeout=10, store=store)
                if fleet is None else fleet_service(config, count=fleet, rng=rng, clock=clock,
-                                                   drain_timeout=10))
-    publish_once(service)
+                                                   drain_timeout=10, store=store))
+    publish_once(service, (time.advance(1.0) for _ in range(PLANNED_SECONDS if planned else 1)))
     assert wait_until(lambda: any(b'"offline"' in p for _, p, _ in subscriber.messages), 10)
     subscriber.close()
     mosquitto_clear_retained(mosquitto, subscriber.messages)
@@ -157,15 +174,22 @@ def without_codes(messages) -> tuple[list, list]:
     return shapes, codes
 
 
-@pytest.mark.parametrize("fleet", [None, 2], ids=["agent", "fleet"])
-def test_only_the_codes_differ_between_runs_on_different_readings(tmp_path, mosquitto, fleet):
+@pytest.mark.parametrize("fleet, planned", [(None, False), (2, False), (None, True), (2, True)],
+                         ids=["agent", "fleet", "planned-agent", "planned-fleet"])
+def test_only_the_codes_differ_between_runs_on_different_readings(tmp_path, mosquitto, fleet,
+                                                                  planned):
+    """Planned: the planner's schedule (a CSPRNG phase, then a report every spacing) is
+    the same whatever the readings."""
     a, b = recordings(tmp_path)
-    first = captured(tmp_path, mosquitto, a, "a", fleet=fleet)
-    second = captured(tmp_path, mosquitto, b, "b", fleet=fleet)
+    first = captured(tmp_path, mosquitto, a, "a", fleet=fleet, planned=planned)
+    second = captured(tmp_path, mosquitto, b, "b", fleet=fleet, planned=planned)
     shapes_a, codes_a = without_codes(first)
     shapes_b, codes_b = without_codes(second)
     reports = [s for s in shapes_a if not s[0].endswith("/status")]
     assert len(reports) >= 5 * (fleet or 1)  # every channel reported
+    assert {report["channel"] for _, report, _ in reports} == {c["name"] for c in CHANNELS}
+    if planned:  # more than once: the schedule ran, not only the first phase
+        assert len(reports) >= 2 * 5 * (fleet or 1)
     assert shapes_a == shapes_b
     assert codes_a != codes_b  # the readings do differ (and the codes with them)
     statuses = [json.loads(p) for t, p, _ in first if t.endswith("/status") and p]
