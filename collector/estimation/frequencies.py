@@ -3,8 +3,15 @@ categorical channels; the oracles are ``edge_agent.mechanisms.categorical``).
 
 * **Unbiased shares**: f_v = (C_v / n - q) / (p - q) (``FrequencyOracle.estimate``); they can
   be negative and need not sum to 1.
-* **Standard errors** from the oracle's closed-form variance at the estimated shares
-  (clipped to [0, 1]), and 95% intervals f_v ± 1.96 se, clipped to [0, 1].
+* **Standard errors** of the fleet's shares: the reporters are treated as a sample of
+  the fleet, as the linear and circular estimates treat them (with the planner's
+  population division each window holds a random share of the wearers).  A report
+  supports v with probability π_v = f_v p + (1 - f_v) q, independently across sampled
+  reporters, so Var f̂_v = π_v (1 - π_v) / (n (p - q)²): the oracle's closed-form
+  variance for a fixed composition plus the sampling term f_v (1 - f_v) / n.  It is
+  estimated from the support shares C_v / n, and never taken below the closed form at
+  the estimated shares (clipped to [0, 1]; a category no report supported still has
+  the mechanism's noise).  95% intervals f_v ± 1.96 se, clipped to [0, 1].
 * **Consistent shares** (Norm-Sub, Wang, Lopuhaä, Li et al., "Locally differentially private
   frequency estimation with consistency", NDSS 2020): subtract one constant from every
   estimate and set the negative ones to 0, the constant chosen so the shares sum to 1.
@@ -49,7 +56,10 @@ def frequency_summary(oracle, counts: Any, n: int) -> dict[str, Any]:
         empty = [None] * k
         return {"n": 0, "estimate": empty, "stderr": empty, "ci95": empty, "shares": empty}
     estimate = oracle.estimate(counts, n)
-    stderr = np.sqrt(oracle.variance(np.clip(estimate, 0.0, 1.0), n))
+    p, q = (float(x) for x in oracle.support_probabilities)
+    supported = np.asarray(counts, dtype=np.float64) / n
+    sampled = supported * (1.0 - supported) / (n * (p - q) ** 2)
+    stderr = np.sqrt(np.maximum(oracle.variance(np.clip(estimate, 0.0, 1.0), n), sampled))
     low = np.clip(estimate - Z95 * stderr, 0.0, 1.0)
     high = np.clip(estimate + Z95 * stderr, 0.0, 1.0)
     return {"n": int(n), "estimate": estimate.tolist(), "stderr": stderr.tolist(),

@@ -63,6 +63,33 @@ def test_95_percent_intervals_cover_the_shares(name):
     assert 0.925 < coverage < 0.975, coverage
 
 
+@pytest.mark.parametrize("name", ["grr", "olh", "oue"])
+def test_intervals_cover_the_fleets_shares_when_each_window_holds_a_sample_of_it(name):
+    """Population division (the planner): each window hears from a random tenth of a
+    fleet of 5,000 at a large epsilon, so which wearers report is most of the error.
+    The intervals cover the fleet's shares; the fixed-composition variance alone (what
+    they were before) covers them far less often (the test can fail)."""
+    rng = np.random.default_rng(7)
+    fleet = rng.choice(4, size=5000, p=[0.45, 0.3, 0.15, 0.1])
+    truth = np.bincount(fleet, minlength=4) / fleet.size
+    oracle = ORACLES[name](epsilon=4.0, categories=4)
+    p, q = (float(x) for x in oracle.support_probabilities)
+    hits, fixed_hits = [], []
+    for _ in range(500):
+        sample = fleet[rng.permutation(fleet.size)[:500]]
+        counts = oracle.support(oracle.perturb(sample, rng))
+        summary = frequency_summary(oracle, counts, sample.size)
+        low, high = np.array(summary["ci95"]).T
+        hits.append((low <= truth) & (truth <= high))
+        estimate = np.array(summary["estimate"])
+        fixed = np.sqrt(oracle.variance(np.clip(estimate, 0, 1), sample.size))
+        fixed_hits.append(np.abs(estimate - truth) <= 1.96 * fixed)
+    # 2,000 checks of a >= 95% level (no finite-population factor: a little above).
+    assert 0.93 < np.mean(hits) < 0.99, np.mean(hits)
+    # GRR's noise is least at a large epsilon, so sampling is most of its error there.
+    assert np.mean(fixed_hits) < (0.7 if name == "grr" else 0.93), np.mean(fixed_hits)
+
+
 def test_consistent_shares_are_closer_to_the_truth():
     """Many small categories at a small ε: the unbiased estimates scatter below 0 and
     above.  Norm-Sub is the Euclidean projection onto the simplex, so its shares are never
