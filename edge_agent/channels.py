@@ -390,25 +390,6 @@ class CategoricalChannel(Channel):
             order = np.argsort(keys)
             self._keys, self._numbers = keys[order], order.astype(np.int64)
 
-    def _select_planned(self, columns, ok, times, now: float, rng: Any) -> Selection:
-        if self._next_due == -math.inf:
-            # A random phase, so that each slot of the fleet's windows holds a random
-            # share of the wearers (population division), drawn at every start: the
-            # ledger holds a report back until the previous one has left its windows.
-            uniform = float(as_random_source(rng).words(1)[0]) / 2.0 ** 64
-            self._next_due = now + uniform * self.spacing
-        index = np.flatnonzero(ok)
-        if now < self._next_due or not index.size:
-            return Selection(times[:0], tuple(column[:0] for column in columns))
-        last = index[-1:]
-        return Selection(times[last], tuple(column[last] for column in columns))
-
-    def reported(self, now: float) -> None:
-        """A planned channel's report was charged at batch time ``now``: the next one is
-        due ``spacing`` later (a report the ledger refused stays due)."""
-        if self.spacing is not None:
-            self._next_due = now + self.spacing
-
     def _read(self, readings: Readings) -> tuple[list[np.ndarray], np.ndarray]:
         """Category numbers of the rows (``unknown``'s, or -1 where a reading is none of
         them); numbers beyond the bin edges go to the end bins (counted as clipped)."""
