@@ -8,7 +8,7 @@ mix of activities changes.  The guarantee is ε per window of w slots (w-event L
 LDP-IDS, Ren et al., SIGMOD 2022), ε in {1, 4, 8}, w in {10, 60}; two designs spend it:
 
 * **every slot at ε / w** (budget division): every wearer reports every slot;
-* **the planner** (``[privacy] plan = "auto"``, edge_agent.planning): the spacing and ε
+* **the planner** (``[privacy] plan = "auto"``, edge_agent.config.planning): the spacing and ε
   per report it chooses for an agent configured with that guarantee and the channel,
   each wearer from a random phase (population division where it chooses one report
   per window).

@@ -7,7 +7,7 @@ A channel (a Telegraf-style processor) does three things per batch:
    is broken, and guessing a value would misreport it), then keep at most one reading per
    ``report_interval`` seconds (the first at or after the previous report
    plus the interval; 0 keeps every reading).  A planned channel (``spacing``,
-   ``edge_agent.planning``) keeps instead the batch's last reading once ``spacing``
+   ``edge_agent.config.planning``) keeps instead the batch's last reading once ``spacing``
    seconds have passed since its previous report, the first time at a phase drawn
    from the CSPRNG.  Which readings are kept depends only on time, never on values.
 2. The state store decides how many of the selected readings the budget

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from edge_agent.common.config import period_parts
 from edge_agent.config import AgentConfig
+from edge_agent.config.sources import source_rate
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,6 @@ class ChannelSpending:
         if self.reports_per_second is None:
             return None
         return self.reports_per_second * self.delta_per_report
-
-
-def source_rate(source) -> float | None:
-    """Readings per second of a source that has a fixed rate, else None."""
-    if source.type in ("synthetic", "i2c") or (source.type == "csv" and source.pace == "fixed"):
-        return float(source.rate_hz)
-    return None
 
 
 def reports_per_second(channel, source) -> tuple[float | None, bool]:
@@ -207,7 +201,7 @@ def plan_document(config: AgentConfig) -> dict:
     its ε per report, spacing, the most reports and ε any window of each guarantee
     counts, the share of the wearers in each slot and the relative error of the fleet's
     mean per slot for 1,000 wearers, beside reporting every slot at ε / w."""
-    from edge_agent.planning import NANO, every_slot_error
+    from edge_agent.config.planning import NANO, every_slot_error
 
     plan = config.plan
     wearers = 1000

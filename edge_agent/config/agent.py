@@ -24,6 +24,7 @@ from edge_agent.common.config import (
     read_toml,
 )
 from edge_agent.config.channels import ChannelConfig, mechanism_problem
+from edge_agent.config.planning import make_plan
 from edge_agent.config.sources import SourceConfig, source_fields
 from edge_agent.mechanisms import EPSILON_MAX
 from edge_agent.protocol.statuses import MAX_AGENT_CHANNELS, MAX_GUARANTEES
@@ -198,7 +199,7 @@ class AgentConfig(Model):
 
     @property
     def plan(self):
-        """The planner's ``edge_agent.planning.Plan`` (None with plan = "manual")."""
+        """The planner's ``edge_agent.config.planning.Plan`` (None with plan = "manual")."""
         return self._plan
 
     @property
@@ -269,7 +270,6 @@ class AgentConfig(Model):
         config = handler(data)
         if not config.planned or config._plan is not None:
             return config
-        from edge_agent.planning import make_plan  # it reads this module's models
         plan = make_plan(config)
         channels = [c.model_copy(update={"epsilon": p.epsilon})
                     for c, p in zip(config.channels, plan.channels)]

@@ -365,3 +365,10 @@ explain_pattern(BLE_ADDRESS_PATTERN,
                 "must be a Bluetooth address, six hex pairs like AA:BB:CC:DD:EE:FF")
 explain_pattern(BLE_PREFIX_PATTERN, "must be at most 32 letters, digits, '_', '.' or '-'")
 explain_pattern(BLE_ADAPTER_PATTERN, "must be an adapter name like hci0")
+
+
+def source_rate(source) -> float | None:
+    """Readings per second of a source that has a fixed rate, else None."""
+    if source.type in ("synthetic", "i2c") or (source.type == "csv" and source.pace == "fixed"):
+        return float(source.rate_hz)
+    return None

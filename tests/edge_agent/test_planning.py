@@ -1,4 +1,4 @@
-"""The planner (privacy.plan = "auto", edge_agent.planning): every channel reports, the
+"""The planner (privacy.plan = "auto", edge_agent.config.planning): every channel reports, the
 schedule's worst case per guarantee is the guarantee exactly and never more, through the
 real ledger; the choice follows the exact variance (the issue's PM figures)."""
 
@@ -13,7 +13,7 @@ import pytest
 from edge_agent.agent import AgentCore
 from edge_agent.channels import build_channels
 from edge_agent.config import ConfigError, parse_config
-from edge_agent.planning import (
+from edge_agent.config.planning import (
     counts,
     every_slot_error,
     horizons_of,

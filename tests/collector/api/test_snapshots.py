@@ -158,8 +158,10 @@ def test_the_collectors_lock_is_free_while_a_snapshot_is_computed(monkeypatch):
 
 def test_snapshot_documents_equal_the_views_under_the_lock():
     ingestor = report_ingestor()
-    views = Views(lambda: ingestor, clock=lambda: 300.0)
-    live = Views(lambda: ingestor, clock=lambda: 300.0)
+    # No share of a push period to keep to: on a busy machine a bounded push may leave
+    # a window "computing", which is scheduling, not what this test compares.
+    views = Views(lambda: ingestor, clock=lambda: 300.0, budget_seconds=None)
+    live = Views(lambda: ingestor, clock=lambda: 300.0, budget_seconds=None)
 
     def same(documents):
         assert json_safe(documents.channels) == json_safe(live.channels_json())

@@ -45,6 +45,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from edge_agent.config.sources import source_rate
 from edge_agent.mechanisms import (
     EPSILON_MIN,
     CircularOGPM,
@@ -293,8 +294,6 @@ def every_slot_error(channel, plan: ChannelPlan, horizons: tuple[Horizon, ...],
 def make_plan(config) -> Plan:
     """The plan for an ``AgentConfig`` whose channels give no epsilon: ``PlanError``
     naming the key when a channel cannot be served."""
-    from edge_agent.spending import source_rate  # it reads the configuration package
-
     privacy = config.privacy
     horizons = horizons_of(privacy.horizons)
     has_range = any(c.kind == "linear" for c in config.channels)
