@@ -77,6 +77,7 @@ bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 	$(PY) -m benchmarks.bench_estimation --out docs
 	$(PY) -m benchmarks.bench_accuracy --out docs --markdown docs/bench_accuracy.md
 	$(PY) -m benchmarks.bench_categorical --out docs --markdown docs/bench_categorical.md
+	$(PY) -m benchmarks.bench_stream --markdown docs/bench_stream.md
 	$(PY) -m benchmarks.range_error --out docs
 	$(PY) -m benchmarks.range_broker --sizes 256 1024 4096
 	$(PY) -m benchmarks.bench_fleet --python $(RUNTIME_VENV)/bin/python

@@ -229,7 +229,8 @@ class AgentCore:
                                         delta_cost=channel.charge_delta)
                     if allowed:
                         seq = tx.take_seq(self.agent_id, channel.name)
-                        tx.spool(*channel.build_message(selection, seq=seq, allowed=allowed,
+                        reported = channel.memoized(selection, allowed, tx, self.rng)
+                        tx.spool(*channel.build_message(reported, seq=seq, allowed=allowed,
                                                         t=batch.t, dt=batch.dt, rng=self.rng),
                                  report=(self.agent_id, channel.name, seq))
             except Exception:
@@ -317,6 +318,11 @@ class AgentCore:
         status["clock_behind"] = self.clock_behind
         for channel in self.channels:
             status["channels"][channel.name].update(channel.local)
+        # How many distinct values a wearer had depends on the readings: here only.
+        for name, (count, nano) in self.store.memo_account(self.agent_id).items():
+            if name in status["channels"]:
+                status["channels"][name].update(memoized_values=count,
+                                                memo_epsilon_spent=round(nano / NANO, 9))
         for source in self.sources.values():
             status["sources"][source.name]["rejected_rows"] = source.rejected_rows
             status["sources"][source.name].update(source.local_counters())

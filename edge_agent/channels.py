@@ -28,6 +28,7 @@ composed from its mechanisms' exact losses; the ledger charges
 from __future__ import annotations
 
 import copy
+import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -208,6 +209,12 @@ class Channel:
         return np.array(keep, dtype=np.int64)
 
     # -- step 3 --------------------------------------------------------------------------
+    def memoized(self, selection: Selection, allowed: int, tx, rng: Any = None) -> Selection:
+        """The ``allowed`` readings to report, as the channel's mechanism takes them (a
+        memoized channel: their memos, drawn with ``rng`` and kept in the transaction
+        ``tx``)."""
+        return selection
+
     def build_message(self, selection: Selection, *, seq: int, allowed: int, t: float,
                       dt: float, rng: Any = None) -> tuple[str, bytes]:
         source = as_random_source(rng)
@@ -420,12 +427,35 @@ class CategoricalChannel(Channel):
         self.local["not_a_category"] += int(numbers.size - np.count_nonzero(ok))
         return [numbers.astype(np.int64)], ok
 
+    def memoized(self, selection: Selection, allowed: int, tx, rng: Any = None) -> Selection:
+        if not self.config.memoize:
+            return selection
+        values = selection.values[0][:allowed]
+        memos = tx.memoize(self.agent_id, self.name, self._memo_domain, self.config.labels,
+                           values, lambda new: self.mechanism.memoize(new, rng),
+                           self.memo_nano)
+        return Selection(selection.times[:allowed], (memos,))
+
+    @property
+    def _memo_domain(self) -> str:
+        """What a memo was drawn for: a change of the categories or of memo_epsilon
+        memoizes every value again (and the lifetime account counts both)."""
+        return json.dumps({"categories": list(self.config.labels),
+                           "memo_epsilon": self.config.memo_epsilon})
+
+    @property
+    def memo_nano(self) -> int:
+        """What one memo reveals about its value, for good (rounded up, as charges)."""
+        return self.mechanism.memo_loss().ceiling(NANO)
+
     def _perturb(self, values, source):
+        if self.config.memoize:  # values are memos: the instantaneous layer
+            return self.mechanism.respond(values[0], source).tolist(), 0
         reports = self.mechanism.perturb(values[0], source)
-        if self.mechanism.name == "olh":
+        if self.mechanism.report_form == "hashed":
             seeds, buckets = reports
             return {"codes": buckets.tolist(), "seeds": seeds.tolist()}, 0
-        if self.mechanism.name == "grr":
+        if self.mechanism.report_form == "category":
             return reports.tolist(), 0
         ones, categories = self.mechanism.sparse(reports)  # unary: the categories per value
         ends = np.cumsum(ones)

@@ -67,12 +67,12 @@ def implied(config: AgentConfig) -> dict:
 
 
 def budget_advice(config: AgentConfig, effective: dict) -> list[str]:
-    from edge_agent.spending import budget_lines, plan_lines
+    from edge_agent.spending import budget_lines, memo_lines, plan_lines
 
     if "plan" in effective:  # the plan states its worst cases; rates would say averages
         return [f"What a wearer gets: {effective['budget']['promise']}",
-                *plan_lines(effective["plan"])]
-    return budget_lines(config, effective["budget"])
+                *plan_lines(effective["plan"]), *memo_lines(config)]
+    return budget_lines(config, effective["budget"]) + memo_lines(config)
 
 
 add_check_config(main, load_config, implied, budget_advice)
@@ -157,14 +157,14 @@ def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
     """Epsilon (and delta, with a delta budget) spent in the rolling window of each
     guarantee that ends now, per channel."""
     from edge_agent.agent import STATE_FILE
-    from edge_agent.state import StateStore
+    from edge_agent.state import NANO, StateStore
 
     config = _load(config_path)
     agent_id = agent_id or config.agent_id
     path = Path(config.privacy.state_dir) / STATE_FILE
     guarantees = config.privacy.horizons
     rows: list[dict[str, tuple[int, int, int]]] = [{} for _ in guarantees]
-    behind = False
+    behind, memoized = False, {}
     if not path.exists():
         click.echo(f"no ledger yet at {path}: nothing has been spent", err=True)
     else:
@@ -173,6 +173,7 @@ def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
             now = time.time()
             rows = [store.budget_report(agent_id, g.seconds, now) for g in guarantees]
             behind = store.clock(now).behind(now)
+            memoized = store.memo_account(agent_id)
         except sqlite3.OperationalError:
             raise click.ClickException(f"{path}: a ledger from an earlier version; start the "
                                        f"agent once to convert it") from None
@@ -181,7 +182,11 @@ def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
     windows = [_spent_in_window(g, of) for g, of in zip(guarantees, rows)]
     # The longest guarantee's at the top, as before guarantees; every one under it.
     summary = {"agent": agent_id, **windows[-1], "clock_behind": behind,
-               "guarantees": windows}
+               "guarantees": windows,
+               # memoize = true: values memoized and what their reports reveal about them
+               # at most, for good (device only: it depends on the readings)
+               "memoized": {channel: {"values": count, "epsilon": nano / NANO}
+                            for channel, (count, nano) in memoized.items()}}
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -200,6 +205,9 @@ def budget(config_path: str, agent_id: str | None, as_json: bool) -> None:
             if "delta" in entry:
                 line += f"  delta {entry['delta']:.6g}"
             click.echo(line)
+    for channel, entry in summary["memoized"].items():
+        click.echo(f"  {channel}: {entry['values']} value(s) memoized; their reports reveal "
+                   f"ε ≤ {entry['epsilon']:.6g} about them, for good")
 
 
 def _spent_in_window(guarantee, rows: dict[str, tuple[int, int, int]]) -> dict:

@@ -244,3 +244,17 @@ def plan_lines(plan: dict) -> list[str]:
         lines.append(f"  range discovery: ε {plan['range_discovery_epsilon']:g} kept free in "
                      f"every window ([privacy] range_epsilon_max)")
     return lines
+
+
+def memo_lines(config: AgentConfig) -> list[str]:
+    """What memoized channels promise over a wearer's whole life (configuration only)."""
+    lines = []
+    for channel in config.channels:
+        if getattr(channel, "memoize", False):
+            lines.append(
+                f"  {channel.name}: memoized: over a wearer's whole life its reports reveal "
+                f"ε ≤ {channel.memo_epsilon:g} about each value they had (at most "
+                f"{channel.count} × {channel.memo_epsilon:g} = "
+                f"{channel.count * channel.memo_epsilon:g} in all), given when it changed; "
+                f"reports of an unchanged value are linked (docs/PRIVACY.md)")
+    return lines

@@ -66,6 +66,8 @@ from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS spending (    -- the budget ledger
     agent TEXT NOT NULL,
@@ -118,6 +120,16 @@ CREATE TABLE IF NOT EXISTS range_answers (
     run TEXT NOT NULL,
     round INTEGER NOT NULL,
     PRIMARY KEY (agent, run, round)
+);
+CREATE TABLE IF NOT EXISTS memos (     -- memoized categories: drawn once, kept for good
+    agent TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    domain TEXT NOT NULL,               -- the categories and memo_epsilon it was drawn for
+    value TEXT NOT NULL,                -- the category's label
+    memo INTEGER NOT NULL,              -- the category number it is reported as
+    memo_nano INTEGER NOT NULL,         -- what it reveals about the value, for good (1e-9)
+    created REAL NOT NULL,
+    PRIMARY KEY (agent, channel, domain, value)
 );
 CREATE TABLE IF NOT EXISTS counters (
     name TEXT PRIMARY KEY,
@@ -376,6 +388,32 @@ class Transaction:
             self._undo = None
         self._db.execute("RELEASE part")
 
+    # -- memoized categories --
+    def memoize(self, agent: str, channel: str, domain: str, labels: tuple[str, ...],
+                values: np.ndarray, draw: Callable[[np.ndarray], np.ndarray],
+                memo_nano: int) -> np.ndarray:
+        """The memos of category numbers ``values`` (of ``labels``), drawn with ``draw``
+        for the values that have none for ``domain`` yet and kept with this transaction:
+        a value is memoized once, whatever restarts or upgrades follow.  ``memo_nano``:
+        what each new memo reveals about its value (the lifetime account,
+        ``memo_account``)."""
+        distinct = np.unique(values)
+        known = dict(self._db.execute(
+            f"SELECT value, memo FROM memos WHERE agent = ? AND channel = ? AND domain = ? "
+            f"AND value IN ({','.join('?' * distinct.size)})",
+            (agent, channel, domain, *(labels[v] for v in distinct))).fetchall())
+        new = np.array([v for v in distinct if labels[v] not in known], dtype=np.int64)
+        if new.size:
+            for value, memo in zip(new, draw(new)):
+                known[labels[value]] = int(memo)
+                self._db.execute("INSERT INTO memos VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 (agent, channel, domain, labels[value], int(memo),
+                                  memo_nano, self.now))
+        table = np.zeros(len(labels), dtype=np.int64)
+        for v in distinct:
+            table[v] = known[labels[v]]
+        return table[values]
+
     # -- sequence numbers --
     def take_seq(self, agent: str, channel: str) -> int:
         """The next sequence number of (agent, channel), now used up."""
@@ -619,6 +657,19 @@ class StateStore:
             ledger_time = self._paced_clock(self._db, time.time() if now is None else now) \
                 .ledger_time
             return self._spending(self._db, agent, window_seconds, ledger_time)
+
+    def memo_account(self, agent: str) -> dict[str, tuple[int, int]]:
+        """Per channel of ``agent``: (values memoized, nano-epsilon they reveal at most, for
+        good).  It depends on the readings (how many distinct values a wearer had): kept
+        on the device (``edge-agent status``), never published."""
+        with self._lock:
+            try:
+                rows = self._db.execute(
+                    "SELECT channel, COUNT(*), SUM(memo_nano) FROM memos WHERE agent = ? "
+                    "GROUP BY channel ORDER BY channel", (agent,)).fetchall()
+            except sqlite3.OperationalError:  # read-only, from before memoization: none
+                rows = []
+        return {channel: (int(count), int(nano)) for channel, count, nano in rows}
 
     def range_terms(self, agent: str, run: str) -> str | None:
         with self._lock:

@@ -286,7 +286,7 @@ class CategoricalBlock(Block):
     def _setup(self) -> None:
         oracle = self.mechanism
         self.support = SupportCounts(oracle.name, oracle.epsilon, oracle.categories,
-                                     oracle.delta)
+                                     oracle.delta, getattr(oracle, "memo_epsilon", None))
 
     def _statistics(self):
         return (self.count, self.support)

@@ -34,7 +34,7 @@ from collector.storage.states import (
     SupportState,
     TrigState,
 )
-from edge_agent.mechanisms.categorical import ORACLES
+from edge_agent.mechanisms.categorical import LONGITUDINAL, ORACLES
 
 
 def _sum(array: np.ndarray) -> int:
@@ -480,9 +480,13 @@ class PolarCross(_PlaneSums):
 
 
 @lru_cache(maxsize=256)  # bounded; oracles are immutable, and building one searches weights
-def _oracle(name: str, epsilon: float, categories: int, delta: float):
+def _oracle(name: str, epsilon: float, categories: int, delta: float,
+            memo_epsilon: float | None):
     """The oracle whose support probabilities a statistic uses: one per parameters, shared
     by a series' total and every window (and every copy the API's snapshots make)."""
+    if name in LONGITUDINAL:
+        return LONGITUDINAL[name](epsilon=epsilon, memo_epsilon=memo_epsilon,
+                                  categories=categories, delta=delta)
     return ORACLES[name](epsilon=epsilon, categories=categories, delta=delta)
 
 
@@ -496,16 +500,18 @@ class SupportCounts(Statistic):
 
     state_type = SupportState
 
-    def __init__(self, oracle: str, epsilon: float, categories: int, delta: float = 0.0):
-        if oracle not in ORACLES:
-            raise ValueError(f"oracle must be one of {', '.join(ORACLES)}, got {oracle!r}")
-        self.oracle = _oracle(oracle, epsilon, categories, delta)
+    def __init__(self, oracle: str, epsilon: float, categories: int, delta: float = 0.0,
+                 memo_epsilon: float | None = None):
+        if oracle not in ORACLES and oracle not in LONGITUDINAL:
+            known = ", ".join([*ORACLES, *LONGITUDINAL])
+            raise ValueError(f"oracle must be one of {known}, got {oracle!r}")
+        self.oracle = _oracle(oracle, epsilon, categories, delta, memo_epsilon)
         self.counts = np.zeros(categories, dtype=np.int64)
         self.n = 0
 
     def params(self):
         o = self.oracle
-        return (o.name, o.epsilon, o.categories, o.delta)
+        return (o.name, o.epsilon, o.categories, o.delta, getattr(o, "memo_epsilon", None))
 
     def summarize(self, batch) -> tuple[np.ndarray, int]:
         n = len(batch[0]) if isinstance(batch, tuple) else len(batch)
@@ -536,7 +542,7 @@ class SupportCounts(Statistic):
         if any(c > n for c in counts):
             raise StateError(f"{where}[0]: a category supported by more reports than {n}")
         # GRR supports one category per report, unary and OLH any number of them.
-        if self.oracle.name == "grr" and sum(counts) != n:
+        if self.oracle.report_form == "category" and sum(counts) != n:
             raise StateError(f"{where}: GRR counts add up to the reports ({n}), "
                              f"got {sum(counts)}")
         self.counts = np.array(counts, dtype=np.int64)

@@ -22,7 +22,13 @@ from edge_agent.mechanisms import (
     linear_mechanism,
     split_epsilon,
 )
-from edge_agent.mechanisms.categorical import LABEL, MAX_LABELS, ORACLES, best_oracle
+from edge_agent.mechanisms.categorical import (
+    LABEL,
+    MAX_LABELS,
+    ORACLES,
+    LongitudinalGRR,
+    best_oracle,
+)
 from edge_agent.mechanisms.registry import KIND_CONFIG_NAMES
 from edge_agent.protocol.topics import STATUS
 
@@ -173,6 +179,29 @@ class CategoricalChannelConfig(_ChannelBase):
     # or report it as the category named here (e.g. "other"): dropping changes how many
     # reports a batch has, reporting it does not (docs/PRIVACY.md).
     unknown: str = "drop"
+    # For values that change slowly (an activity): each value gets a permanent randomized
+    # response (GRR at memo_epsilon), drawn once, kept in the state file for good, and
+    # every report randomizes it again (GRR at epsilon).  However often an unchanged value
+    # is reported, what the reports reveal about it stays within memo_epsilon; reports of
+    # an unchanged value are linked (docs/PRIVACY.md, "Memoized categories").
+    memoize: bool = False
+    memo_epsilon: Epsilon | None = None  # with memoize: the permanent layer's, per value
+
+    @model_validator(mode="after")
+    def _memoized(self):
+        if not self.memoize:
+            if self.memo_epsilon is not None:
+                raise ValueError("memo_epsilon: only with memoize = true")
+            return self
+        if self.memo_epsilon is None:
+            raise ValueError("memo_epsilon: required with memoize = true (what a memoized "
+                             "value's reports reveal about it, at most, for good)")
+        if self.oracle not in ("auto", "grr"):
+            raise ValueError(f"oracle: memoized reports are GRR's (l-grr): 'auto' or 'grr', "
+                             f"got {self.oracle!r}")
+        if self.delta > 0:
+            raise ValueError("delta: memoized reports are pure epsilon-LDP (0)")
+        return self
 
     @model_validator(mode="after")
     def _categories(self):
@@ -217,6 +246,8 @@ class CategoricalChannelConfig(_ChannelBase):
         return self.bin_edges is None and isinstance(self.categories[0], str)
 
     def chosen_oracle(self) -> str:
+        if self.memoize:
+            return LongitudinalGRR.name
         if self.oracle != "auto":
             return self.oracle
         return best_oracle(epsilon=self.epsilon, categories=self.count, delta=self.delta)
@@ -224,6 +255,9 @@ class CategoricalChannelConfig(_ChannelBase):
     def build_oracle(self):
         """The channel's frequency oracle (labels only up to MAX_LABELS categories)."""
         labels = self.labels if self.count <= MAX_LABELS else None
+        if self.memoize:
+            return LongitudinalGRR(epsilon=self.epsilon, memo_epsilon=self.memo_epsilon,
+                                   categories=self.count, labels=labels)
         return ORACLES[self.chosen_oracle()](epsilon=self.epsilon, categories=self.count,
                                              delta=self.delta, labels=labels)
 

@@ -53,7 +53,7 @@ from edge_agent.mechanisms import (
     linear_mechanism,
     split_epsilon,
 )
-from edge_agent.mechanisms.categorical import ORACLES, best_oracle
+from edge_agent.mechanisms.categorical import ORACLES, LongitudinalGRR, best_oracle
 from edge_agent.state import NANO, bucket_width, to_nano_down, to_nano_up
 
 # A planned channel's spacing is at least this much over what the counts assume, so a
@@ -178,7 +178,7 @@ def _variance_key(channel) -> tuple:
         return (kind,)
     if kind == "polar":
         return (kind, channel.radius_max, channel.weight)
-    return (kind, channel.count, channel.oracle)
+    return (kind, channel.count, channel.oracle, channel.memo_epsilon)
 
 
 @lru_cache(maxsize=65536)
@@ -210,9 +210,14 @@ def _variance(key: tuple, epsilon: float) -> float:
         return (_unbiased_variance(mechanism.radius_mechanism)
                 + (_circular_variance(angle) if angle.epsilon > 0
                    else angle.worst_case_error(2) / angle.period ** 2))
-    _, categories, oracle = key
-    name = best_oracle(epsilon=epsilon, categories=categories) if oracle == "auto" else oracle
-    frequency_oracle = ORACLES[name](epsilon=epsilon, categories=categories)
+    _, categories, oracle, memo_epsilon = key
+    if memo_epsilon is not None:  # memoized: the two layers' effective GRR
+        frequency_oracle = LongitudinalGRR(epsilon=epsilon, memo_epsilon=memo_epsilon,
+                                           categories=categories)
+    else:
+        name = best_oracle(epsilon=epsilon, categories=categories) if oracle == "auto" \
+            else oracle
+        frequency_oracle = ORACLES[name](epsilon=epsilon, categories=categories)
     return float(np.max(frequency_oracle.variance(np.array([0.0, 0.5, 1.0]), 1)))
 
 

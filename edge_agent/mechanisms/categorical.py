@@ -21,6 +21,12 @@ estimation", USENIX Security 2017, Eq. 1; the (ε,δ) versions are Section 5 of
   GRR over the g buckets; a report supports every category that hashes to its
   bucket, so q = 1/g (to within g / 2**32, the hash's uniformity).
 * **SUE** (symmetric unary encoding, RAPPOR's): p + q = 1.
+* **L-GRR** (longitudinal GRR; RAPPOR's permanent and instantaneous randomized
+  response with GRR, Arcolezi et al., "Improving the utility of locally differentially
+  private protocols for longitudinal and multidimensional frequency estimates", 2022):
+  each value is *memoized* once, B(v) = GRR at ``memo_epsilon`` (kept by the agent for
+  good), and every report is GRR at ``epsilon`` of the memo.  A report is then GRR with
+  p = p1 p2 + (1 - p1) q2 and q = q1 p2 + (1 - q1) q2 (1 and 2: the two layers).
 
 **(ε,δ)** (``delta`` > 0; papers/003 Section 5): GRR-ALDP (Eq. 45), PRR-ALDP as
 OUE with δ (Eqs. 47-50), SPRR-ALDP as SUE with δ (Eq. 51), OLH-ALDP (Eqs. 54-57).
@@ -159,6 +165,9 @@ class FrequencyOracle(ABC):
     the exact privacy loss."""
 
     name: ClassVar[str]
+    # What a report is: "category" (one category: GRR, L-GRR), "hashed" (a seed and a
+    # bucket: OLH) or "bits" (a bit per category: OUE, SUE).
+    report_form: ClassVar[str]
 
     def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0,
                  labels: Sequence[str] | None = None):
@@ -262,6 +271,7 @@ class GeneralizedRR(_RandomizedResponseOver):
     papers/003 Eq. 45)."""
 
     name = "grr"
+    report_form = "category"
 
     def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0,
                  labels: Sequence[str] | None = None):
@@ -290,6 +300,7 @@ class _UnaryEncoding(FrequencyOracle):
     """k bits per value: its own bit 1 with weight P (of 2**53), every other with Q."""
 
     max_categories = MAX_UNARY_CATEGORIES
+    report_form = "bits"
     one_own: int
     one_other: int
 
@@ -426,6 +437,7 @@ class OptimizedLocalHashing(_RandomizedResponseOver):
     (δ > 0: OLH-ALDP, papers/003 Eqs. 54-57)."""
 
     name = "olh"
+    report_form = "hashed"
 
     def __init__(self, *, epsilon: float, categories: int, delta: float = 0.0,
                  labels: Sequence[str] | None = None):
@@ -461,8 +473,91 @@ class OptimizedLocalHashing(_RandomizedResponseOver):
         return counts
 
 
+class LongitudinalGRR(FrequencyOracle):
+    """L-GRR (module docstring): a value's memo B(v) = GRR at ``memo_epsilon``, drawn once
+    and kept (``memoize``), each report GRR at ``epsilon`` of the memo (``respond``).
+
+    What it guarantees (docs/PRIVACY.md, "Memoized categories"):
+
+    * any n reports, whatever the values behind them and however memos are shared: at
+      most n ``epsilon`` (each report passes through the instantaneous layer: every
+      report's probability is between the layer's least and largest output weights
+      whatever the memo, so the ratio of any transcript's probabilities under two value
+      sequences is at most e^(n ε)).  ``exact_privacy_loss`` is that layer's, what the
+      ledger charges per report;
+    * over a wearer's whole life, about *which* values they had, given when their value
+      changed: at most ``memo_epsilon`` per distinct value memoized (every report is a
+      function of the memos and fresh noise; ``memo_loss`` exactly).  What it does not
+      hide: reports of an unchanged value share their memo, so they link the times a
+      wearer's value stayed the same.
+    """
+
+    name = "l-grr"
+    report_form = "category"
+
+    def __init__(self, *, epsilon: float, memo_epsilon: float, categories: int,
+                 delta: float = 0.0, labels: Sequence[str] | None = None):
+        super().__init__(epsilon=epsilon, categories=categories, delta=delta, labels=labels)
+        if self.delta != 0:
+            raise ValueError("delta: memoized reports are pure epsilon-LDP (0)")
+        self.memo_epsilon = _validate.epsilon(memo_epsilon)
+        self.permanent = GeneralizedRR(epsilon=self.memo_epsilon, categories=self.categories)
+        self.instant = GeneralizedRR(epsilon=self.epsilon, categories=self.categories)
+
+    @property
+    def support_probabilities(self) -> tuple[Fraction, Fraction]:
+        p1, q1 = self.permanent.support_probabilities
+        p2, q2 = self.instant.support_probabilities
+        return p1 * p2 + (1 - p1) * q2, q1 * p2 + (1 - q1) * q2
+
+    def exact_privacy_loss(self) -> ExactLoss:
+        """The instantaneous layer's: what any one report adds, however many share a memo."""
+        return self.instant.exact_privacy_loss()
+
+    def single_report_loss(self) -> ExactLoss:
+        """What one report alone reveals: ln(p / q) of the two layers together."""
+        p, q = self.support_probabilities
+        return ExactLoss(p / q)
+
+    def memo_loss(self) -> ExactLoss:
+        """What a memo reveals about its value, for good (the permanent layer's)."""
+        return self.permanent.exact_privacy_loss()
+
+    def exact_delta(self) -> Decimal:
+        return Decimal(0)
+
+    def memoize(self, values: Any, rng: Any = None) -> np.ndarray:
+        """Memos of category numbers ``values`` (draw once per value, then keep them)."""
+        return self.permanent.perturb(values, rng)
+
+    def respond(self, memos: Any, rng: Any = None) -> np.ndarray:
+        """Reports of memos: the instantaneous layer."""
+        return self.instant.perturb(memos, rng)
+
+    def perturb(self, values: Any, rng: Any = None) -> np.ndarray:
+        """Reports of values memoized afresh (one report per memo: for tests and
+        simulations; an agent keeps its memos and calls ``respond``)."""
+        source = as_random_source(rng)
+        return self.respond(self.memoize(values, source), source)
+
+    def pmf(self, value: int) -> list[Fraction]:
+        """P[report = y | value] for every y, exactly."""
+        p, q = self.support_probabilities
+        return [p if y == value else q for y in range(self.categories)]
+
+    def support(self, reports) -> np.ndarray:
+        return self.instant.support(reports)
+
+    def describe(self) -> dict[str, Any]:
+        described = super().describe()
+        described["memo_epsilon"] = self.memo_epsilon
+        return described
+
+
 ORACLES = {cls.name: cls for cls in (GeneralizedRR, OptimizedUnaryEncoding,
                                       SymmetricUnaryEncoding, OptimizedLocalHashing)}
+# Oracles a channel gets by other keys than ``oracle`` (memoize = true), decoded alike.
+LONGITUDINAL = {LongitudinalGRR.name: LongitudinalGRR}
 
 
 def best_oracle(*, epsilon: float, categories: int, delta: float = 0.0) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from edge_agent.mechanisms.base import Mechanism
 from edge_agent.mechanisms.baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
-from edge_agent.mechanisms.categorical import ORACLES, FrequencyOracle
+from edge_agent.mechanisms.categorical import LONGITUDINAL, ORACLES, FrequencyOracle
 from edge_agent.mechanisms.laplace import BoundedLaplace, TruncatedLaplace
 from edge_agent.mechanisms.ogpm import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 
@@ -87,7 +87,7 @@ def kind_accepts(kind: str, wire_name: str) -> bool:
     if kind == "polar":
         return wire_name == POLAR
     if kind == "categorical":
-        return wire_name in ORACLES
+        return wire_name in ORACLES or wire_name in LONGITUDINAL
     return wire_name in LINEAR_WIRE_NAMES
 
 
@@ -102,9 +102,9 @@ def from_description(description: dict[str, Any]) -> Mechanism | FrequencyOracle
         raise TypeError("a mechanism description must be a dict")
     params = dict(description)
     name = params.pop("name", None)
-    cls = MECHANISMS.get(name) or ORACLES.get(name)
+    cls = MECHANISMS.get(name) or ORACLES.get(name) or LONGITUDINAL.get(name)
     if cls is None:
-        known = ", ".join(sorted([*MECHANISMS, *ORACLES]))
+        known = ", ".join(sorted([*MECHANISMS, *ORACLES, *LONGITUDINAL]))
         raise ValueError(f"unknown mechanism {name!r}; known: {known}")
     derived = {k: params.pop(k) for k in _DERIVED & params.keys()}
     try:

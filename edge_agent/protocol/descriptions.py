@@ -23,7 +23,13 @@ from edge_agent.mechanisms import (
     UnbiasedOGPM,
     from_description,
 )
-from edge_agent.mechanisms.categorical import MAX_CATEGORIES, MAX_LABELS, ORACLES
+from edge_agent.mechanisms.categorical import (
+    LONGITUDINAL,
+    MAX_CATEGORIES,
+    MAX_LABELS,
+    ORACLES,
+    LongitudinalGRR,
+)
 from edge_agent.protocol.codec import define
 from edge_agent.protocol.fields import (
     CategoryLabel,
@@ -89,9 +95,17 @@ class _Categories(Struct, frozen=True, forbid_unknown_fields=True, tag_field="na
     labels: Annotated[tuple[CategoryLabel, ...], Meta(max_length=MAX_LABELS)] | None = None
 
 
+class _MemoizedCategories(_Categories, kw_only=True):
+    """A memoized frequency oracle: also the permanent layer's epsilon (required)."""
+
+    memo_epsilon: Epsilon
+
+
+_SHAPES[LongitudinalGRR] = _MemoizedCategories
+
 DESCRIPTIONS: dict[str, type[Struct]] = {
     name: define(__name__, f"{cls.__name__}Description", _SHAPES.get(cls, _Categories), name)
-    for name, cls in {**MECHANISMS, **ORACLES}.items()}
+    for name, cls in {**MECHANISMS, **ORACLES, **LONGITUDINAL}.items()}
 MechanismDescription = Union[tuple(DESCRIPTIONS.values())]  # noqa: UP007 (built from a tuple)
 
 

@@ -194,10 +194,11 @@ def _oracle_reports(message: Report, oracle: FrequencyOracle):
     array of categories, olh (seeds, buckets), oue and sue (ones per value, the
     categories of the ones)."""
     codes, seeds = message.codes, message.seeds
-    if (oracle.name == "olh") != (seeds is not None):
+    hashed = oracle.report_form == "hashed"
+    if hashed != (seeds is not None):
         raise Rejected("schema", "olh reports carry seeds, other oracles do not")
-    if oracle.name in ("grr", "olh"):
-        outputs = oracle.buckets if oracle.name == "olh" else oracle.categories
+    if oracle.report_form in ("category", "hashed"):
+        outputs = oracle.buckets if hashed else oracle.categories
         reported = _grid_codes(codes, outputs)
         if seeds is None:
             return reported

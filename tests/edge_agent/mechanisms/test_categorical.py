@@ -21,6 +21,7 @@ from edge_agent.mechanisms.categorical import (
     ORACLES,
     TOTAL,
     GeneralizedRR,
+    LongitudinalGRR,
     OptimizedLocalHashing,
     OptimizedUnaryEncoding,
     SymmetricUnaryEncoding,
@@ -347,3 +348,66 @@ def test_a_delta_buys_variance(epsilon):
         pure = ORACLES[name](epsilon=epsilon, categories=10).variance(0.0, 1)
         approximate = ORACLES[name](epsilon=epsilon, categories=10, delta=0.01).variance(0.0, 1)
         assert approximate < pure, name
+
+
+# -- memoized GRR (L-GRR) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("memo_epsilon, epsilon", [(0.5, 2.0), (2.0, 1.0), (4.0, 4.0)])
+@pytest.mark.parametrize("k", [2, 5])
+def test_lgrr_reports_follow_the_two_layers_exact_pmf(memo_epsilon, epsilon, k):
+    """A fresh memo then a report: GRR with p = p1 p2 + (1 - p1) q2, q = q1 p2 + (1 - q1)
+    q2 from the two layers' exact weights (a wrong epsilon is told apart above)."""
+    oracle = LongitudinalGRR(epsilon=epsilon, memo_epsilon=memo_epsilon, categories=k)
+    p1, q1 = oracle.permanent.support_probabilities
+    p2, q2 = oracle.instant.support_probabilities
+    assert oracle.support_probabilities == (p1 * p2 + (1 - p1) * q2, q1 * p2 + (1 - q1) * q2)
+    assert sum(oracle.pmf(0)) == 1  # exactly
+    value = k // 2
+    codes = oracle.perturb(np.full(N, value), np.random.default_rng(20 + k))
+    cdf = np.cumsum([float(x) for x in oracle.pmf(value)])
+    empirical = np.cumsum(np.bincount(codes, minlength=k)) / N
+    assert np.max(np.abs(empirical - cdf)) < dkw_threshold(N)
+
+
+@pytest.mark.parametrize("memo_epsilon, epsilon", [(0.5, 2.0), (2.0, 1.0), (8.0, 0.3)])
+def test_lgrr_losses_exactly(memo_epsilon, epsilon):
+    """What each report is charged is the instantaneous layer's exact loss (the bound for
+    any number of reports sharing memos); one report alone reveals ln(p/q) of the two
+    together, less than either layer; a memo reveals the permanent layer's."""
+    oracle = LongitudinalGRR(epsilon=epsilon, memo_epsilon=memo_epsilon, categories=4)
+    instant = GeneralizedRR(epsilon=epsilon, categories=4)
+    permanent = GeneralizedRR(epsilon=memo_epsilon, categories=4)
+    assert oracle.exact_privacy_loss() == instant.exact_privacy_loss()
+    assert oracle.memo_loss() == permanent.exact_privacy_loss()
+    p, q = oracle.support_probabilities
+    single = oracle.single_report_loss()
+    assert single == type(single)(p / q)
+    assert float(single) < min(float(oracle.exact_privacy_loss()), float(oracle.memo_loss()))
+    # A report's worst ratio over two values, from the exact pmf
+    worst = max(a / b for u in range(4) for v in range(4)
+                for a, b in zip(oracle.pmf(u), oracle.pmf(v)))
+    assert worst == p / q
+
+
+def test_reports_sharing_a_memo_never_exceed_the_instantaneous_bound():
+    """Two reports of one value (one memo) against two of two values (two memos): the
+    exact transcript probabilities differ by at most e^(2 ε), the bound the ledger
+    charges, while a memo alone (no instantaneous layer) would tell them apart by
+    ln(e^ε∞ + k - 1): why memoized reports are still charged per report."""
+    k, memo_epsilon, epsilon = 5, 1.0, 0.7
+    oracle = LongitudinalGRR(epsilon=epsilon, memo_epsilon=memo_epsilon, categories=k)
+    p1, q1 = oracle.permanent.support_probabilities
+    inst = [[float(x) for x in oracle.instant.pmf(b)] for b in range(k)]
+    memo = [[float(x) for x in oracle.permanent.pmf(v)] for v in range(k)]
+
+    def same(y1, y2, v):  # x = (v, v): one memo b
+        return sum(memo[v][b] * inst[b][y1] * inst[b][y2] for b in range(k))
+
+    def apart(y1, y2, v, w):  # x = (v, w): memos b, c
+        return sum(memo[v][b] * inst[b][y1] for b in range(k)) * \
+            sum(memo[w][c] * inst[c][y2] for c in range(k))
+
+    worst = max(max(same(y1, y2, 0) / apart(y1, y2, 0, 1), apart(y1, y2, 0, 1) / same(y1, y2, 0))
+                for y1 in range(k) for y2 in range(k))
+    assert math.log(worst) <= 2 * float(oracle.exact_privacy_loss()) + 1e-12
+    assert math.log(1 / float(q1)) > memo_epsilon  # a bare memo links more than ε∞

@@ -21,7 +21,7 @@ from edge_agent.mechanisms import (
     UnbiasedOGPM,
     linear_mechanism,
 )
-from edge_agent.mechanisms.categorical import ORACLES
+from edge_agent.mechanisms.categorical import LONGITUDINAL, ORACLES
 from edge_agent.mechanisms.registry import KIND_CONFIG_NAMES, LINEAR, kind_accepts
 from edge_agent.protocol import descriptions
 from tests.support import REPO
@@ -49,12 +49,12 @@ def test_every_topic_names_a_definition():
 # -- one registry of mechanism names -------------------------------------------------------
 
 def test_mechanism_names_come_from_one_registry():
-    assert set(descriptions.DESCRIPTIONS) == set(MECHANISMS) | set(ORACLES)
+    assert set(descriptions.DESCRIPTIONS) == set(MECHANISMS) | set(ORACLES) | set(LONGITUDINAL)
     assert set(LinearMechanism.__args__) == set(LINEAR) == set(KIND_CONFIG_NAMES["linear"])
     assert OgpmOnly.__args__ == KIND_CONFIG_NAMES["circular"] == KIND_CONFIG_NAMES["polar"]
     mapping = SCHEMA["properties"]["mechanism"]["discriminator"]["mapping"]
-    assert set(mapping) == set(MECHANISMS) | set(ORACLES)
-    for name in ORACLES:  # a frequency oracle is for categorical channels only
+    assert set(mapping) == set(MECHANISMS) | set(ORACLES) | set(LONGITUDINAL)
+    for name in [*ORACLES, *LONGITUDINAL]:  # a frequency oracle is for categorical only
         assert kind_accepts("categorical", name)
         assert not any(kind_accepts(kind, name) for kind in ("linear", "circular", "polar",
                                                              "vector"))
