@@ -50,6 +50,13 @@ def open_state(config: AgentConfig) -> StateStore:
                       max_messages=config.spool.max_messages)
 
 
+# A stop (SIGTERM, the end of the sources) waits for the broker at most this long, so
+# that the agent exits within 5 s whether or not the broker answers (a wearable out of
+# range, a Pi shutting down offline): the spool is durable, and what the broker has not
+# acknowledged by then is sent at the next start.  The last quarter is kept for the
+# offline status.
+STOP_SECONDS = 4.0
+
 LOCAL_STATUS_FILE = "status.json"
 LOCAL_STATUS_AGENTS = 100
 
@@ -335,7 +342,8 @@ class AgentService:
     def __init__(self, config: AgentConfig, *, store: StateStore | None = None,
                  cores: list[AgentCore] | None = None, transport: Transport | None = None,
                  outbox_window: int | None = None, rng: Any = None,
-                 clock: Callable[[], float] = time.time, drain_timeout: float = 30.0,
+                 clock: Callable[[], float] = time.time,
+                 drain_timeout: float = STOP_SECONDS,
                  status_interval: float = 30.0, keep_running: bool = False,
                  after_batch: Callable[[], None] | None = None):
         """One agent from ``config`` unless ``cores`` (sharing ``store``), ``transport``
@@ -467,6 +475,10 @@ class AgentService:
         return self.exit_code
 
     def _shutdown(self) -> None:
+        """The last batch into the spool, then what the broker acknowledges within
+        ``drain_timeout`` (nothing to wait for while it is unreachable), the offline
+        status, and out."""
+        began = time.monotonic()
         sdnotify.stopping()
         self.tick(self.clock())  # whatever the sources still hold goes into the spool
         self._write_local_status()
@@ -483,8 +495,10 @@ class AgentService:
                     log.error("agent %s: source %s failed: %s", agent, name, error)
             if len(failed) > 10:
                 log.error("... and %d more failed source(s)", len(failed) - 10)
-        deadline = time.monotonic() + self.drain_timeout
-        while not self.outbox.idle and time.monotonic() < deadline:
+        deadline = began + self.drain_timeout
+        drained = began + 0.75 * self.drain_timeout  # the rest for the offline status
+        while not self.outbox.idle and self.transport.connected \
+                and time.monotonic() < drained:
             self.outbox.pump()
             self.watchdog.tick()
             time.sleep(0.02)
@@ -498,7 +512,6 @@ class AgentService:
             # A clean disconnect does not fire the last will, so say it ourselves,
             # and wait (within the drain timeout) until the broker has them all.
             self._publish_status("offline")
-            deadline = max(deadline, time.monotonic() + 5.0)
             self.outbox.pump()
             while self.outbox.unacked_direct and self.transport.connected \
                     and time.monotonic() < deadline:
