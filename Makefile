@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed-stamp
 # numba's on-disk cache must be writable (numba #4908); keep it out of the source tree.
 export NUMBA_CACHE_DIR ?= $(CURDIR)/$(VENV)/numba-cache
 
-.PHONY: test lint bench demo docs venv system-deps clean
+.PHONY: test lint bench demo docs venv system-deps clean pi-check
 
 venv: $(STAMP)
 
@@ -91,3 +91,8 @@ docs: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(RUNTIME_VENV) .pytest_cache .hypothesis build *.egg-info
+
+# The agent on arm64 under qemu-user in a cached Debian userland (scripts/pi_check.py):
+# needs root (debootstrap, binfmt_misc, chroot); not part of `make test` (minutes).
+pi-check: $(STAMP) system-deps
+	$(PY) scripts/pi_check.py
