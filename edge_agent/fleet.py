@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent import protocol
-from edge_agent.agent import AgentCore, AgentService, open_state
+from edge_agent.agent import STOP_SECONDS, AgentCore, AgentService, open_state
 from edge_agent.channels import Channel, Selection, build_channels
 from edge_agent.config import (
     FLEET_MAX_COUNT,
@@ -232,6 +232,9 @@ def fleet_service(config: AgentConfig, *, count: int, truth_path: Path | None = 
     check_fleet(config, count)
     agent_ids = virtual_agent_ids(config.agent_id, count)
     store = options.pop("store", None) or open_state(config)
+    # A stop publishes every virtual agent's offline status: a second more per thousand
+    # (what one connection gets acknowledged), beyond a device's bound.
+    options.setdefault("drain_timeout", STOP_SECONDS + count / 1000)
     truth = TrueMeans() if truth_path is not None else None
     # One template per channel config: its mechanism is built (and later JIT-compiled)
     # once and shared by every virtual agent's clone.
