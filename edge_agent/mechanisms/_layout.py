@@ -54,6 +54,10 @@ def ratio_within(numerator: int, denominator: int, epsilon: float) -> bool:
         )
 
 
+# Cells whose exact ratio is taken at once (max_cell_ratio): bounds its memory.
+CELLS_PER_BLOCK = 4096
+
+
 @dataclass(frozen=True)
 class TickLayout:
     grid_bits: int
@@ -210,8 +214,20 @@ class TickLayout:
         linear in the start tick, with kinks where an end of the interval
         crosses an end of the cell, so its extremes over an integer range sit
         at those kinks (or their neighbours) or at the ends of the range.
+        Taken over the cells a block at a time (``CELLS_PER_BLOCK``), the blocks'
+        maxima compared exactly: the whole grid's candidates at once were a 40 MB
+        transient on a device.
         """
-        cells = np.arange(self.n_cells, dtype=np.int64)
+        best_num, best_den = 0, 1
+        for first in range(0, self.n_cells, CELLS_PER_BLOCK):
+            cells = np.arange(first, min(first + CELLS_PER_BLOCK, self.n_cells), dtype=np.int64)
+            num, den = self._max_cell_ratio(cells, left_min, left_max, circular)
+            if num * best_den > best_num * den:
+                best_num, best_den = num, den
+        return best_num, best_den
+
+    def _max_cell_ratio(self, cells: np.ndarray, left_min: int, left_max: int,
+                        circular: bool) -> tuple[int, int]:
         start = cells * self.ticks_per_cell
         stop = start + self.ticks_per_cell
         n = self.length
@@ -222,7 +238,7 @@ class TickLayout:
             candidates = candidates % self.ticks
         else:
             candidates = np.clip(candidates, left_min, left_max)
-            ends = np.broadcast_to(np.array([left_min, left_max]), (self.n_cells, 2))
+            ends = np.broadcast_to(np.array([left_min, left_max]), (cells.size, 2))
             candidates = np.concatenate([candidates, ends], axis=1)
         weights = self.cell_weights(candidates, cells[:, None], circular)
         high = weights.max(axis=1)
