@@ -396,6 +396,13 @@ class CategoricalChannel(Channel):
             keys = np.array(config.categories, dtype=object if config.text else np.float64)
             order = np.argsort(keys)
             self._keys, self._numbers = keys[order], order.astype(np.int64)
+        if config.memoize:
+            # What a memo was drawn for: a change of the categories or of memo_epsilon
+            # memoizes every value again (and the lifetime account counts both).
+            self._memo_domain = json.dumps({"categories": list(config.labels),
+                                            "memo_epsilon": config.memo_epsilon})
+            # What one memo reveals about its value, for good (rounded up, as charges).
+            self.memo_nano = self.mechanism.memo_loss().ceiling(NANO)
 
     def _read(self, readings: Readings) -> tuple[list[np.ndarray], np.ndarray]:
         """Category numbers of the rows (``unknown``'s, or -1 where a reading is none of
@@ -435,18 +442,6 @@ class CategoricalChannel(Channel):
                            values, lambda new: self.mechanism.memoize(new, rng),
                            self.memo_nano)
         return Selection(selection.times[:allowed], (memos,))
-
-    @property
-    def _memo_domain(self) -> str:
-        """What a memo was drawn for: a change of the categories or of memo_epsilon
-        memoizes every value again (and the lifetime account counts both)."""
-        return json.dumps({"categories": list(self.config.labels),
-                           "memo_epsilon": self.config.memo_epsilon})
-
-    @property
-    def memo_nano(self) -> int:
-        """What one memo reveals about its value, for good (rounded up, as charges)."""
-        return self.mechanism.memo_loss().ceiling(NANO)
 
     def _perturb(self, values, source):
         if self.config.memoize:  # values are memos: the instantaneous layer

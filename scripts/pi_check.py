@@ -215,10 +215,20 @@ def compare_digests() -> int:
     return len(host)
 
 
+def agent_settings(port: int, state_dir: Path) -> dict:
+    """The arm64 agent's configuration: every channel kind, a report a second each."""
+    return {"agent_id": "pi-check", "fleet": "pi", "batch_seconds": 1.0,
+            "broker": {"host": "127.0.0.1", "port": port},
+            "privacy": {"budget_epsilon": 100000.0, "state_dir": str(state_dir)},
+            "sources": [{"name": "imu", "type": "synthetic", "rate_hz": 50}],
+            "channels": [{"epsilon": 1.0, "report_interval": 1.0, "source": "imu", **c}
+                         for c in CHANNELS]}
+
+
 def run_agent(work: Path) -> dict[str, int]:
     sys.path.insert(0, str(REPO))
     from edge_agent.protocol.reports import decode_report
-    from tests.support import Mosquitto, Subscriber
+    from tests.support import Mosquitto, Subscriber, write_toml
 
     broker_dir = work / "broker"
     broker_dir.mkdir()
@@ -226,14 +236,7 @@ def run_agent(work: Path) -> dict[str, int]:
     subscriber = Subscriber(broker, "ldp/v1/pi/+/+")
     state = INSIDE / "state"
     shutil.rmtree(to_inside(state), ignore_errors=True)
-    config = {"agent_id": "pi-check", "fleet": "pi", "batch_seconds": 1.0,
-              "broker": {"host": "127.0.0.1", "port": broker.port},
-              "privacy": {"budget_epsilon": 100000.0, "state_dir": str(state)},
-              "sources": [{"name": "imu", "type": "synthetic", "rate_hz": 50}],
-              "channels": [{"epsilon": 1.0, "report_interval": 1.0, "source": "imu", **c}
-                           for c in CHANNELS]}
-    path = to_inside(INSIDE / "agent.toml")
-    path.write_text(_toml(config))
+    write_toml(to_inside(INSIDE / "agent.toml"), agent_settings(broker.port, state))
     try:
         inside("timeout", "-s", "TERM", str(AGENT_SECONDS), "edge-agent", "run", "--config",
                str(INSIDE / "agent.toml"), check=False)
@@ -251,22 +254,6 @@ def run_agent(work: Path) -> dict[str, int]:
     if missing:
         raise SystemExit(f"pi-check: the arm64 agent reported nothing on {', '.join(missing)}")
     return counts
-
-
-def _toml(value: dict) -> str:
-    """The agent configuration as TOML (tables and arrays of tables, as the sample)."""
-    lines = []
-    scalars = {k: v for k, v in value.items() if not isinstance(v, (dict, list))}
-    lines += [f"{k} = {json.dumps(v)}" for k, v in scalars.items()]
-    for key, table in value.items():
-        if isinstance(table, dict):
-            lines.append(f"[{key}]")
-            lines += [f"{k} = {json.dumps(v)}" for k, v in table.items()]
-        elif isinstance(table, list):
-            for item in table:
-                lines.append(f"[[{key}]]")
-                lines += [f"{k} = {json.dumps(v)}" for k, v in item.items()]
-    return "\n".join(lines) + "\n"
 
 
 def main() -> int:

@@ -12,6 +12,7 @@ import pytest
 
 from edge_agent.config import parse_config
 from tests.support import REPO
+from tests.support.configs import to_toml
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +41,7 @@ def test_without_binfmt_misc_it_says_why(pi_check, monkeypatch, tmp_path):
 
 
 def test_the_agent_configuration_it_writes_is_accepted(pi_check, tmp_path):
-    config = {"agent_id": "pi-check", "fleet": "pi", "batch_seconds": 1.0,
-              "broker": {"host": "127.0.0.1", "port": 1883},
-              "privacy": {"budget_epsilon": 100000.0, "state_dir": str(tmp_path)},
-              "sources": [{"name": "imu", "type": "synthetic", "rate_hz": 50}],
-              "channels": [{"epsilon": 1.0, "report_interval": 1.0, "source": "imu", **c}
-                           for c in pi_check.CHANNELS]}
-    parsed = parse_config(tomllib.loads(pi_check._toml(config)))
+    parsed = parse_config(tomllib.loads(to_toml(pi_check.agent_settings(1883, tmp_path))))
     assert [c.name for c in parsed.channels] == [c["name"] for c in pi_check.CHANNELS]
     assert {c.kind for c in parsed.channels} == {"linear", "circular", "polar", "vector",
                                                  "categorical"}

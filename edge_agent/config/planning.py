@@ -189,17 +189,11 @@ def _variance(key: tuple, epsilon: float) -> float:
     if kind == "vector":
         _, name, low, high, d, fixed = key
         # Each axis gets k/d of the readings at ε/k (edge_agent.channels.vector_plan).
-        if split_epsilon(epsilon, fixed or d) < EPSILON_MIN:  # what the channel's check needs
+        # What the channel's check needs (every k <= d then takes its share too).
+        if split_epsilon(epsilon, fixed or d) < EPSILON_MIN:
             raise ValueError("epsilon per axis below the least a mechanism takes")
-        choices = [fixed] if fixed else range(1, d + 1)
-        best = math.inf
-        for k in choices:
-            share = split_epsilon(epsilon, k)
-            if share >= EPSILON_MIN:
-                best = min(best, _linear_variance(name, share, low, high) * d / k)
-        if best == math.inf:
-            raise ValueError("epsilon per axis below the least a mechanism takes")
-        return best
+        return min(_linear_variance(name, split_epsilon(epsilon, k), low, high) * d / k
+                   for k in ([fixed] if fixed else range(1, d + 1)))
     if kind == "circular":
         return _circular_variance(CircularOGPM(epsilon=epsilon, grid_bits=EVAL_GRID_BITS))
     if kind == "polar":
