@@ -31,6 +31,7 @@ from typing import Any
 from edge_agent import protocol, sdnotify
 from edge_agent.channels import Channel, Selection, build_channels
 from edge_agent.config import AgentConfig
+from edge_agent.memory import release_code_pages
 from edge_agent.range_responder import RangeResponder
 from edge_agent.readings import Readings
 from edge_agent.sources import build_source
@@ -50,6 +51,10 @@ def open_state(config: AgentConfig) -> StateStore:
                       max_messages=config.spool.max_messages)
 
 
+# The loop wakes for a batch, a status, the watchdog, a transport event or a stop, and
+# at least this often (the outbox's resend timers).  It used to poll 20 times a second:
+# 0.9% of a core of the sample configuration's 1.1% (BENCHMARKS.md).
+IDLE_WAKE_SECONDS = 1.0
 # A stop (SIGTERM, the end of the sources) waits for the broker at most this long, so
 # that the agent exits within 5 s whether or not the broker answers (a wearable out of
 # range, a Pi shutting down offline): the spool is durable, and what the broker has not
@@ -382,6 +387,10 @@ class AgentService:
         self.keep_running = keep_running
         self._next_overrun_warning = 0.0
         self._stop = threading.Event()
+        # Set by a stop request and by every transport event (a connection, an
+        # acknowledgement, a message): the loop sleeps until then or its next timer.
+        self._wake = threading.Event()
+        self.transport.on_event = self._wake.set
         self.watchdog = sdnotify.Watchdog()  # disabled unless systemd set WATCHDOG_USEC
         self.exit_code = 0
 
@@ -393,6 +402,7 @@ class AgentService:
 
     def request_stop(self, *_: Any) -> None:
         self._stop.set()
+        self._wake.set()
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
@@ -436,9 +446,12 @@ class AgentService:
 
     def run(self) -> int:
         batch = self.config.batch_seconds
+        release_code_pages()  # what numba's import touched
         for core in self.cores:
             core.warm_up()  # numba compiles here, before READY
             core.start()
+        log.debug("LLVM's code pages released after the warm-up: %.1f MB",
+                  release_code_pages() / 2**20)
         self.transport.start()
         sdnotify.ready("warmed up; reporting")
         # Batches are timed by the monotonic clock: a wall clock stepped back must not
@@ -469,7 +482,9 @@ class AgentService:
                         log.info("all sources have ended")
                         break
                     log.info("all sources have ended; staying connected until SIGTERM")
-                self._stop.wait(min(0.05, max(0.0, next_tick - elapsed())))
+                self._wake.wait(self.watchdog.clamp_timeout(max(0.0, min(
+                    next_tick, next_status, elapsed() + IDLE_WAKE_SECONDS) - elapsed())))
+                self._wake.clear()
         finally:
             self._shutdown()
         return self.exit_code

@@ -20,6 +20,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from edge_agent import protocol
@@ -39,6 +40,9 @@ RESEND_CHECK_SECONDS = 5.0
 
 class Transport(Protocol):
     connected: bool
+    # Called (from any thread) whenever an event is queued, so that the agent's loop
+    # sleeps until there is something to do rather than polling.
+    on_event: Callable[[], None] | None
 
     def start(self) -> None: ...
 
@@ -64,6 +68,7 @@ class PahoTransport:
         self.broker = broker
         self._events: collections.deque = collections.deque()
         self._lock = threading.Lock()
+        self.on_event: Callable[[], None] | None = None
         self.client = MqttClient(broker.endpoint(), client_id, log=log, will=will,
                                  max_inflight=broker.max_inflight,
                                  on_connected=lambda client, flags: self._push((CONNECTED, None)))
@@ -91,6 +96,8 @@ class PahoTransport:
     def _push(self, event) -> None:
         with self._lock:
             self._events.append(event)
+        if self.on_event is not None:
+            self.on_event()
 
     def events(self) -> list[tuple[str, object]]:
         with self._lock:

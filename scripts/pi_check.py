@@ -12,6 +12,10 @@ under qemu-user in an arm64 Debian userland.
    (``scripts/pi_digest.py`` on both).
 6. Runs ``edge-agent run`` in the userland for a minute against a Mosquitto on this
    machine, and checks that every report decodes and that each channel reported.
+7. Runs ``scripts/install-agent.sh`` there with the wheel, twice (the first run installs,
+   or upgrades the install a previous pi-check left; the second must change nothing), and
+   checks the unit and its drop-ins with this machine's ``systemd-analyze verify``, the
+   configuration, the warmed kernel cache and that a state file survives.
 
 Where the machine cannot run it (not root, no binfmt_misc) it says so in one line and
 exits 1.  Timing under qemu-user is the emulator's, not a Pi's.
@@ -53,6 +57,9 @@ TEST_SUPPORT = ["tests/__init__.py", "tests/edge_agent/__init__.py",
                 "tests/edge_agent/mechanisms/helpers.py",
                 "tests/edge_agent/mechanisms/reference.py"]
 AGENT_SECONDS = 60
+INSTALLER_FILES = ["scripts/install-agent.sh", "systemd/edge-agent.service",
+                   "systemd/edge-agent-ble.conf", "systemd/edge-agent-i2c.conf",
+                   "configs/agent.toml", "pyproject.toml"]
 CHANNELS = [
     {"name": "ax", "kind": "linear", "field": "accel_x", "domain": [-2.0, 2.0]},
     {"name": "hr", "kind": "linear", "field": "heart_rate", "mechanism": "pm-c",
@@ -256,6 +263,54 @@ def run_agent(work: Path) -> dict[str, int]:
     return counts
 
 
+def check_installer(wheel: Path) -> str:
+    """install-agent.sh in the userland with the real paths; returns what it measured."""
+    sys.path.insert(0, str(REPO))
+    from tests.support.systemd_units import find_systemd_analyze, stage_unit, verify
+
+    checkout = INSIDE / "installer"
+    shutil.rmtree(to_inside(checkout), ignore_errors=True)
+    for name in INSTALLER_FILES:
+        to_inside(checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, to_inside(checkout / name))
+    shutil.copy(wheel, to_inside(checkout / wheel.name))
+    ledger = to_inside(Path("/var/lib/edge-agent/state.sqlite"))  # what a device had
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    if not ledger.exists():
+        ledger.write_bytes(b"a ledger the installer must not touch")
+    kept = ledger.read_bytes()
+    seconds, outputs = [], []
+    for _ in range(2):
+        began = time.monotonic()
+        result = inside("bash", str(checkout / "scripts" / "install-agent.sh"), "--wheel",
+                        str(checkout / wheel.name), "--agent-id", "pi-check", "--extras",
+                        "i2c", capture=True, check=False, cwd=Path("/"))
+        seconds.append(time.monotonic() - began)
+        outputs.append(result.stdout)
+        if result.returncode != 0:
+            raise SystemExit(f"pi-check: install-agent.sh failed on arm64:\n"
+                             f"{result.stdout}{result.stderr}")
+    if "creating" in outputs[1] or "kept /etc/edge-agent/agent.toml" not in outputs[1]:
+        raise SystemExit(f"pi-check: install-agent.sh run again was not a no-op:\n{outputs[1]}")
+    if ledger.read_bytes() != kept:
+        raise SystemExit("pi-check: install-agent.sh changed /var/lib/edge-agent")
+    if not list(to_inside(Path("/var/cache/edge-agent/numba")).rglob("*.nbc")):
+        raise SystemExit("pi-check: install-agent.sh left no compiled kernels in the cache")
+    units = to_inside(Path("/etc/systemd/system"))
+    analyze = find_systemd_analyze()
+    if analyze is None:
+        return f"installed in {seconds[0]:.0f} s, again in {seconds[1]:.0f} s (no systemd-analyze)"
+    with tempfile.TemporaryDirectory() as directory:
+        staged = stage_unit(units / "edge-agent.service", Path(directory), dropins={
+            p.name: p.read_text() for p in (units / "edge-agent.service.d").iterdir()})
+        code, ours = verify(analyze, staged)
+    if code != 0 or ours:
+        raise SystemExit("pi-check: systemd-analyze verify of the installed unit:\n"
+                         + "\n".join(ours))
+    return (f"installed in {seconds[0]:.0f} s, again (a no-op) in {seconds[1]:.0f} s; "
+            "unit and drop-ins verified, kernels cached, the state directory untouched")
+
+
 def main() -> int:
     began = time.monotonic()
     try:
@@ -282,6 +337,8 @@ def main() -> int:
         t = step(f"the agent on arm64 for {AGENT_SECONDS} s against Mosquitto on the host")
         counts = run_agent(work)
         done(t, "reports decoded: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        t = step("install-agent.sh in the arm64 userland, twice")
+        done(t, check_installer(wheel))
     print(f"pi-check: passed in {time.monotonic() - began:.0f} s", flush=True)
     return 0
 

@@ -49,9 +49,10 @@ class SystemRandom:
     cryptographic = True
 
     def words(self, count: int) -> np.ndarray:
+        # Always a writable array, like the seeded sources' and the kernels' refills
+        # (np.concatenate): numba types a read-only array apart, and a read-only first
+        # batch made every kernel that takes words compile (and cache) twice.
         nbytes = 8 * count
-        if nbytes <= _MAX_CHUNK_BYTES:
-            return np.frombuffer(_rand_bytes(nbytes), dtype=np.uint64)
         buffer = bytearray(nbytes)
         view = memoryview(buffer)
         for start in range(0, nbytes, _MAX_CHUNK_BYTES):

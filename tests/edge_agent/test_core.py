@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 
 import numpy as np
 
@@ -214,3 +216,34 @@ def test_service_exit_code_is_1_when_a_source_failed(tmp_path):
     service = AgentService(config, transport=FakeTransport(), drain_timeout=1)
     service.cores[0].sources = {"imu": Failing()}
     assert service.run() == 1
+
+
+def test_service_loop_sleeps_until_a_batch_or_an_event(tmp_path):
+    """The loop wakes for batches, transport events and stops, not on a poll timer:
+    the sample configuration's idle CPU was 20 wake-ups a second (BENCHMARKS.md)."""
+    config = make_config(tmp_path, budget=1000.0)
+    object.__setattr__(config, "batch_seconds", 0.5)
+    transport = FakeTransport()
+    service = AgentService(config, transport=transport, rng=np.random.default_rng(1),
+                           drain_timeout=1)
+    service.cores[0].sources = {"imu": ScriptedSource(per_poll=1, polls=10**6)}
+    pumps, ticks = [], []
+    pump, tick = service.outbox.pump, service.tick
+    service.outbox.pump = lambda: (pumps.append(1), pump())[1]
+    service.tick = lambda now: (ticks.append(1), tick(now))[1]
+
+    def stop_after_batches():
+        while len(ticks) < 6:
+            time.sleep(0.01)
+        service.request_stop()
+
+    stopper = threading.Thread(target=stop_after_batches)
+    stopper.start()
+    assert service.run() == 0
+    stopper.join()
+    # Per batch: the batch's own pump and the one its acknowledgements wake (the old
+    # loop: one every 50 ms, 10 per batch here).
+    assert len(pumps) <= 3 * len(ticks) + 4, (len(pumps), len(ticks))
+    data = [json.loads(p) for t, p, _, _ in transport.published if t.endswith("/ax")]
+    assert sum(len(m["codes"]) for m in data) >= 5
+    assert service.outbox.acked == service.outbox.sent

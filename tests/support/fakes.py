@@ -20,6 +20,12 @@ class FakeTransport:
         self._mid = 0
         self.unacked: list[int] = []
         self.subscriptions: list[str] = []
+        self.on_event = None
+
+    def _push(self, *events) -> None:
+        self._events.extend(events)
+        if self.on_event is not None:
+            self.on_event()
 
     def start(self) -> None:
         pass
@@ -31,7 +37,7 @@ class FakeTransport:
         self._mid += 1
         self.published.append((topic, payload, qos, retain))
         if self.auto_ack and self.connected:
-            self._events.append((ACKED, self._mid))
+            self._push((ACKED, self._mid))
         else:
             self.unacked.append(self._mid)
         return self._mid
@@ -41,14 +47,14 @@ class FakeTransport:
 
     def deliver(self, topic: str, payload: bytes) -> None:
         """Simulate a message arriving on a subscribed topic."""
-        self._events.append((MESSAGE, (topic, payload)))
+        self._push((MESSAGE, (topic, payload)))
 
     def set_connected(self, value: bool) -> None:
         self.connected = value
-        self._events.append((CONNECTED if value else DISCONNECTED, None))
+        self._push((CONNECTED if value else DISCONNECTED, None))
 
     def ack_all(self) -> None:
-        self._events.extend((ACKED, mid) for mid in self.unacked)
+        self._push(*((ACKED, mid) for mid in self.unacked))
         self.unacked.clear()
 
     def events(self):
