@@ -1,16 +1,16 @@
 """Giving back the pages of LLVM's own code once numba has what it needs.
 
 numba's first kernel call (compiling, or loading a cached kernel) runs LLVM's
-initialisation, which touches about 50 MB of libllvmlite.so's machine code; after
-the warm-up the agent does not run LLVM again unless a kernel it never called is
-needed (then the pages come back).  Those pages are clean and file-backed: the
-kernel could drop them under memory pressure anyway, but until then they count in
-the agent's RSS, which is what an operator (and systemd's MemoryMax accounting of
-the page cache aside) looks at on a 1 GB board.
+initialisation, which touches about 50 MB of libllvmlite.so's machine code; after the
+warm-up the agent does not run LLVM again unless it needs a kernel it never called
+(then the pages come back).  Those pages are clean and file-backed: the kernel would
+drop them under memory pressure anyway, but until then they count in the agent's RSS,
+which is what an operator of a 1 GB board looks at (docs/BENCHMARKS.md, "Where the
+memory goes": peak 164 -> 145 MB, steady 162 -> 95 MB with the sample configuration).
 
-``madvise(MADV_DONTNEED)`` on a private file mapping that holds no written page
-only unmaps it: the next access reads the same bytes from the page cache.  A
-mapping with any dirty page (relocations, data) is never touched.
+``madvise(MADV_DONTNEED)`` on a private file mapping that holds no written page only
+unmaps it: the next access reads the same bytes from the page cache.  A mapping with any
+dirty page (relocations, data) is never touched.
 """
 
 from __future__ import annotations
