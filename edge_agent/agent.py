@@ -31,6 +31,7 @@ from typing import Any
 from edge_agent import protocol, sdnotify
 from edge_agent.channels import Channel, Selection, build_channels
 from edge_agent.config import AgentConfig
+from edge_agent.mechanisms.registry import AUTO_REPORTS
 from edge_agent.memory import release_code_pages
 from edge_agent.range_responder import RangeResponder
 from edge_agent.readings import Readings
@@ -183,18 +184,35 @@ class AgentCore:
         return {s.name: s.error for s in self.sources.values() if s.error}
 
     def _adopt_discovered_ranges(self) -> None:
-        """``domain = "auto"`` channels take the latest discovered range when a (UTC-aligned)
-        budget period begins: never in the middle of one, a restart included."""
+        """Linear channels take the latest discovered range when a (UTC-aligned) budget
+        period begins, never in the middle of one, a restart included: ``domain = "auto"``
+        reports over it, ``mechanism = "auto"`` chooses again for a fleet there.  The
+        range is what the results' intervals hold at their confidence (their outer
+        ends), so that the fleet's extremes are inside it rather than at its edges."""
         if self.range is None:
             return
         for channel in self.channels:
-            low = self.range.results.get((channel.name, "min"))
-            high = self.range.results.get((channel.name, "max"))
-            if getattr(channel, "auto_domain", False) and low and high \
-                    and channel.adopt_range(low.estimate, high.estimate) and self.log_shared:
-                log.info("%schannel %s now reports over [%g, %g] (discovered range)",
-                         self.log_prefix, channel.name, channel.mechanism.low,
-                         channel.mechanism.high)
+            if channel.kind != "linear":
+                continue
+            found = discovered_range(self.range.results.get((channel.name, "min")),
+                                     self.range.results.get((channel.name, "max")))
+            if found is None:
+                continue
+            (low, high), participants = found
+            if channel.adopt_range(low, high, reports=participants) and self.log_shared:
+                log.info("%schannel %s now reports with %s over [%g, %g] (discovered range "
+                         "[%g, %g])", self.log_prefix, channel.name, channel.mechanism.name,
+                         channel.mechanism.low, channel.mechanism.high, low, high)
+            flat = channel.flat_ends(low, high)
+            if flat and self.log_shared:
+                # The collector says so too; here it can still be changed.
+                log.warning("%schannel %s: the fleet's range [%g, %g] reaches where %s at "
+                            "epsilon %g reports the same distribution for every value (%s): "
+                            "its mean there is estimated at that region's edge; mechanism = "
+                            '"auto" chooses PM-C or SW-C for such data', self.log_prefix,
+                            channel.name, low, high, channel.mechanism.name,
+                            channel.mechanism.epsilon,
+                            ", ".join(f"[{a:g}, {b:g}]" for a, b in flat))
 
     # -- one batch --------------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -339,6 +357,17 @@ class AgentCore:
             status["sources"][source.name]["rejected_rows"] = source.rejected_rows
             status["sources"][source.name].update(source.local_counters())
         return status
+
+
+def discovered_range(low, high) -> tuple[tuple[float, float], int] | None:
+    """((least, largest value), participants) from the latest min and max results: the
+    outer ends of their intervals (the estimates where a coordinator gave none)."""
+    if low is None or high is None:
+        return None
+    least = low.interval[0] if low.interval is not None else low.estimate
+    largest = high.interval[1] if high.interval is not None else high.estimate
+    participants = min(low.participants or AUTO_REPORTS, high.participants or AUTO_REPORTS)
+    return (least, largest), participants
 
 
 class AgentService:

@@ -53,6 +53,7 @@ from edge_agent.mechanisms import (
     split_epsilon,
 )
 from edge_agent.mechanisms.randomness import RandomSource, as_random_source
+from edge_agent.mechanisms.registry import AUTO, AUTO_REPORTS, mechanism_for_data
 from edge_agent.readings import Readings
 from edge_agent.state import NANO, delta_units_up, to_nano_up
 
@@ -258,26 +259,39 @@ class LinearChannel(Channel):
                                           high=high, grid_bits=config.grid_bits)
         self.auto_domain = config.domain == "auto"
 
-    def adopt_range(self, low: float, high: float) -> bool:
-        """``domain = "auto"``: report over a discovered [low, high] from now on.
+    def adopt_range(self, low: float, high: float, *, reports: int = AUTO_REPORTS) -> bool:
+        """The fleet's discovered range [low, high] (range discovery's outer ends).
 
-        Widened by ``domain_margin`` x its width on each side and kept inside
-        ``initial_domain``; returns whether the domain changed.  The new
-        mechanism parameters make the collector start a new series.
+        ``domain = "auto"``: report over it from now on, widened by ``domain_margin`` x
+        its width on each side, and further where the mechanism's mean is flat near
+        the ends (OGPM), so that the data stay out of them; inside ``initial_domain``.
+        ``mechanism = "auto"``: choose again for a fleet of ``reports`` there
+        (``mechanism_for_data``).  Returns whether the mechanism changed (its
+        parameters make the collector start a new series).
         """
-        if not self.auto_domain or not (math.isfinite(low) and math.isfinite(high)) \
-                or high < low:
+        if not (math.isfinite(low) and math.isfinite(high)) or high < low \
+                or not (self.auto_domain or self.config.mechanism == AUTO):
             return False
-        floor, ceiling = self.config.initial_domain
-        margin = self.config.domain_margin * max(high - low, 1e-9 * (ceiling - floor))
-        new = (max(floor, low - margin), min(ceiling, high + margin))
-        current = (self.mechanism.low, self.mechanism.high)
-        if not new[0] < new[1] or new == current:
+        mechanism = mechanism_for_data(
+            self.config.mechanism, epsilon=self.config.epsilon, data=(low, high),
+            bounds=self.config.start_domain, grid_bits=self.config.grid_bits,
+            margin=self.config.domain_margin if self.auto_domain else None,
+            reports=max(1, reports))
+        if mechanism == self.mechanism:
             return False
-        self.mechanism = linear_mechanism(self.config.mechanism, epsilon=self.config.epsilon,
-                                          low=new[0], high=new[1],
-                                          grid_bits=self.config.grid_bits)
+        self.mechanism = mechanism
         return True
+
+    def flat_ends(self, low: float, high: float) -> list[tuple[float, float]]:
+        """The parts of [low, high] where the mechanism's mean is flat (classical OGPM
+        near the domain's ends, Theorem 3.7): a fleet there is estimated at their edge."""
+        affine = self.mechanism.affine_mean()
+        if affine is None:
+            return []
+        x_lo, x_hi = affine[2], affine[3]
+        ends = [(max(low, self.mechanism.low), min(high, x_lo)),
+                (max(low, x_hi), min(high, self.mechanism.high))]
+        return [(a, b) for a, b in ends if a < b]
 
 
 class CircularChannel(Channel):

@@ -29,7 +29,7 @@ from edge_agent.mechanisms.categorical import (
     LongitudinalGRR,
     best_oracle,
 )
-from edge_agent.mechanisms.registry import KIND_CONFIG_NAMES
+from edge_agent.mechanisms.registry import AUTO, AUTO_CANDIDATES, KIND_CONFIG_NAMES
 from edge_agent.protocol.topics import STATUS
 
 RESERVED_CHANNEL_NAMES = {STATUS}
@@ -74,8 +74,11 @@ class LinearChannelConfig(_ChannelBase):
     unit: Unit | None = None  # of the readings (and domain); the collector shows it
     # domain = "auto": report over initial_domain until the fleet's range has been
     # discovered (range discovery), then, from the next budget period on, over the
-    # discovered [min, max] widened by domain_margin x its width on each side
-    # (never beyond initial_domain).
+    # discovered [min, max] (the outer ends of the results' intervals) widened by
+    # domain_margin x its width on each side (never beyond initial_domain).
+    # mechanism = "auto": of OGPM, PM-C and SW-C the one whose fleet mean errs least in
+    # the worst case over the discovered range (the domain until then), chosen again
+    # when a range is discovered (edge_agent.mechanisms.registry.choose_linear).
     initial_domain: tuple[float, float] | None = None
     domain_margin: Annotated[float, Field(ge=0, le=10)] = 0.1
 
@@ -276,8 +279,10 @@ def mechanism_problem(channel) -> str | None:
     try:
         if channel.kind == "linear":
             low, high = channel.start_domain
-            linear_mechanism(channel.mechanism, epsilon=channel.epsilon, low=low, high=high,
-                             grid_bits=channel.grid_bits)
+            # "auto" may choose any candidate once the range is known.
+            for name in AUTO_CANDIDATES if channel.mechanism == AUTO else [channel.mechanism]:
+                linear_mechanism(name, epsilon=channel.epsilon, low=low, high=high,
+                                 grid_bits=channel.grid_bits)
         elif channel.kind == "vector":
             # "auto" may choose any k of 1..d axes: the smallest share is epsilon / d.
             axes = channel.k if channel.strategy == "sample" else len(channel.fields)

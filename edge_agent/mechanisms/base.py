@@ -281,6 +281,29 @@ class Mechanism(ABC):
         """
         return None
 
+    def averaged_error(self, x: Any, reports: int = 1) -> np.ndarray:
+        """E[(x^ - x)**2] for the average x^ of ``reports`` reports of the value x, each
+        inverted through the affine part of the mean, x^ = (M - b) / a: what a
+        collector's bias-removed mean of a fleet at x errs by.
+
+        Var[M(x)] / (reports a**2), plus the squared bias where E[M(x)] is not affine:
+        where classical OGPM's mean is flat near an end (Theorem 3.7) every value gives
+        the mean of the flat region's edge, and no number of reports moves it.  A
+        mechanism whose mean is nowhere affine (the Laplace variants): its raw squared
+        error over ``reports``.
+        """
+        if not isinstance(reports, int) or isinstance(reports, bool):
+            raise TypeError("reports must be an int")
+        if reports < 1:
+            raise ValueError(f"reports: must be >= 1, got {reports}")
+        affine = self.affine_mean()
+        x = np.clip(np.asarray(x, dtype=np.float64), self.low, self.high)
+        if affine is None:
+            return self.expected_error(x, 2) / reports
+        a, b = affine[0], affine[1]
+        return (self.variance(x) / (reports * a**2)
+                + ((self.mean_output(x) - b) / a - x) ** 2)
+
     def worst_case_error(self, p: int = 2) -> float:
         """max over inputs x of expected_error(x, p).
 

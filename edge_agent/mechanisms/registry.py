@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from edge_agent.mechanisms.base import Mechanism
 from edge_agent.mechanisms.baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
 from edge_agent.mechanisms.categorical import LONGITUDINAL, ORACLES, FrequencyOracle
@@ -61,23 +63,85 @@ LINEAR: dict[str, LinearChoice] = {
     "bounded-laplace": LinearChoice(BoundedLaplace),
     "ptt": LinearChoice(PTT),
 }
-# Wire names a linear or vector channel may announce.
+# ``mechanism = "auto"``: the one of these whose fleet mean errs least where the data lies
+# (``mechanism_for_data``): OGPM, optimal in the worst case over the whole domain, and the two
+# compressed baselines, which have no flat ends (where OGPM reports the same
+# distribution for every value, Theorem 3.7, a fleet near an end is estimated at the flat
+# region's edge however many report).
+AUTO = "auto"
+AUTO_CANDIDATES = ("ogpm", "pm-c", "sw-c")
+# The reports an estimate averages when nothing says how many (a thousand wearers).
+AUTO_REPORTS = 1000
+# Points of the data's range the worst case is taken over.
+_AUTO_POINTS = 257
+# Wire names a linear or vector channel may announce ("auto" announces what it chose).
 LINEAR_WIRE_NAMES = frozenset(choice.cls.name for choice in LINEAR.values())
 # Configuration names of each channel kind (the circular and polar channels'
 # ``mechanism`` key allows only "ogpm", the paper's mechanism for them).
-KIND_CONFIG_NAMES = {"linear": tuple(LINEAR), "vector": tuple(LINEAR), "circular": ("ogpm",),
-                     "polar": ("ogpm",)}
+KIND_CONFIG_NAMES = {"linear": (*LINEAR, AUTO), "vector": (*LINEAR, AUTO),
+                     "circular": ("ogpm",), "polar": ("ogpm",)}
 
 
 def linear_mechanism(name: str, *, epsilon: float, low: float, high: float,
                      grid_bits: int) -> Mechanism:
-    """The scalar mechanism a linear or vector channel configures as ``name``."""
+    """The scalar mechanism a linear or vector channel configures as ``name`` on [low, high];
+    "auto": ``mechanism_for_data``'s choice for a fleet anywhere in the domain."""
+    if name == AUTO:
+        return mechanism_for_data(AUTO, epsilon=epsilon, data=(low, high), bounds=(low, high),
+                                  grid_bits=grid_bits)
     try:
         choice = LINEAR[name]
     except KeyError:
-        raise ValueError(f"unknown linear mechanism {name!r}; known: {', '.join(LINEAR)}") \
-            from None
+        raise ValueError(f"unknown linear mechanism {name!r}; known: "
+                         f"{', '.join(KIND_CONFIG_NAMES['linear'])}") from None
     return choice.build(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
+
+
+def flat_fraction(name: str, *, epsilon: float, grid_bits: int) -> float:
+    """The share of a domain's width at each end where the mechanism ``name`` has a flat
+    mean (classical OGPM, Theorem 3.7; it depends on epsilon only); 0 for the others."""
+    affine = LINEAR[name].build(epsilon=epsilon, low=0.0, high=1.0,
+                                grid_bits=grid_bits).affine_mean()
+    return 0.0 if affine is None else max(0.0, affine[2], 1.0 - affine[3])
+
+
+def mechanism_for_data(name: str, *, epsilon: float, data: tuple[float, float],
+                       bounds: tuple[float, float], grid_bits: int, margin: float | None = None,
+                       reports: int = AUTO_REPORTS) -> Mechanism:
+    """The mechanism for a fleet whose values lie in ``data`` = (least, largest).
+
+    ``margin`` None: over the fixed domain ``bounds``.  Otherwise over ``data`` widened
+    by ``margin`` x its width on each side, and further where the mechanism's mean is
+    flat near the ends (so that the data stay where the mean is affine: a fleet in a
+    flat end is estimated at its edge), kept inside ``bounds``.  ``name`` "auto": each
+    of AUTO_CANDIDATES over its own domain, the one whose mean of ``reports`` reports
+    errs least in the worst case over ``data`` (ties to the earlier candidate).
+    """
+    lo, hi = min(max(data[0], bounds[0]), bounds[1]), max(min(data[1], bounds[1]), bounds[0])
+    lo, hi = min(lo, hi), max(lo, hi)
+    points = np.linspace(lo, hi, _AUTO_POINTS)
+
+    def build(candidate: str) -> Mechanism:
+        low, high = bounds
+        if margin is not None:
+            width = max(hi - lo, 1e-9 * (bounds[1] - bounds[0]))
+            flat = flat_fraction(candidate, epsilon=epsilon, grid_bits=grid_bits)
+            # data + m w on each side, and at least a flat end's share of the result
+            # (x_lo = low + flat (high - low) <= lo): total = w (1 + 2m) and w / (1 - 2 flat).
+            total = max(width * (1.0 + 2.0 * margin), width / max(1.0 - 2.0 * flat, 1e-9))
+            side = 0.5 * (total - width)
+            low, high = max(bounds[0], lo - side), min(bounds[1], hi + side)
+        return LINEAR[candidate].build(epsilon=epsilon, low=low, high=high,
+                                       grid_bits=grid_bits)
+
+    if name != AUTO:
+        if name not in LINEAR:
+            return linear_mechanism(name, epsilon=epsilon, low=lo, high=hi,
+                                    grid_bits=grid_bits)  # says which names there are
+        return build(name)
+    built = [build(candidate) for candidate in AUTO_CANDIDATES]
+    errors = [float(np.max(m.averaged_error(points, reports))) for m in built]
+    return built[errors.index(min(errors))]
 
 
 def kind_accepts(kind: str, wire_name: str) -> bool:

@@ -392,11 +392,14 @@ def test_range_discovery_answers_compose_to_at_most_the_run_epsilon(rounds, epsi
 class KnownRange:
     """A range responder that has heard a discovered range for ``lin``."""
 
-    def __init__(self, low, high):
-        result = type("Result", (), {})
+    def __init__(self, low, high, interval=None):
+        result = type("Result", (), {"interval": None, "participants": None})
         self.results = {("lin", "min"): result(), ("lin", "max"): result()}
         self.results[("lin", "min")].estimate = low
         self.results[("lin", "max")].estimate = high
+        if interval is not None:  # (the min's, the max's)
+            self.results[("lin", "min")].interval = interval[0]
+            self.results[("lin", "max")].interval = interval[1]
 
     def observe(self, *args):
         pass
@@ -412,7 +415,38 @@ def test_a_discovered_range_is_adopted_when_a_period_begins_never_mid_period(tmp
     core.tick(mid_period + 3600)
     assert (core.channels[0].mechanism.low, core.channels[0].mechanism.high) == (-10.0, 10.0)
     core.tick(21 * DAY + 1)  # the next period
-    assert (core.channels[0].mechanism.low, core.channels[0].mechanism.high) == (-1.0, 1.0)
+    # [-1, 1] with no margin, and as much more as keeps it out of OGPM's flat ends
+    mechanism = core.channels[0].mechanism
+    assert -10.0 < mechanism.low < -1.0 and mechanism.low == -mechanism.high
+    assert mechanism.affine_mean()[2:] == pytest.approx((-1.0, 1.0), abs=1e-12)
+
+
+def test_a_discovered_range_in_ogpms_flat_end_is_logged_naming_the_channel(tmp_path, caplog):
+    core, _ = core_for(tmp_path, CHANNELS[:1], {"lin": [0.5]})
+    core.range = KnownRange(-1.9, -1.6, interval=((-2.0, -1.85), (-1.7, -1.5)))
+    caplog.set_level("INFO")
+    core.tick(20 * DAY + 1)  # ranges are taken when a period begins, not at the start
+    core.tick(21 * DAY + 1)
+    flat = [r.getMessage() for r in caplog.records if "reports the same distribution" in
+            r.getMessage()]
+    assert len(flat) == 1 and "channel lin" in flat[0] and "[-2, -1.5]" in flat[0], flat
+    caplog.clear()
+    core.range = KnownRange(-0.4, 0.4, interval=((-0.5, -0.3), (0.3, 0.5)))
+    core.tick(22 * DAY + 1)
+    assert "reports the same distribution" not in caplog.text
+
+
+def test_an_auto_domain_adopts_the_intervals_outer_ends_out_of_ogpms_flat_ends(tmp_path):
+    auto = {**CHANNELS[0], "domain": "auto", "initial_domain": [-10.0, 10.0],
+            "domain_margin": 0.1}
+    core, _ = core_for(tmp_path, [auto], {"lin": [0.5]})
+    core.range = KnownRange(-1.0, 1.0, interval=((-1.2, -0.9), (0.8, 1.3)))
+    core.tick(20 * DAY + 1)
+    core.tick(21 * DAY + 1)
+    mechanism = core.channels[0].mechanism
+    _, _, x_lo, x_hi = mechanism.affine_mean()
+    assert -10.0 < mechanism.low < x_lo <= -1.2 and 1.3 <= x_hi < mechanism.high < 10.0
+    assert x_lo == pytest.approx(-1.2) or mechanism.low == pytest.approx(-1.2 - 0.1 * 2.5)
 
 
 def test_a_clock_behind_is_logged_once_and_its_readings_counted(tmp_path, caplog):

@@ -20,6 +20,7 @@ import numpy as np
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM
 from edge_agent.mechanisms.randomized_response import RandomizedResponse
+from edge_agent.mechanisms.registry import mechanism_for_data
 from edge_agent.state import NANO
 from tests.support import (
     CollectorProcess,
@@ -167,23 +168,29 @@ def test_fleet_discovers_the_range_and_auto_domains_tighten(tmp_path, mosquitto)
         assert wait_until(lambda: (tightened() or {}).get("count", 0) > 20_000, 150)
         after = tightened()
         low, high = after["mechanism"]["low"], after["mechanism"]["high"]
-        width = results["max"]["estimate"] - results["min"]["estimate"]
-        assert low == max(DOMAIN[0], results["min"]["estimate"] - 0.1 * width)
-        assert high == min(DOMAIN[1], results["max"]["estimate"] + 0.1 * width)
-        assert low <= SUB_RANGE[0] + 1.0 and high >= SUB_RANGE[1] - 1.0
+        # The outer ends of the results' intervals, widened by 10% of their width on each
+        # side and further so that they stay out of OGPM's flat ends (Theorem 3.7).
+        data = (results["min"]["interval"][0], results["max"]["interval"][1])
+        expected = mechanism_for_data("ogpm", epsilon=1.0, data=data, bounds=DOMAIN,
+                                      grid_bits=16, margin=0.1)
+        assert (low, high) == (expected.low, expected.high)
+        _, _, x_lo, x_hi = expected.affine_mean()
+        assert low < x_lo <= data[0] < data[1] <= x_hi < high
+        assert low <= SUB_RANGE[0] - 0.1 * (data[1] - data[0])
+        assert high >= SUB_RANGE[1] + 0.1 * (data[1] - data[0])
         assert [s["mechanism"]["low"] for s in after["other_series"]] == [DOMAIN[0]]
         # Per-report standard deviation, old domain vs new: the interval is much tighter.
-        # The mechanism's noise shrinks with the domain's width (x0.24 here: its worst
-        # squared error x0.058, exactly below); the estimator's standard error less so,
-        # as it is the one of whichever estimate was chosen (on the wide domain the
-        # reconstruction uses how concentrated the data are): 0.51 to 0.52 in loaded
-        # runs, 1 if the domain had not tightened.
+        # The mechanism's noise shrinks with the domain's width (about x0.36 here, the
+        # flat ends kept clear: its worst squared error about x0.13, below); the
+        # estimator's standard error less so, as it is the one of whichever estimate was
+        # chosen (on the wide domain the reconstruction uses how concentrated the data
+        # are): 0.51 to 0.52 in loaded runs at x0.24, 1 if the domain had not tightened.
         old_mechanism = ClassicalOGPM(epsilon=1.0, low=DOMAIN[0], high=DOMAIN[1])
         new_mechanism = ClassicalOGPM(epsilon=1.0, low=low, high=high)
-        assert new_mechanism.worst_case_error() < 0.1 * old_mechanism.worst_case_error()
+        assert new_mechanism.worst_case_error() < 0.2 * old_mechanism.worst_case_error()
         old_sd = before["mean"]["stderr"] * math.sqrt(before["count"])
         new_sd = after["mean"]["stderr"] * math.sqrt(after["count"])
-        assert new_sd < 0.7 * old_sd, (old_sd, new_sd)
+        assert new_sd < 0.8 * old_sd, (old_sd, new_sd)
         truth = values.mean()
         assert abs(after["mean"]["estimate"] - truth) <= \
             5 * after["mean"]["stderr"] + after["mean"]["bias_bound"] + 0.05

@@ -22,7 +22,7 @@ from edge_agent.mechanisms import (
     linear_mechanism,
 )
 from edge_agent.mechanisms.categorical import LONGITUDINAL, ORACLES
-from edge_agent.mechanisms.registry import KIND_CONFIG_NAMES, LINEAR, kind_accepts
+from edge_agent.mechanisms.registry import AUTO, KIND_CONFIG_NAMES, LINEAR, kind_accepts
 from edge_agent.protocol import descriptions
 from tests.support import REPO
 from tests.support.paths import load_script
@@ -50,7 +50,7 @@ def test_every_topic_names_a_definition():
 
 def test_mechanism_names_come_from_one_registry():
     assert set(descriptions.DESCRIPTIONS) == set(MECHANISMS) | set(ORACLES) | set(LONGITUDINAL)
-    assert set(LinearMechanism.__args__) == set(LINEAR) == set(KIND_CONFIG_NAMES["linear"])
+    assert set(LinearMechanism.__args__) == {*LINEAR, AUTO} == set(KIND_CONFIG_NAMES["linear"])
     assert OgpmOnly.__args__ == KIND_CONFIG_NAMES["circular"] == KIND_CONFIG_NAMES["polar"]
     mapping = SCHEMA["properties"]["mechanism"]["discriminator"]["mapping"]
     assert set(mapping) == set(MECHANISMS) | set(ORACLES) | set(LONGITUDINAL)
