@@ -179,18 +179,20 @@ def test_fleet_discovers_the_range_and_auto_domains_tighten(tmp_path, mosquitto)
         assert low <= SUB_RANGE[0] - 0.1 * (data[1] - data[0])
         assert high >= SUB_RANGE[1] + 0.1 * (data[1] - data[0])
         assert [s["mechanism"]["low"] for s in after["other_series"]] == [DOMAIN[0]]
-        # Per-report standard deviation, old domain vs new: the interval is much tighter.
-        # The mechanism's noise shrinks with the domain's width (about x0.36 here, the
-        # flat ends kept clear: its worst squared error about x0.13, below); the
-        # estimator's standard error less so, as it is the one of whichever estimate was
-        # chosen (on the wide domain the reconstruction uses how concentrated the data
-        # are): 0.51 to 0.52 in loaded runs at x0.24, 1 if the domain had not tightened.
+        # Per-report standard deviation, old domain vs new: the interval is tighter.  The
+        # mechanism's noise shrinks with the domain's width: x0.59 here, from the outer
+        # ends of the results' intervals (about 3.5 beyond the estimates) with OGPM's
+        # flat ends kept clear (x1.6); its worst squared error x0.35, below (x0.24 and
+        # x0.058 when the estimates plus 10% were adopted).  The estimator's standard
+        # error shrinks less, as it is the one of whichever estimate was chosen (on the
+        # wide domain the reconstruction uses how concentrated the data are): 0.50 in a
+        # quiet run (0.51 to 0.52 in loaded runs at x0.24); 1 if it had not tightened.
         old_mechanism = ClassicalOGPM(epsilon=1.0, low=DOMAIN[0], high=DOMAIN[1])
         new_mechanism = ClassicalOGPM(epsilon=1.0, low=low, high=high)
-        assert new_mechanism.worst_case_error() < 0.2 * old_mechanism.worst_case_error()
+        assert new_mechanism.worst_case_error() < 0.5 * old_mechanism.worst_case_error()
         old_sd = before["mean"]["stderr"] * math.sqrt(before["count"])
         new_sd = after["mean"]["stderr"] * math.sqrt(after["count"])
-        assert new_sd < 0.8 * old_sd, (old_sd, new_sd)
+        assert new_sd < 0.7 * old_sd, (old_sd, new_sd)
         truth = values.mean()
         assert abs(after["mean"]["estimate"] - truth) <= \
             5 * after["mean"]["stderr"] + after["mean"]["bias_bound"] + 0.05
