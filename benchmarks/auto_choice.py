@@ -21,7 +21,12 @@ from pathlib import Path
 
 from benchmarks.bench_accuracy import GRID_BITS, LINEAR
 from benchmarks.recordings import datasets
-from edge_agent.mechanisms.registry import AUTO, AUTO_CANDIDATES, mechanism_for_data
+from edge_agent.mechanisms.registry import (
+    AUTO,
+    AUTO_CANDIDATES,
+    linear_mechanism,
+    mechanism_for_data,
+)
 
 LABELS = {LINEAR[label]: label for label in ("OGPM", "PM-C", "SW-C")}  # config name -> label
 assert set(LABELS) == set(AUTO_CANDIDATES)
@@ -50,8 +55,8 @@ def choice_label(data, epsilon: float, reports: int) -> str:
                                 bounds=(data.low, data.high), grid_bits=GRID_BITS,
                                 reports=reports)
     for name in AUTO_CANDIDATES:
-        if chosen == mechanism_for_data(name, epsilon=epsilon, data=(data.low, data.high),
-                                        bounds=(data.low, data.high), grid_bits=GRID_BITS):
+        if chosen == linear_mechanism(name, epsilon=epsilon, low=data.low, high=data.high,
+                                      grid_bits=GRID_BITS):
             return LABELS[name]
     raise AssertionError(f"auto chose {chosen!r}, not a candidate")
 

@@ -158,7 +158,7 @@ class Emulated(Native):
 
     name = "arm64 (qemu-user)"
 
-    def __init__(self, work: Path):
+    def __init__(self):
         spec = importlib.util.spec_from_file_location("pi_check", REPO / "scripts/pi_check.py")
         self.pi = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(self.pi)
@@ -255,7 +255,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp, Mosquitto(Path(tmp)) as broker:
         machines = [Native(args.python, Path(tmp))]
         if args.arm64:
-            machines.append(Emulated(Path(tmp)))
+            machines.append(Emulated())
         results = []
         for machine in machines:
             with machine.session():

@@ -17,6 +17,7 @@ SUE, OLH), linear and vector channels every other mechanism.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -97,6 +98,7 @@ def linear_mechanism(name: str, *, epsilon: float, low: float, high: float,
     return choice.build(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
 
 
+@lru_cache(maxsize=256)
 def flat_fraction(name: str, *, epsilon: float, grid_bits: int) -> float:
     """The share of a domain's width at each end where the mechanism ``name`` has a flat
     mean (classical OGPM, Theorem 3.7; it depends on epsilon only); 0 for the others."""
@@ -105,6 +107,9 @@ def flat_fraction(name: str, *, epsilon: float, grid_bits: int) -> float:
     return 0.0 if affine is None else max(0.0, affine[2], 1.0 - affine[3])
 
 
+# Cached: every virtual agent of a fleet (and the planner) asks the same question, and
+# shares the answer as it shares its channels' template mechanisms.
+@lru_cache(maxsize=256)
 def mechanism_for_data(name: str, *, epsilon: float, data: tuple[float, float],
                        bounds: tuple[float, float], grid_bits: int, margin: float | None = None,
                        reports: int = AUTO_REPORTS) -> Mechanism:
@@ -131,13 +136,10 @@ def mechanism_for_data(name: str, *, epsilon: float, data: tuple[float, float],
             total = max(width * (1.0 + 2.0 * margin), width / max(1.0 - 2.0 * flat, 1e-9))
             side = 0.5 * (total - width)
             low, high = max(bounds[0], lo - side), min(bounds[1], hi + side)
-        return LINEAR[candidate].build(epsilon=epsilon, low=low, high=high,
-                                       grid_bits=grid_bits)
+        return linear_mechanism(candidate, epsilon=epsilon, low=low, high=high,
+                                grid_bits=grid_bits)
 
     if name != AUTO:
-        if name not in LINEAR:
-            return linear_mechanism(name, epsilon=epsilon, low=lo, high=hi,
-                                    grid_bits=grid_bits)  # says which names there are
         return build(name)
     built = [build(candidate) for candidate in AUTO_CANDIDATES]
     errors = [float(np.max(m.averaged_error(points, reports))) for m in built]
