@@ -16,6 +16,7 @@ from edge_agent.mechanisms._validate import (
 )
 from edge_agent.mechanisms.base import ExactLoss, Mechanism, split_epsilon
 from edge_agent.mechanisms.baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
+from edge_agent.mechanisms.gaussian import OptimalGaussian
 from edge_agent.mechanisms.laplace import BoundedLaplace, TruncatedLaplace
 from edge_agent.mechanisms.ogpm import (
     CircularOGPM,
@@ -45,6 +46,7 @@ __all__ = [
     "Duchi",
     "ExactLoss",
     "Mechanism",
+    "OptimalGaussian",
     "PiecewiseMechanism",
     "PolarOGPM",
     "PTT",

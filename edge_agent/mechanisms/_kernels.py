@@ -256,6 +256,78 @@ def _discrete_laplace(num, den_shift, words, pos):
         return (y if sign == 0 else -y), pos
 
 
+# floor(sqrt(2**63 - 1)): the largest a whose square an int64 holds.
+_SQUARE_MAX = 3_037_000_499
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _bernoulli_exp_ratio(numer, denom, words, pos):
+    """Bernoulli(exp(-numer/denom)) for any numer >= 0 (CKS Algorithm 1): one
+    Bernoulli(exp(-1)) per whole unit of the exponent, then the fractional rest."""
+    while numer > denom:
+        keep, pos = _bernoulli_exp(1, 1, words, pos)
+        if pos == _EXHAUSTED or not keep:
+            return False, pos
+        numer -= denom
+    return _bernoulli_exp(numer, denom, words, pos)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _bernoulli_exp_square(a, denom, words, pos):
+    """Bernoulli(exp(-a*a/denom)) for a >= 0, without overflowing int64."""
+    if a <= _SQUARE_MAX:
+        return _bernoulli_exp_ratio(a * a, denom, words, pos)
+    # exp(-a**2/denom) = exp(-a/denom)**a: a coins that must all land.  Reached only
+    # by |Y| hundreds of thousands of standard deviations out; kept so the law is exact.
+    for _ in range(a):
+        keep, pos = _bernoulli_exp_ratio(a, denom, words, pos)
+        if pos == _EXHAUSTED or not keep:
+            return False, pos
+    return True, pos
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _discrete_gaussian(t, m, words, pos):
+    """Z with P(z) proportional to exp(-z**2 / (2 t m)) (CKS Algorithm 3 with
+    sigma**2 = t m, so that sigma**2 / t = m is an integer and the acceptance
+    exp(-(|Y| - m)**2 / (2 t m)) is a ratio of integers)."""
+    denom = 2 * t * m
+    while True:
+        y, pos = _discrete_laplace(t, 0, words, pos)
+        if pos == _EXHAUSTED:
+            return np.int64(0), pos
+        accept, pos = _bernoulli_exp_square(abs(abs(y) - m), denom, words, pos)
+        if pos == _EXHAUSTED:
+            return np.int64(0), pos
+        if accept:
+            return y, pos
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _gaussian_cells(x, words, out, start, low, inv_step, steps, offset, top, t, m):
+    """Codes offset + i + Z clamped to [0, top] from ``start`` on, where i is x's
+    lattice point (x clipped to the domain, rounded at random to one of its two
+    neighbouring points so that E[i] is exact) and Z is discrete Gaussian; returns
+    (next index, its word position)."""
+    pos = 0
+    for i in range(start, x.shape[0]):
+        begin = pos
+        if pos >= words.shape[0]:
+            return i, begin
+        position = (x[i] - low) * inv_step
+        point = np.int64(math.floor(position))
+        # Up with probability frac(position): a 53-bit uniform against the fraction.
+        point += np.int64(np.float64(words[pos] >> np.uint64(11)) * 2.0**-53
+                          < position - math.floor(position))
+        pos += 1
+        point = min(max(point, 0), steps)
+        z, pos = _discrete_gaussian(t, m, words, pos)
+        if pos == _EXHAUSTED:
+            return i, begin
+        out[i] = np.uint32(min(max(offset + point + z, 0), top))
+    return x.shape[0], pos
+
+
 @njit(cache=True, nogil=True, boundscheck=False)
 def _quantize(x, cells, low, high, inv_cell, n_cells):
     """Clip to [low, high] and map to the index of the grid cell holding x."""
@@ -323,4 +395,25 @@ def laplace_cells(cells, source, *, num, den_shift, n_cells, bounded):
         # many as it has used: a value that needs many draws (bounded Laplace keeps about
         # epsilon / 2 of them) then costs a constant factor of its words, not their square.
         fresh = source.words(max(4 * (cells.shape[0] - done) + 64, words.shape[0] - resume))
+        words = np.concatenate([words[resume:], fresh])
+
+
+def gaussian_cells(x, source, *, low, step, steps, offset, top, t, m):
+    """Discrete-Gaussian codes for values already clipped to [low, low + steps * step],
+    drawing words from ``source`` as needed (replayed like ``laplace_cells``)."""
+    if x.dtype != np.float64 or x.ndim != 1 or not x.flags.c_contiguous:
+        raise TypeError("x must be a contiguous 1-D float64 array")
+    if not (1 <= t and 1 <= m and 2 * t * m < 1 << 62 and 0 <= offset and
+            offset + steps <= top < 1 << 32):
+        raise ValueError("t, m, offset or top out of range for exact 64-bit arithmetic")
+    out = np.empty(x.shape[0], dtype=np.uint32)
+    # About 12 words per value on average; ask for enough that a refill is rare.
+    words = source.words(16 * x.shape[0] + 64)
+    done = 0
+    while True:
+        done, resume = _gaussian_cells(x, words, out, done, float(low), 1.0 / float(step),
+                                       int(steps), int(offset), int(top), int(t), int(m))
+        if done == x.shape[0]:
+            return out
+        fresh = source.words(max(8 * (x.shape[0] - done) + 64, words.shape[0] - resume))
         words = np.concatenate([words[resume:], fresh])

@@ -25,6 +25,7 @@ import numpy as np
 from edge_agent.mechanisms.base import Mechanism
 from edge_agent.mechanisms.baselines import PTT, Duchi, PiecewiseMechanism, SquareWave
 from edge_agent.mechanisms.categorical import LONGITUDINAL, ORACLES, FrequencyOracle
+from edge_agent.mechanisms.gaussian import OptimalGaussian
 from edge_agent.mechanisms.laplace import BoundedLaplace, TruncatedLaplace
 from edge_agent.mechanisms.ogpm import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 
@@ -32,7 +33,7 @@ from edge_agent.mechanisms.ogpm import CircularOGPM, ClassicalOGPM, PolarOGPM, U
 MECHANISMS: dict[str, type[Mechanism]] = {
     cls.name: cls
     for cls in (ClassicalOGPM, UnbiasedOGPM, CircularOGPM, PolarOGPM, PiecewiseMechanism,
-                SquareWave, PTT, Duchi, TruncatedLaplace, BoundedLaplace)
+                SquareWave, PTT, Duchi, TruncatedLaplace, BoundedLaplace, OptimalGaussian)
 }
 CIRCULAR = CircularOGPM.name
 POLAR = PolarOGPM.name
@@ -45,10 +46,18 @@ class LinearChoice:
     cls: type[Mechanism]
     options: dict[str, Any] = field(default_factory=dict)
     grid: bool = True  # takes grid_bits (Duchi reports one of two atoms instead)
+    delta: bool = False  # (epsilon, delta)-LDP: takes delta (> 0)
 
-    def build(self, *, epsilon: float, low: float, high: float, grid_bits: int) -> Mechanism:
-        grid = {"grid_bits": grid_bits} if self.grid else {}
-        return self.cls(epsilon=epsilon, low=low, high=high, **self.options, **grid)
+    def build(self, *, epsilon: float, low: float, high: float, grid_bits: int,
+              delta: float = 0.0) -> Mechanism:
+        extra = {"grid_bits": grid_bits} if self.grid else {}
+        if self.delta:
+            extra["delta"] = delta
+        elif delta:
+            raise ValueError(f"delta: {self.cls.name} is pure epsilon-LDP; only the "
+                             f"(epsilon, delta) mechanisms ({', '.join(DELTA_MECHANISMS)}) "
+                             "take a delta")
+        return self.cls(epsilon=epsilon, low=low, high=high, **self.options, **extra)
 
 
 # Configuration name -> how to build it, in the order the documentation lists them.
@@ -63,7 +72,10 @@ LINEAR: dict[str, LinearChoice] = {
     "laplace": LinearChoice(TruncatedLaplace),
     "bounded-laplace": LinearChoice(BoundedLaplace),
     "ptt": LinearChoice(PTT),
+    "opt-gm": LinearChoice(OptimalGaussian, delta=True),
 }
+# Configuration names whose mechanisms are (epsilon, delta)-LDP (a channel's ``delta``).
+DELTA_MECHANISMS = tuple(name for name, choice in LINEAR.items() if choice.delta)
 # ``mechanism = "auto"``: the one of these whose fleet mean errs least where the data lies
 # (``mechanism_for_data``): OGPM, optimal in the worst case over the whole domain, and the two
 # compressed baselines, which have no flat ends (where OGPM reports the same
@@ -84,10 +96,13 @@ KIND_CONFIG_NAMES = {"linear": (*LINEAR, AUTO), "vector": (*LINEAR, AUTO),
 
 
 def linear_mechanism(name: str, *, epsilon: float, low: float, high: float,
-                     grid_bits: int) -> Mechanism:
-    """The scalar mechanism a linear or vector channel configures as ``name`` on [low, high];
-    "auto": ``mechanism_for_data``'s choice for a fleet anywhere in the domain."""
+                     grid_bits: int, delta: float = 0.0) -> Mechanism:
+    """The scalar mechanism a linear or vector channel configures as ``name`` on [low, high]
+    (``delta`` for the (epsilon, delta) ones); "auto": ``mechanism_for_data``'s choice for a
+    fleet anywhere in the domain."""
     if name == AUTO:
+        if delta:
+            raise ValueError('delta: "auto" chooses among pure epsilon-LDP mechanisms')
         return mechanism_for_data(AUTO, epsilon=epsilon, data=(low, high), bounds=(low, high),
                                   grid_bits=grid_bits)
     try:
@@ -95,7 +110,7 @@ def linear_mechanism(name: str, *, epsilon: float, low: float, high: float,
     except KeyError:
         raise ValueError(f"unknown linear mechanism {name!r}; known: "
                          f"{', '.join(KIND_CONFIG_NAMES['linear'])}") from None
-    return choice.build(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
+    return choice.build(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits, delta=delta)
 
 
 @lru_cache(maxsize=256)

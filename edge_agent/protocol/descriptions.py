@@ -16,6 +16,7 @@ from edge_agent.mechanisms import (
     ClassicalOGPM,
     Duchi,
     Mechanism,
+    OptimalGaussian,
     PiecewiseMechanism,
     PolarOGPM,
     SquareWave,
@@ -53,6 +54,12 @@ class _Compressible(_Interval):
     compressed: bool
 
 
+class _IntervalDelta(_Interval):
+    """An (epsilon, delta) mechanism on an interval: also its delta (> 0)."""
+
+    delta: Annotated[float, Meta(gt=0.0, le=DELTA_MAX)]
+
+
 class _TwoAtoms(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name"):
     epsilon: Epsilon
     low: Finite
@@ -82,7 +89,7 @@ class _PolarPair(Struct, frozen=True, forbid_unknown_fields=True, tag_field="nam
 _SHAPES = {ClassicalOGPM: _Interval, UnbiasedOGPM: _Interval, PTT: _Interval,
            TruncatedLaplace: _Interval, BoundedLaplace: _Interval,
            PiecewiseMechanism: _Compressible, SquareWave: _Compressible, Duchi: _TwoAtoms,
-           CircularOGPM: _Circle, PolarOGPM: _PolarPair}
+           CircularOGPM: _Circle, PolarOGPM: _PolarPair, OptimalGaussian: _IntervalDelta}
 
 class _Categories(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name",
                   omit_defaults=True):

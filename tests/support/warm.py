@@ -40,7 +40,8 @@ def main() -> None:
     values = np.linspace(0.0, 1.0, 64)
     ingestor = Ingestor(fleet=FLEET)
     for name in LINEAR:
-        mechanism = linear_mechanism(name, epsilon=1.0, low=0.0, high=1.0, grid_bits=16)
+        mechanism = linear_mechanism(name, epsilon=1.0, low=0.0, high=1.0, grid_bits=16,
+                                     delta=1e-6 if LINEAR[name].delta else 0.0)
         for source in _sources():
             codes = mechanism.perturb_codes(values, source)
         _report(ingestor, name.replace("-", "_"), "linear", mechanism, codes.tolist())

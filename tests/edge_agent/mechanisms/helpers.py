@@ -12,6 +12,8 @@ from edge_agent.mechanisms import CircularOGPM, Duchi
 from edge_agent.mechanisms.registry import CIRCULAR, LINEAR
 
 FALSE_ALARM = 1e-6
+# The delta of the (epsilon, delta) mechanisms in the catalogue (Opt-GM).
+EXAMPLE_DELTA = 1e-6
 
 
 def make(kind: str, epsilon: float, low: float = 0.0, high: float = 1.0, grid_bits: int = 16):
@@ -20,10 +22,14 @@ def make(kind: str, epsilon: float, low: float = 0.0, high: float = 1.0, grid_bi
     with [low, high) as one turn."""
     if kind == CIRCULAR:
         return CircularOGPM(epsilon=epsilon, period=high - low, origin=low, grid_bits=grid_bits)
-    return LINEAR[kind].build(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits)
+    choice = LINEAR[kind]
+    return choice.build(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits,
+                        delta=EXAMPLE_DELTA if choice.delta else 0.0)
 
 
 KINDS = [*LINEAR, CIRCULAR]
+# The pure epsilon-LDP ones (Opt-GM is (epsilon, delta): test_gaussian.py).
+PURE_KINDS = [kind for kind in KINDS if not (kind in LINEAR and LINEAR[kind].delta)]
 LAPLACE_KINDS = ["laplace", "bounded-laplace"]
 PIECEWISE_KINDS = [kind for kind in KINDS if kind not in ("duchi", *LAPLACE_KINDS)]
 

@@ -27,7 +27,7 @@ from edge_agent.mechanisms import (
 )
 from edge_agent.mechanisms.randomized_response import RandomizedResponse
 from edge_agent.mechanisms.randomness import as_random_source
-from tests.edge_agent.mechanisms.helpers import KINDS, make
+from tests.edge_agent.mechanisms.helpers import KINDS, PURE_KINDS, make
 
 LINEAR = [ClassicalOGPM, UnbiasedOGPM, PiecewiseMechanism, SquareWave, PTT, Duchi,
           TruncatedLaplace, BoundedLaplace]
@@ -66,9 +66,10 @@ MIN_EPSILON_DOMAINS = [(0.0, 1.0), (-1e6, 3e6), (1000.0, 1000.5), (-1e-90, 1e-90
                        (-1e290, 1e290)]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", PURE_KINDS)
 def test_every_mechanism_runs_at_epsilon_min(kind):
-    """The integer layouts, Duchi's atoms and the Laplace scale all exist at EPSILON_MIN."""
+    """The integer layouts, Duchi's atoms and the Laplace scale all exist at EPSILON_MIN
+    (Opt-GM's noise does not fit a grid there: test_gaussian.py)."""
     rng = np.random.default_rng(12)
     for (low, high), bits in product(MIN_EPSILON_DOMAINS, (1, 2, 8, 16)):
         if kind == "duchi" and bits != 16:
@@ -132,6 +133,8 @@ def test_too_narrow_domains_are_refused(kind, low, high):
 @pytest.mark.parametrize("kind", LINEAR_KINDS)
 @pytest.mark.parametrize("epsilon", [EPSILON_MIN, 1.0, 20.0])
 def test_domains_near_the_float_limit_are_refused_or_finite(kind, epsilon):
+    if kind not in PURE_KINDS and epsilon == EPSILON_MIN:
+        pytest.skip("Opt-GM refuses EPSILON_MIN on any grid (test_gaussian.py)")
     """Near +-1.8e308 the output domain (or density, or Laplace scale) of most mechanisms
     overflows: refused, naming the domain; the ones accepted are finite throughout."""
     rng = np.random.default_rng(14)

@@ -60,7 +60,8 @@ def test_mechanism_names_come_from_one_registry():
                                                              "vector"))
     assert not any(kind_accepts("categorical", name) for name in MECHANISMS)
     for name in LINEAR:  # every configuration name builds a mechanism the wire knows
-        built = linear_mechanism(name, epsilon=1.0, low=-1.0, high=1.0, grid_bits=8)
+        built = linear_mechanism(name, epsilon=1.0, low=-1.0, high=1.0, grid_bits=8,
+                                 delta=1e-6 if LINEAR[name].delta else 0.0)
         assert built.name in MECHANISMS and kind_accepts("linear", built.name)
         assert not kind_accepts("circular", built.name) and not kind_accepts("polar", built.name)
     assert kind_accepts("circular", CircularOGPM.name) and kind_accepts("polar", PolarOGPM.name)
@@ -70,7 +71,8 @@ def test_mechanism_names_come_from_one_registry():
 def test_every_description_round_trips_to_the_same_mechanism(name):
     mechanism = {"ogpm-circular": lambda: CircularOGPM(epsilon=1.5),
                  "ogpm-polar": lambda: PolarOGPM(epsilon=4.0, radius_max=2.0)}.get(
-        name, lambda: next(c.build(epsilon=1.5, low=-2.0, high=2.0, grid_bits=10)
+        name, lambda: next(c.build(epsilon=1.5, low=-2.0, high=2.0, grid_bits=10,
+                                   delta=1e-6 if c.delta else 0.0)
                            for c in LINEAR.values() if c.cls.name == name))()
     description = protocol.describe(mechanism)
     assert protocol.description_name(description) == name
