@@ -88,7 +88,8 @@ def discrete_gaussian_delta(steps: int, t: int, m: int, epsilon: float) -> float
     max(0, p(z) - e^ε p(z - steps)), rounded up.
 
     The terms are positive exactly for z < steps/2 - ε t m / steps; they are summed from
-    there down to 40σ below, the rest bounded by a tail integral, and the normaliser
+    there down to 12σ below (numpy's pairwise sum), the rest bounded by a tail integral
+    (below e^-72 of the first), and the normaliser
     taken as √(2π t m), which the true one exceeds (Poisson summation: it is that times
     1 + 2 Σ_k exp(-2π² t m k²))."""
     s = t * m
@@ -96,10 +97,11 @@ def discrete_gaussian_delta(steps: int, t: int, m: int, epsilon: float) -> float
     top = math.floor(Fraction(steps * steps - 2 * s * Fraction(epsilon), 2 * steps))
     if steps * steps - 2 * s * Fraction(epsilon) == 2 * steps * top:
         top -= 1  # the term at equality is 0
-    bottom = min(top, math.floor(-40 * sigma))
+    bottom = top - math.ceil(12 * sigma)
     z = np.arange(bottom, top + 1, dtype=np.float64)
     terms = np.exp(-z * z / (2 * s)) - np.exp(epsilon - (z - steps) ** 2 / (2 * s))
-    total = math.fsum(np.maximum(terms, 0.0)) + _tail_sum_upper(bottom - 1.0, sigma)
+    total = float(np.maximum(terms, 0.0).sum()) + _tail_sum_upper(min(bottom - 1.0, 0.0),
+                                                                   sigma)
     return total / math.sqrt(2 * math.pi * s) * _ROUNDING
 
 
@@ -218,16 +220,12 @@ class OptimalGaussian(Mechanism):
 def _lattice(epsilon: float, delta: float, n_cells: int) -> tuple[int, int, int]:
     """(steps, t, m): the most lattice steps over the domain, odd so that the clamp is
     symmetric, whose noise σ² = t·m (δ at ε at most δ) leaves TAIL σ of codes at each
-    end; t = floor(σ) + 1 as in CKS Algorithm 3."""
+    end."""
     per_step = analytic_sigma(epsilon, delta)  # σ per step of sensitivity 1
     steps = math.floor((n_cells - 1) / (1 + 2 * TAIL * per_step))
     steps -= 1 - steps % 2
     while steps >= 1:
-        target = per_step * steps
-        t = math.floor(target) + 1
-        m = max(1, math.ceil(target * target / t))
-        while discrete_gaussian_delta(steps, t, m, epsilon) > delta:
-            m += max(1, m // 1000)
+        t, m = _noise(steps, epsilon, delta, per_step * steps)
         if (n_cells - 1 - steps) // 2 >= TAIL * math.sqrt(t * m):
             return steps, t, m
         steps -= 2
@@ -235,3 +233,37 @@ def _lattice(epsilon: float, delta: float, n_cells: int) -> tuple[int, int, int]
         f"grid_bits: {n_cells.bit_length() - 1} is too coarse for opt-gm at "
         f"epsilon={epsilon:g}, delta={delta:g}: its noise (σ = {per_step:.3g} widths) and "
         f"{TAIL}σ tails need at least {math.ceil(1 + 2 * TAIL * per_step)} cells")
+
+
+def _noise(steps: int, epsilon: float, delta: float, target: float) -> tuple[int, int]:
+    """(t, m) with the least σ² = t·m whose discrete δ at ε is at most δ.  CKS Algorithm 3
+    is fastest with t = floor(σ) + 1; σ² then moves in steps of t, which for a σ of
+    a few cells is a coarse rounding, so small σ also try the smaller t (exact for any t)."""
+    def fits(t: int, m: int) -> bool:
+        return discrete_gaussian_delta(steps, t, m, epsilon) <= delta
+
+    def least_m(t: int) -> int:
+        # Bracket the continuous σ's m, widening by doubling, then bisect (δ falls as m
+        # grows): about a dozen δ sums.
+        guess = max(1, math.ceil(target * target / t))
+        reach = max(1, guess // 10_000)
+        if fits(t, guess):
+            high, low = guess, guess - reach
+            while low >= 1 and fits(t, low):
+                high, low, reach = low, low - 2 * reach, 2 * reach
+            low = max(low, 0)
+        else:
+            low, high = guess, guess + reach
+            while not fits(t, high):
+                low, high, reach = high, high + 2 * reach, 2 * reach
+        while high - low > 1:
+            middle = (low + high) // 2
+            if fits(t, middle):
+                high = middle
+            else:
+                low = middle
+        return high
+
+    fastest = math.floor(target) + 1
+    candidates = range(max(1, fastest // 2), fastest + 1) if target < 64 else (fastest,)
+    return min(((t, least_m(t)) for t in candidates), key=lambda tm: (tm[0] * tm[1], -tm[0]))
