@@ -73,7 +73,16 @@ def _composed_loss(mechanism, reports: int) -> ExactLoss:
 # mechanism, which every virtual agent of a fleet shares with its template.
 @lru_cache(maxsize=1024)
 def _charge_nano(mechanism, reports: int) -> int:
+    if getattr(mechanism, "delta", 0):  # (ε, δ): ε is charged as configured, rounded up
+        return to_nano_up(mechanism.epsilon) * reports
     return _composed_loss(mechanism, reports).ceiling(NANO)
+
+
+@lru_cache(maxsize=1024)
+def _charge_delta(mechanism, reports: int) -> int:
+    if not getattr(mechanism, "delta", 0):
+        return 0
+    return delta_units_up(mechanism.exact_delta()) * reports
 
 
 @dataclass
@@ -104,7 +113,6 @@ class Channel:
         self.report_interval = config.report_interval
         self.spacing = spacing
         self._next_due = -math.inf
-        self._charge: tuple[Any, int] | None = None
         self.counters = dict.fromkeys(PUBLISHED_COUNTERS, 0)
         self.local = dict.fromkeys(LOCAL_COUNTERS, 0)
 
@@ -143,17 +151,16 @@ class Channel:
     @property
     def charge_nano(self) -> int:
         """What the ledger charges for one report: ``privacy_loss`` rounded up exactly to
-        units of 1e-9 (per mechanism: ``domain = "auto"`` replaces it)."""
-        if self._charge is None or self._charge[0] is not self.mechanism:
-            self._charge = (self.mechanism,
-                            _charge_nano(self.mechanism, self.reports_per_reading))
-        return self._charge[1]
+        units of 1e-9 (per mechanism: ``domain = "auto"`` replaces it).  An (ε, δ)
+        mechanism's guarantee is (ε, ``exact_delta`` at ε): ε is charged, rounded up."""
+        return _charge_nano(self.mechanism, self.reports_per_reading)
 
     @property
     def charge_delta(self) -> int:
-        """The δ the ledger charges for one report, in units of ``DELTA_UNIT`` (rounded up
-        exactly); 0 for pure ε-LDP channels (every kind but an (ε,δ) categorical one)."""
-        return 0
+        """The δ the ledger charges for one report, in units of ``DELTA_UNIT``: an (ε, δ)
+        mechanism's exact δ at ε (the largest hockey-stick divergence of what it releases,
+        at most its configured δ), rounded up; 0 for pure ε-LDP ones."""
+        return _charge_delta(self.mechanism, self.reports_per_reading)
 
     # -- step 1 --------------------------------------------------------------------------
     def select(self, readings: Readings, now: float = 0.0, rng: Any = None) -> Selection:
@@ -256,7 +263,8 @@ class LinearChannel(Channel):
         super().__init__(config, **kw)
         low, high = config.start_domain
         self.mechanism = linear_mechanism(config.mechanism, epsilon=config.epsilon, low=low,
-                                          high=high, grid_bits=config.grid_bits)
+                                          high=high, grid_bits=config.grid_bits,
+                                          delta=config.delta)
         self.auto_domain = config.domain == "auto"
 
     def adopt_range(self, low: float, high: float, *, reports: int = AUTO_REPORTS) -> bool:
@@ -276,7 +284,7 @@ class LinearChannel(Channel):
             self.config.mechanism, epsilon=self.config.epsilon, data=(low, high),
             bounds=self.config.start_domain, grid_bits=self.config.grid_bits,
             margin=self.config.domain_margin if self.auto_domain else None,
-            reports=max(1, reports))
+            reports=max(1, reports), delta=self.config.delta)
         if mechanism == self.mechanism:
             return False
         self.mechanism = mechanism
@@ -472,26 +480,6 @@ class CategoricalChannel(Channel):
 
     def _probe(self) -> tuple[np.ndarray, ...]:
         return (np.zeros(4, dtype=np.int64),)
-
-    @property
-    def charge_nano(self) -> int:
-        """Pure ε (δ = 0): the exact loss of the integer weights, as every channel.  With
-        δ > 0 the guarantee is (ε, ``exact_delta`` at ε): ε is charged, rounded up."""
-        if self.mechanism.delta == 0:
-            return super().charge_nano
-        return to_nano_up(self.mechanism.epsilon)
-
-    @property
-    def charge_delta(self) -> int:
-        """The oracle's exact δ at ε (the largest hockey-stick divergence of its integer
-        weights, ≤ the configured δ), rounded up."""
-        if self.mechanism.delta == 0:
-            return 0
-        if self._charge_delta is None:
-            self._charge_delta = delta_units_up(self.mechanism.exact_delta())
-        return self._charge_delta
-
-    _charge_delta: int | None = None
 
 
 _KINDS = {"linear": LinearChannel, "circular": CircularChannel, "polar": PolarChannel,

@@ -29,13 +29,19 @@ from edge_agent.mechanisms.categorical import (
     LongitudinalGRR,
     best_oracle,
 )
-from edge_agent.mechanisms.registry import AUTO, AUTO_CANDIDATES, KIND_CONFIG_NAMES
+from edge_agent.mechanisms.registry import (
+    AUTO,
+    AUTO_CANDIDATES,
+    DELTA_MECHANISMS,
+    KIND_CONFIG_NAMES,
+)
 from edge_agent.protocol.topics import STATUS
 
 RESERVED_CHANNEL_NAMES = {STATUS}
 
 # The configuration names of edge_agent.mechanisms.registry ("pm-c" is PM, compressed).
 LinearMechanism = Literal[KIND_CONFIG_NAMES["linear"]]  # type: ignore[valid-type]
+VectorMechanism = Literal[KIND_CONFIG_NAMES["vector"]]  # type: ignore[valid-type]
 OgpmOnly = Literal[KIND_CONFIG_NAMES["circular"]]  # type: ignore[valid-type]
 
 
@@ -81,6 +87,9 @@ class LinearChannelConfig(_ChannelBase):
     # when a range is discovered (edge_agent.mechanisms.registry.choose_linear).
     initial_domain: tuple[float, float] | None = None
     domain_margin: Annotated[float, Field(ge=0, le=10)] = 0.1
+    # mechanism = "opt-gm" ((epsilon, delta)-LDP, required > 0): each report also costs its
+    # exact delta at epsilon (at most this), which the [privacy] guarantees must allow.
+    delta: Annotated[float, Field(ge=0, le=DELTA_MAX)] = 0.0
 
     _domain = field_validator("domain")(
         classmethod(lambda cls, v: v if v == "auto" else _check_domain(v)))
@@ -89,6 +98,12 @@ class LinearChannelConfig(_ChannelBase):
 
     @model_validator(mode="after")
     def _auto_domain(self):
+        if self.mechanism in DELTA_MECHANISMS and self.delta == 0:
+            raise ValueError(f"delta: required with mechanism = {self.mechanism!r}, which is "
+                             f"(epsilon, delta)-LDP (e.g. delta = 1e-6)")
+        if self.mechanism not in DELTA_MECHANISMS and self.delta > 0:
+            raise ValueError(f"delta: only with an (epsilon, delta) mechanism "
+                             f"({', '.join(DELTA_MECHANISMS)}); {self.mechanism!r} is pure")
         if self.domain == "auto" and self.initial_domain is None:
             raise ValueError('initial_domain: required with domain = "auto" (the domain to '
                              "report over until a range is discovered)")
@@ -125,7 +140,7 @@ class PolarChannelConfig(_ChannelBase):
 class VectorChannelConfig(_ChannelBase):
     kind: Literal["vector"]
     fields: Annotated[list[str], Field(min_length=2, max_length=64)]
-    mechanism: LinearMechanism = "ogpm"
+    mechanism: VectorMechanism = "ogpm"
     domain: tuple[float, float]
     unit: Unit | None = None  # of every axis
     # split: every reading reports all d axes at epsilon/d each;
@@ -282,7 +297,7 @@ def mechanism_problem(channel) -> str | None:
             # "auto" may choose any candidate once the range is known.
             for name in AUTO_CANDIDATES if channel.mechanism == AUTO else [channel.mechanism]:
                 linear_mechanism(name, epsilon=channel.epsilon, low=low, high=high,
-                                 grid_bits=channel.grid_bits)
+                                 grid_bits=channel.grid_bits, delta=channel.delta)
         elif channel.kind == "vector":
             # "auto" may choose any k of 1..d axes: the smallest share is epsilon / d.
             axes = channel.k if channel.strategy == "sample" else len(channel.fields)

@@ -90,8 +90,10 @@ _AUTO_POINTS = 257
 # Wire names a linear or vector channel may announce ("auto" announces what it chose).
 LINEAR_WIRE_NAMES = frozenset(choice.cls.name for choice in LINEAR.values())
 # Configuration names of each channel kind (the circular and polar channels'
-# ``mechanism`` key allows only "ogpm", the paper's mechanism for them).
-KIND_CONFIG_NAMES = {"linear": (*LINEAR, AUTO), "vector": (*LINEAR, AUTO),
+# ``mechanism`` key allows only "ogpm", the paper's mechanism for them; a vector channel's
+# axes share its epsilon, not a delta: the (epsilon, delta) ones are for linear channels).
+KIND_CONFIG_NAMES = {"linear": (*LINEAR, AUTO),
+                     "vector": (*(name for name in LINEAR if not LINEAR[name].delta), AUTO),
                      "circular": ("ogpm",), "polar": ("ogpm",)}
 
 
@@ -127,7 +129,7 @@ def flat_fraction(name: str, *, epsilon: float, grid_bits: int) -> float:
 @lru_cache(maxsize=256)
 def mechanism_for_data(name: str, *, epsilon: float, data: tuple[float, float],
                        bounds: tuple[float, float], grid_bits: int, margin: float | None = None,
-                       reports: int = AUTO_REPORTS) -> Mechanism:
+                       reports: int = AUTO_REPORTS, delta: float = 0.0) -> Mechanism:
     """The mechanism for a fleet whose values lie in ``data`` = (least, largest).
 
     ``margin`` None: over the fixed domain ``bounds``.  Otherwise over ``data`` widened
@@ -152,7 +154,7 @@ def mechanism_for_data(name: str, *, epsilon: float, data: tuple[float, float],
             side = 0.5 * (total - width)
             low, high = max(bounds[0], lo - side), min(bounds[1], hi + side)
         return linear_mechanism(candidate, epsilon=epsilon, low=low, high=high,
-                                grid_bits=grid_bits)
+                                grid_bits=grid_bits, delta=delta)
 
     if name != AUTO:
         return build(name)
