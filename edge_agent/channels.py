@@ -85,6 +85,18 @@ def _charge_delta(mechanism, reports: int) -> int:
     return delta_units_up(mechanism.exact_delta()) * reports
 
 
+def flat_ends(mechanism, low: float, high: float) -> list[tuple[float, float]]:
+    """The parts of [low, high] where ``mechanism``'s mean is flat (classical OGPM near
+    its domain's ends, Theorem 3.7)."""
+    affine = mechanism.affine_mean()
+    if affine is None:
+        return []
+    x_lo, x_hi = affine[2], affine[3]
+    ends = [(max(low, mechanism.low), min(high, x_lo)),
+            (max(low, x_hi), min(high, mechanism.high))]
+    return [(a, b) for a, b in ends if a < b]
+
+
 @dataclass
 class Selection:
     """Readings chosen for release (raw, in memory only)."""
@@ -161,6 +173,12 @@ class Channel:
         mechanism's exact δ at ε (the largest hockey-stick divergence of what it releases,
         at most its configured δ), rounded up; 0 for pure ε-LDP ones."""
         return _charge_delta(self.mechanism, self.reports_per_reading)
+
+    def flat_regions(self) -> dict[str, tuple[Any, list[tuple[float, float]]]]:
+        """Where in its domain each scalar part of the channel's mechanism has a flat mean,
+        by part ("" the value, "radius", "each axis"): (that part's mechanism, regions);
+        nothing for most mechanisms."""
+        return {}
 
     # -- step 1 --------------------------------------------------------------------------
     def select(self, readings: Readings, now: float = 0.0, rng: Any = None) -> Selection:
@@ -293,13 +311,10 @@ class LinearChannel(Channel):
     def flat_ends(self, low: float, high: float) -> list[tuple[float, float]]:
         """The parts of [low, high] where the mechanism's mean is flat (classical OGPM
         near the domain's ends, Theorem 3.7): a fleet there is estimated at their edge."""
-        affine = self.mechanism.affine_mean()
-        if affine is None:
-            return []
-        x_lo, x_hi = affine[2], affine[3]
-        ends = [(max(low, self.mechanism.low), min(high, x_lo)),
-                (max(low, x_hi), min(high, self.mechanism.high))]
-        return [(a, b) for a, b in ends if a < b]
+        return flat_ends(self.mechanism, low, high)
+
+    def flat_regions(self) -> dict[str, tuple[Any, list[tuple[float, float]]]]:
+        return {"": (self.mechanism, self.flat_ends(self.mechanism.low, self.mechanism.high))}
 
 
 class CircularChannel(Channel):
@@ -325,6 +340,10 @@ class PolarChannel(Channel):
         (radius, angle), clipped = self.mechanism.perturb_codes(values[0], values[1], source,
                                                                 return_clipped=True)
         return [radius.tolist(), angle.tolist()], clipped
+
+    def flat_regions(self) -> dict[str, tuple[Any, list[tuple[float, float]]]]:
+        radius = self.mechanism.radius_mechanism
+        return {"radius": (radius, flat_ends(radius, radius.low, radius.high))}
 
     @property
     def unit(self) -> str | None:
@@ -374,6 +393,10 @@ class VectorChannel(Channel):
         self.mechanism = linear_mechanism(config.mechanism, epsilon=self.axis_epsilon,
                                           low=config.domain[0], high=config.domain[1],
                                           grid_bits=config.grid_bits)
+
+    def flat_regions(self) -> dict[str, tuple[Any, list[tuple[float, float]]]]:
+        mechanism = self.mechanism
+        return {"each axis": (mechanism, flat_ends(mechanism, mechanism.low, mechanism.high))}
 
     def _perturb(self, values, source):
         d = len(values)

@@ -70,9 +70,38 @@ def budget_advice(config: AgentConfig, effective: dict) -> list[str]:
     from edge_agent.spending import budget_lines, memo_lines, plan_lines
 
     if "plan" in effective:  # the plan states its worst cases; rates would say averages
-        return [f"What a wearer gets: {effective['budget']['promise']}",
-                *plan_lines(effective["plan"]), *memo_lines(config)]
-    return budget_lines(config, effective["budget"]) + memo_lines(config)
+        lines = [f"What a wearer gets: {effective['budget']['promise']}",
+                 *plan_lines(effective["plan"]), *memo_lines(config)]
+    else:
+        lines = budget_lines(config, effective["budget"]) + memo_lines(config)
+    return lines + flat_end_lines(config)
+
+
+def flat_end_lines(config: AgentConfig) -> list[str]:
+    """One line per channel whose mechanism reports the same distribution for every value
+    near its domain's ends (classical OGPM, Theorem 3.7): readings that sit there are
+    estimated at the regions' edges, and only the configuration can change that."""
+    from edge_agent.channels import build_channels
+
+    lines = []
+    for channel in build_channels(config, config.agent_id):
+        for part, (mechanism, regions) in channel.flat_regions().items():
+            what = f"{channel.name}'s {part}" if part else channel.name
+            if mechanism.epsilon == 0:  # a polar split that leaves the radius nothing
+                lines.append(f"No epsilon: {what} gets none of the channel's epsilon (the "
+                             f"split that minimises the weighted error): its reports say "
+                             f"nothing about it; raise weight or epsilon if it matters")
+                continue
+            if not regions:
+                continue
+            lines.append(
+                f"Flat ends: {what} ({mechanism.name} at epsilon {mechanism.epsilon:.3g}) "
+                f"reports the same distribution "
+                f"for every value in {' and '.join(f'[{a:.4g}, {b:.4g}]' for a, b in regions)}"
+                f": if readings sit there, a fleet's mean is estimated at those regions' "
+                f"edges; choose a domain whose ends the readings do not reach, or (linear "
+                f'channels) mechanism = "auto" or domain = "auto"')
+    return lines
 
 
 add_check_config(main, load_config, implied, budget_advice)

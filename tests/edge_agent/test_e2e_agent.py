@@ -280,6 +280,15 @@ def test_check_config_prints_effective_config_and_rejects_bad_ones(tmp_path):
     assert polar["epsilon_radius"] + polar["epsilon_angle"] == pytest.approx(polar["epsilon"])
     assert effective["channels"][2]["epsilon"] == polar["epsilon"]  # the planner's
     assert effective["batch_seconds"] == 1.0
+    # Channels whose OGPM has flat ends are named with the regions (Theorem 3.7 at the
+    # planned epsilon), a radius the polar split leaves without epsilon too.
+    assert ("Flat ends: heart_rate (ogpm at epsilon 0.425) reports the same distribution "
+            "for every value in [40, 75.77] and [164.2, 200]") in good.stderr
+    assert "Flat ends: accel's each axis (ogpm at epsilon 0.142)" in good.stderr
+    assert "No epsilon: accel_polar's radius gets none of the channel's epsilon" \
+        in good.stderr
+    assert "Flat ends: activity" not in good.stderr and "roll" not in good.stderr.split(
+        "range discovery")[-1]
     bad = tmp_path / "bad.toml"
     sample = (REPO / "configs" / "agent.toml").read_text()
     assert sample.count("radius_max = 2.0 ") == 1  # the polar channel, channels[2]
