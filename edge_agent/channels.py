@@ -94,7 +94,10 @@ def flat_ends(mechanism, low: float, high: float) -> list[tuple[float, float]]:
     x_lo, x_hi = affine[2], affine[3]
     ends = [(max(low, mechanism.low), min(high, x_lo)),
             (max(low, x_hi), min(high, mechanism.high))]
-    return [(a, b) for a, b in ends if a < b]
+    # A region of a millionth of the domain is the integer layout's rounding (PM-C's
+    # affine range ends a grid tick inside the domain), not a flat end.
+    least = 1e-6 * (mechanism.high - mechanism.low)
+    return [(a, b) for a, b in ends if b - a > least]
 
 
 @dataclass

@@ -201,10 +201,10 @@ def plan_document(config: AgentConfig) -> dict:
     its ε per report, spacing, the most reports and ε any window of each guarantee
     counts, the share of the wearers in each slot and the relative error of the fleet's
     mean per slot for 1,000 wearers, beside reporting every slot at ε / w."""
-    from edge_agent.config.planning import NANO, every_slot_error
+    from edge_agent.config.planning import NANO, PLAN_WEARERS, every_slot_error
 
     plan = config.plan
-    wearers = 1000
+    wearers = PLAN_WEARERS
     channels = {}
     for channel, planned in zip(config.channels, plan.channels):
         baseline = every_slot_error(channel, planned, plan.horizons, plan.slot, plan.spread)

@@ -32,6 +32,9 @@ variance of one report's unbiased estimate (the mechanism's exact closed form):
     m >= 1:  N MSE = V(ε) / m
     m <  1:  a random m N of the N wearers report, once:
              N MSE = V(ε) / m + σ² (1 / m - 1)    (sampling without replacement)
+    plus N B(ε)² for a linear channel, B(ε) the worst bias of its bias-removed mean
+    over the domain, which no number of reports removes (OGPM's flat ends): the error
+    ``mechanism = "auto"`` weighs too, N = 1,000 (PLAN_WEARERS).
 
 The error is in units of the domain's width (a share for a categorical channel).
 """
@@ -54,6 +57,7 @@ from edge_agent.mechanisms import (
     split_epsilon,
 )
 from edge_agent.mechanisms.categorical import ORACLES, LongitudinalGRR, best_oracle
+from edge_agent.mechanisms.registry import AUTO_REPORTS
 from edge_agent.state import NANO, bucket_width, to_nano_down, to_nano_up
 
 # A planned channel's spacing is at least this much over what the counts assume, so a
@@ -68,6 +72,9 @@ GRID_RATIO = 1.15
 # Variances are evaluated on grids of this many bits (the error's closed form hardly
 # changes beyond; the reports themselves use the channel's grid_bits).
 EVAL_GRID_BITS = 10
+# The fleet a plan is judged for (and check-config states its error for): the wearers
+# whose reports one slot's mean averages, as many as mechanism = "auto" assumes.
+PLAN_WEARERS = AUTO_REPORTS
 
 
 class PlanError(ValueError):
@@ -99,6 +106,7 @@ class ChannelPlan:
     reports_per_slot: float  # m
     variance: float  # V(epsilon): one report's, in units of the domain's width squared
     slot_error: float  # sqrt(N MSE) of the fleet mean over a slot, in domain widths
+    bias: float = 0.0  # B(epsilon)²: the mean's worst squared bias, in widths squared
 
     def spend(self, horizon_index: int) -> int:
         """Most nano-ε of this channel's reports any window of the guarantee counts."""
@@ -148,11 +156,12 @@ def epsilon_of_nano(nano: int) -> float:
     return value
 
 
-def slot_error(variance: float, spacing: float, slot: float, spread: float) -> float:
-    """sqrt(N MSE) of the fleet mean over one slot (module docstring)."""
+def slot_error(variance: float, spacing: float, slot: float, spread: float,
+               bias: float = 0.0) -> float:
+    """sqrt(N MSE) of the fleet mean over one slot (module docstring), N = PLAN_WEARERS."""
     m = slot / spacing
     sampling = spread ** 2 * max(0.0, 1.0 / m - 1.0)
-    return math.sqrt(variance / m + sampling)
+    return math.sqrt(variance / m + sampling + PLAN_WEARERS * bias)
 
 
 # -- one report's variance, per kind ---------------------------------------------------
@@ -165,6 +174,32 @@ def report_variance(channel, epsilon: float) -> float | None:
         return _variance(_variance_key(channel), epsilon)
     except (ValueError, OverflowError):
         return None
+
+
+def report_bias(channel, epsilon: float) -> float:
+    """B²(ε): the worst squared bias of a linear channel's bias-removed fleet mean over its
+    domain, in units of its width squared, which no number of reports removes: where
+    classical OGPM's mean is flat near an end (Theorem 3.7) a fleet is estimated at the
+    flat region's edge.  The same error ``mechanism = "auto"`` weighs (``averaged_error``),
+    so that the planner and the choice agree; 0 for the other kinds."""
+    if channel.kind != "linear":
+        return 0.0
+    try:
+        return _linear_bias(channel.mechanism, epsilon, *channel.start_domain)
+    except (ValueError, OverflowError):
+        return 0.0
+
+
+@lru_cache(maxsize=65536)
+def _linear_bias(name: str, epsilon: float, low: float, high: float) -> float:
+    mechanism = linear_mechanism(name, epsilon=epsilon, low=low, high=high,
+                                 grid_bits=EVAL_GRID_BITS)
+    affine = mechanism.affine_mean()
+    if affine is None:
+        return 0.0
+    a, b = affine[0], affine[1]
+    x = np.linspace(low, high, 257)
+    return float(np.max(((mechanism.mean_output(x) - b) / a - x) ** 2)) / (high - low) ** 2
 
 
 def _variance_key(channel) -> tuple:
@@ -272,10 +307,11 @@ def plan_channel(channel, shares: tuple[int, ...], horizons: tuple[Horizon, ...]
         variance = report_variance(channel, epsilon)
         if variance is None:
             continue
-        error = slot_error(variance, spacing, slot, spread)
+        bias = report_bias(channel, epsilon)
+        error = slot_error(variance, spacing, slot, spread, bias)
         if best is None or error < best.slot_error:
             best = ChannelPlan(channel.name, epsilon, spacing * (1 + SPACING_MARGIN), n,
-                               shares, slot / spacing, variance, error)
+                               shares, slot / spacing, variance, error, bias)
     return best
 
 
@@ -287,7 +323,8 @@ def every_slot_error(channel, plan: ChannelPlan, horizons: tuple[Horizon, ...],
     n = tuple(math.ceil(Fraction(h.window) / Fraction(slot)) for h in horizons)
     epsilon = epsilon_of_nano(min(share // count for share, count in zip(plan.shares, n)))
     variance = report_variance(channel, epsilon) if epsilon >= EPSILON_MIN else None
-    return None if variance is None else slot_error(variance, slot, slot, spread)
+    return None if variance is None else slot_error(variance, slot, slot, spread,
+                                                    report_bias(channel, epsilon))
 
 
 def make_plan(config) -> Plan:

@@ -19,6 +19,7 @@ from edge_agent.config.planning import (
     horizons_of,
     slot_error,
 )
+from edge_agent.mechanisms import linear_mechanism
 from edge_agent.readings import Readings
 from edge_agent.sources.base import Source
 from edge_agent.state import NANO, StateStore
@@ -131,15 +132,36 @@ def test_the_issue_figures_population_division_four_times_better_at_eps4_per_10_
 def test_a_mechanism_with_bounded_reports_spreads_when_the_fleet_spreads_widely(tmp_path):
     """The choice follows the numbers: at ε = 8 per 10 slots, a fleet spread over half
     the domain makes sampling error dominate, so the planner spreads reports (and the
-    slot error of its choice is the least over the candidates)."""
-    narrow = planned(tmp_path, [{"epsilon": 8, "per": "10m"}], channels=[LINEAR],
+    slot error of its choice is the least over the candidates).  PM-C: OGPM's flat ends
+    widen as ε per report falls, and their bias, which no number of reports removes,
+    keeps it from spreading (the next test)."""
+    compressed = {**LINEAR, "mechanism": "pm-c"}
+    narrow = planned(tmp_path, [{"epsilon": 8, "per": "10m"}], channels=[compressed],
                      range_epsilon_max=0, plan_spread=0.05).plan.channels[0]
-    wide = planned(tmp_path, [{"epsilon": 8, "per": "10m"}], channels=[LINEAR],
+    wide = planned(tmp_path, [{"epsilon": 8, "per": "10m"}], channels=[compressed],
                    range_epsilon_max=0, plan_spread=0.5).plan.channels[0]
     assert wide.spacing < narrow.spacing
     assert wide.counts[0] > narrow.counts[0]
     assert slot_error(wide.variance, wide.spacing / 1.001, 60.0, 0.5) == pytest.approx(
         wide.slot_error)
+    assert wide.bias < 1e-20  # PM-C is affine over the whole domain
+
+
+def test_the_planner_weighs_ogpm_flat_end_bias_as_auto_does(tmp_path):
+    """OGPM's worst bias over the domain (a fleet at an end is estimated at its flat
+    region's edge, Theorem 3.7) enters the slot error for 1,000 wearers: B² is the flat
+    region's width squared (in widths), and it keeps the wide fleet from spreading."""
+    wide = planned(tmp_path, [{"epsilon": 8, "per": "10m"}], channels=[LINEAR],
+                   range_epsilon_max=0, plan_spread=0.5).plan.channels[0]
+    mechanism = linear_mechanism("ogpm", epsilon=wide.epsilon, low=-2.0, high=2.0,
+                                 grid_bits=10)
+    flat = (mechanism.affine_mean()[2] + 2.0) / 4.0
+    assert wide.bias == pytest.approx(flat**2, rel=1e-3) and wide.bias > 0
+    assert slot_error(wide.variance, wide.spacing / 1.001, 60.0, 0.5, wide.bias) == \
+        pytest.approx(wide.slot_error)
+    assert wide.slot_error**2 == pytest.approx(
+        slot_error(wide.variance, wide.spacing / 1.001, 60.0, 0.5) ** 2 + 1000 * wide.bias)
+    assert wide.counts == (1,)  # one report per window, at the full epsilon
 
 
 # -- the schedule through the real ledger ---------------------------------------------------
