@@ -48,12 +48,16 @@ from edge_agent.config import (
 from edge_agent.mechanisms import (
     CircularOGPM,
     ExactLoss,
-    PolarOGPM,
     linear_mechanism,
     split_epsilon,
 )
 from edge_agent.mechanisms.randomness import RandomSource, as_random_source
-from edge_agent.mechanisms.registry import AUTO, AUTO_REPORTS, mechanism_for_data
+from edge_agent.mechanisms.registry import (
+    AUTO,
+    AUTO_REPORTS,
+    mechanism_for_data,
+    polar_mechanism,
+)
 from edge_agent.readings import Readings
 from edge_agent.state import NANO, delta_units_up, to_nano_up
 
@@ -335,9 +339,10 @@ class PolarChannel(Channel):
 
     def __init__(self, config: PolarChannelConfig, **kw):
         super().__init__(config, **kw)
-        self.mechanism = PolarOGPM(epsilon=config.epsilon, radius_max=config.radius_max,
-                                   weight=config.weight, period=period_of(config.unit),
-                                   origin=config.origin, grid_bits=config.grid_bits)
+        self.mechanism = polar_mechanism(epsilon=config.epsilon, radius_max=config.radius_max,
+                                         weight=config.weight, period=period_of(config.unit),
+                                         origin=config.origin, grid_bits=config.grid_bits,
+                                         radius=config.radius_mechanism)
 
     def _perturb(self, values, source):
         (radius, angle), clipped = self.mechanism.perturb_codes(values[0], values[1], source,

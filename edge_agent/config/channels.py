@@ -18,7 +18,6 @@ from edge_agent.mechanisms import (
     DELTA_MAX,
     EPSILON_MIN,
     CircularOGPM,
-    PolarOGPM,
     linear_mechanism,
     split_epsilon,
 )
@@ -34,6 +33,7 @@ from edge_agent.mechanisms.registry import (
     AUTO_CANDIDATES,
     DELTA_MECHANISMS,
     KIND_CONFIG_NAMES,
+    polar_mechanism,
 )
 from edge_agent.protocol.topics import STATUS
 
@@ -135,6 +135,10 @@ class PolarChannelConfig(_ChannelBase):
     unit: Literal["rad", "deg"] = "rad"  # the angle's
     origin: float = 0.0
     radius_unit: Unit | None = None  # the magnitude's ("g", "m/s"); the collector shows it
+    # The radius's mechanism at its share of epsilon: "ogpm" (the paper's), "pm-c" or
+    # "sw-c" (no flat ends: for magnitudes that crowd 0, like a resting wearer's motion),
+    # or "auto": the one of those whose fleet mean errs least over [0, radius_max].
+    radius_mechanism: Literal["ogpm", "pm-c", "sw-c", "auto"] = "ogpm"
 
 
 class VectorChannelConfig(_ChannelBase):
@@ -314,9 +318,10 @@ def mechanism_problem(channel) -> str | None:
         elif channel.kind == "categorical":
             channel.build_oracle()
         elif channel.kind == "polar":
-            PolarOGPM(epsilon=channel.epsilon, radius_max=channel.radius_max,
-                      weight=channel.weight, period=period_of(channel.unit),
-                      origin=channel.origin, grid_bits=channel.grid_bits)
+            polar_mechanism(epsilon=channel.epsilon, radius_max=channel.radius_max,
+                            weight=channel.weight, period=period_of(channel.unit),
+                            origin=channel.origin, grid_bits=channel.grid_bits,
+                            radius=channel.radius_mechanism)
     except (ValueError, OverflowError) as exc:
         return str(exc)
     return None

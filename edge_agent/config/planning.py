@@ -52,12 +52,11 @@ from edge_agent.config.sources import source_rate
 from edge_agent.mechanisms import (
     EPSILON_MIN,
     CircularOGPM,
-    PolarOGPM,
     linear_mechanism,
     split_epsilon,
 )
 from edge_agent.mechanisms.categorical import ORACLES, LongitudinalGRR, best_oracle
-from edge_agent.mechanisms.registry import AUTO_REPORTS
+from edge_agent.mechanisms.registry import AUTO_REPORTS, polar_mechanism
 from edge_agent.state import NANO, bucket_width, to_nano_down, to_nano_up
 
 # A planned channel's spacing is at least this much over what the counts assume, so a
@@ -212,7 +211,7 @@ def _variance_key(channel) -> tuple:
     if kind == "circular":
         return (kind,)
     if kind == "polar":
-        return (kind, channel.radius_max, channel.weight)
+        return (kind, channel.radius_max, channel.weight, channel.radius_mechanism)
     return (kind, channel.count, channel.oracle, channel.memo_epsilon)
 
 
@@ -232,8 +231,9 @@ def _variance(key: tuple, epsilon: float) -> float:
     if kind == "circular":
         return _circular_variance(CircularOGPM(epsilon=epsilon, grid_bits=EVAL_GRID_BITS))
     if kind == "polar":
-        mechanism = PolarOGPM(epsilon=epsilon, radius_max=key[1], weight=key[2],
-                              grid_bits=EVAL_GRID_BITS)
+        mechanism = polar_mechanism(epsilon=epsilon, radius_max=key[1], weight=key[2],
+                                    period=2 * math.pi, origin=0.0, grid_bits=EVAL_GRID_BITS,
+                                    radius=key[3])
         angle = mechanism.angle_mechanism
         # The split may give one part no epsilon: its raw error then (nothing to invert).
         return (_unbiased_variance(mechanism.radius_mechanism)

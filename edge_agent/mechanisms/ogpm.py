@@ -13,6 +13,7 @@ import numpy as np
 
 from edge_agent.mechanisms import _validate
 from edge_agent.mechanisms.base import ExactLoss
+from edge_agent.mechanisms.baselines import PiecewiseMechanism, SquareWave
 from edge_agent.mechanisms.randomness import as_random_source
 from edge_agent.mechanisms.tpm import CircularThreePiece, ThreePieceMechanism
 
@@ -205,12 +206,18 @@ class PolarOGPM:
     of the two components' losses.  A larger ``weight`` buys radius accuracy
     with angle accuracy.  Radii outside [0, radius_max] are clipped, angles
     wrapped.
+
+    ``radius`` "pm-c" or "sw-c" reports the radius with compressed PM or SW at the
+    same share instead: classical OGPM's mean is flat near 0 (Theorem 3.7), where the
+    magnitudes of a resting wearer's motion crowd, and theirs is affine over the whole
+    range.
     """
 
     name = "ogpm-polar"
 
     def __init__(self, *, epsilon: float, radius_max: float, weight: float = 1.0,
-                 period: float = TWO_PI, origin: float = 0.0, grid_bits: int = 16):
+                 period: float = TWO_PI, origin: float = 0.0, grid_bits: int = 16,
+                 radius: str | None = "ogpm"):
         self.epsilon = _validate.epsilon(epsilon)
         self.radius_max = _validate.positive("radius_max", radius_max)
         _validate.interval(0.0, self.radius_max, names="radius_max")
@@ -220,9 +227,17 @@ class PolarOGPM:
         self.epsilon_radius, self.epsilon_angle = optimal_polar_split(
             self.epsilon, self.radius_max, weight=self.weight, period=period
         )
+        radius = "ogpm" if radius is None else radius  # None: the wire's absent field
+        if not isinstance(radius, str):
+            raise TypeError(f"radius must be a str, got {type(radius).__name__}")
+        if radius not in RADIUS_MECHANISMS:
+            raise ValueError(f"radius: must be one of {', '.join(RADIUS_MECHANISMS)}, "
+                             f"got {radius!r}")
+        self.radius = radius
         if self.epsilon_radius > 0.0:
-            self.radius_mechanism = ClassicalOGPM(epsilon=self.epsilon_radius, low=0.0,
-                                                  high=self.radius_max, grid_bits=grid_bits)
+            self.radius_mechanism = RADIUS_MECHANISMS[radius](
+                epsilon=self.epsilon_radius, low=0.0, high=self.radius_max,
+                grid_bits=grid_bits)
         else:
             self.radius_mechanism = ClassicalOGPM._uniform_share(0.0, self.radius_max, grid_bits)
         self.angle_mechanism = CircularOGPM.__new__(CircularOGPM)
@@ -293,10 +308,12 @@ class PolarOGPM:
         return float(self.exact_privacy_loss())
 
     def describe(self) -> dict[str, Any]:
+        # "radius" only when not OGPM: the reports of every earlier release stay the same.
+        radius = {} if self.radius == "ogpm" else {"radius": self.radius}
         return {"name": self.name, "epsilon": self.epsilon, "radius_max": self.radius_max,
                 "weight": self.weight, "period": self.period, "origin": self.origin,
                 "grid_bits": self.grid_bits, "epsilon_radius": self.epsilon_radius,
-                "epsilon_angle": self.epsilon_angle}
+                "epsilon_angle": self.epsilon_angle, **radius}
 
     def __repr__(self) -> str:
         return (f"PolarOGPM(epsilon={self.epsilon!r}, radius_max={self.radius_max!r}, "
@@ -308,3 +325,14 @@ class PolarOGPM:
 
     def __hash__(self) -> int:
         return hash(tuple(sorted(self.describe().items())))
+
+
+def _compressed(cls):
+    def build(*, epsilon: float, low: float, high: float, grid_bits: int):
+        return cls(epsilon=epsilon, low=low, high=high, grid_bits=grid_bits, compressed=True)
+    return build
+
+
+# A polar channel's radius mechanism, by configuration name (registry.LINEAR's names).
+RADIUS_MECHANISMS = {"ogpm": ClassicalOGPM, "pm-c": _compressed(PiecewiseMechanism),
+                     "sw-c": _compressed(SquareWave)}

@@ -163,6 +163,25 @@ def mechanism_for_data(name: str, *, epsilon: float, data: tuple[float, float],
     return built[errors.index(min(errors))]
 
 
+def polar_mechanism(*, epsilon: float, radius_max: float, weight: float, period: float,
+                    origin: float, grid_bits: int, radius: str = "ogpm") -> PolarOGPM:
+    """A polar channel's mechanism; ``radius`` "auto": of AUTO_CANDIDATES the one whose
+    fleet mean of the radius errs least over [0, radius_max] at the split's share
+    (``mechanism_for_data``, the whole range: nothing discovers a radius range)."""
+    polar = PolarOGPM(epsilon=epsilon, radius_max=radius_max, weight=weight, period=period,
+                      origin=origin, grid_bits=grid_bits,
+                      radius="ogpm" if radius == AUTO else radius)
+    if radius != AUTO or polar.epsilon_radius == 0:
+        return polar
+    share = polar.epsilon_radius
+    chosen = mechanism_for_data(AUTO, epsilon=share, data=(0.0, radius_max),
+                                bounds=(0.0, radius_max), grid_bits=grid_bits)
+    name = next(n for n in AUTO_CANDIDATES if linear_mechanism(
+        n, epsilon=share, low=0.0, high=radius_max, grid_bits=grid_bits) == chosen)
+    return PolarOGPM(epsilon=epsilon, radius_max=radius_max, weight=weight, period=period,
+                     origin=origin, grid_bits=grid_bits, radius=name)
+
+
 def kind_accepts(kind: str, wire_name: str) -> bool:
     """Whether a channel of ``kind`` may report with the mechanism named ``wire_name``."""
     if kind == "circular":

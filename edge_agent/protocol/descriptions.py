@@ -2,7 +2,7 @@
 (its ``describe()``, tagged by its wire name), and the mechanism a description names."""
 
 from functools import lru_cache
-from typing import Annotated, Union
+from typing import Annotated, Literal, Union
 
 import msgspec
 from msgspec import Meta, Struct
@@ -31,6 +31,7 @@ from edge_agent.mechanisms.categorical import (
     ORACLES,
     LongitudinalGRR,
 )
+from edge_agent.mechanisms.ogpm import RADIUS_MECHANISMS
 from edge_agent.protocol.codec import define
 from edge_agent.protocol.fields import (
     CategoryLabel,
@@ -73,7 +74,8 @@ class _Circle(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name")
     grid_bits: GridBits
 
 
-class _PolarPair(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name"):
+class _PolarPair(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name",
+                 omit_defaults=True):
     epsilon: Epsilon
     radius_max: Positive
     weight: Positive
@@ -82,6 +84,10 @@ class _PolarPair(Struct, frozen=True, forbid_unknown_fields=True, tag_field="nam
     grid_bits: GridBits
     epsilon_radius: SplitEpsilon
     epsilon_angle: SplitEpsilon
+    # The radius's mechanism when not classical OGPM (left out for it, as in earlier
+    # releases' reports; None, not "ogpm", as the default: msgspec omits a default by
+    # identity, and a decoded or unpickled "ogpm" is another string object).
+    radius: Literal[tuple(n for n in RADIUS_MECHANISMS if n != "ogpm")] | None = None  # type: ignore[valid-type]
 
 
 # Each registered mechanism's parameters (what its describe() gives), by wire name; a

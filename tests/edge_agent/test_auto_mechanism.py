@@ -7,11 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edge_agent import protocol
 from edge_agent.agent import discovered_range
 from edge_agent.channels import build_channels
-from edge_agent.config import parse_config
+from edge_agent.config import ConfigError, parse_config
+from edge_agent.mechanisms import PolarOGPM
 from edge_agent.mechanisms.registry import (
     AUTO_CANDIDATES,
+    AUTO_REPORTS,
     LINEAR,
     flat_fraction,
     linear_mechanism,
@@ -152,3 +155,47 @@ def test_the_discovered_range_is_the_intervals_outer_ends():
     # a coordinator that gave no interval: its estimates, and a thousand reports
     assert discovered_range(Result(1.0), Result(9.0)) == ((1.0, 9.0), 1000)
     assert discovered_range(None, Result(9.0)) is None
+
+
+# -- a polar channel's radius ---------------------------------------------------------------
+
+POLAR = {"name": "hm", "kind": "polar", "source": "imu",
+         "fields": ["accel_h_mag", "accel_h_dir"], "epsilon": 4.0, "radius_max": 2.0}
+
+
+@pytest.mark.parametrize("radius,expected", [("ogpm", "ogpm"), ("pm-c", "pm"), ("sw-c", "sw"),
+                                             ("auto", "pm")])
+def test_a_polar_radius_takes_a_mechanism_without_flat_ends(radius, expected):
+    """The split stays the paper's; the radius's share goes to the named mechanism, or
+    with "auto" to the candidate of least worst-case error over [0, radius_max] (PM-C
+    at the radius's 0.90 here); what reports announce rebuilds it exactly, and only a
+    radius that is not OGPM names itself on the wire (earlier reports stay valid)."""
+    config = parse_config(agent_config(state_dir="/tmp/unused",
+                                       channels=[{**POLAR, "radius_mechanism": radius}]))
+    (channel,) = build_channels(config, "w1")
+    polar = channel.mechanism
+    reference = PolarOGPM(epsilon=4.0, radius_max=2.0)
+    assert (polar.epsilon_radius, polar.epsilon_angle) == (reference.epsilon_radius,
+                                                         reference.epsilon_angle)
+    assert polar.radius_mechanism.name == expected
+    assert polar.radius_mechanism.epsilon == polar.epsilon_radius
+    assert polar.exact_privacy_loss().at_most(4.0)
+    described = protocol.describe(polar)
+    assert protocol.mechanism_of(described) == polar
+    assert ("radius" in protocol.as_dict(described)) == (expected != "ogpm")
+    flat = channel.flat_regions()["radius"][1]
+    assert bool(flat) == (expected == "ogpm")  # OGPM's flat end at 0, the others none
+    if radius == "auto":
+        worst = {name: float(np.max(linear_mechanism(
+            name, epsilon=polar.epsilon_radius, low=0.0, high=2.0, grid_bits=16)
+            .averaged_error(np.linspace(0.0, 2.0, 257), AUTO_REPORTS)))
+            for name in AUTO_CANDIDATES}
+        assert min(worst, key=worst.get) == "pm-c"
+
+
+def test_a_polar_radius_mechanism_is_checked():
+    with pytest.raises(ValueError, match=r"radius: must be one of ogpm, pm-c, sw-c, got 'pm'"):
+        PolarOGPM(epsilon=1.0, radius_max=1.0, radius="pm")
+    with pytest.raises(ConfigError, match=r"radius_mechanism"):
+        parse_config(agent_config(state_dir="/tmp/unused",
+                                  channels=[{**POLAR, "radius_mechanism": "duchi"}]))
