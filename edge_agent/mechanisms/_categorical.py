@@ -7,8 +7,8 @@ decides with the top 53 bits of a word against integer weights out of 2**53, so
 every output probability is an exact ratio of integers.  The validating
 wrappers live in ``categorical.py`` and ``multidimensional.py``;
 ``tests/edge_agent/mechanisms/test_categorical.py`` compares the oracles' kernels with slow
-obvious versions, and ``test_multidimensional.py`` the sign patterns with their
-exact distribution.
+obvious versions, and ``test_multidimensional.py`` the sign patterns and the sampled
+axes with slow obvious versions and with their exact distribution.
 """
 
 from __future__ import annotations
