@@ -55,6 +55,7 @@ from edge_agent.mechanisms.randomness import RandomSource, as_random_source
 from edge_agent.mechanisms.registry import (
     AUTO,
     AUTO_REPORTS,
+    VECTOR,
     mechanism_for_data,
     polar_mechanism,
 )
@@ -393,20 +394,38 @@ def vector_plan(config: VectorChannelConfig) -> tuple[int, float]:
 
 
 class VectorChannel(Channel):
+    """d fields of one source, reported per reading with a scalar mechanism on k of the
+    axes (``vector_plan``), or with a mechanism of whole vectors (duchi-vector,
+    sampled-duchi: ``edge_agent.mechanisms.multidimensional``), whose own k and (ε, δ)
+    are the reading's."""
+
     kind = "vector"
 
     def __init__(self, config: VectorChannelConfig, **kw):
         super().__init__(config, **kw)
+        self.whole = config.mechanism in VECTOR
+        if self.whole:
+            self.mechanism = config.build_vector_mechanism()
+            self.k = getattr(self.mechanism, "k", len(config.fields))
+            axis = getattr(self.mechanism, "axis", None)  # sampled-duchi: each axis' share
+            self.axis_epsilon = None if axis is None else axis.epsilon
+            return
         self.k, self.axis_epsilon = vector_plan(config)
         self.mechanism = linear_mechanism(config.mechanism, epsilon=self.axis_epsilon,
                                           low=config.domain[0], high=config.domain[1],
                                           grid_bits=config.grid_bits)
 
     def flat_regions(self) -> dict[str, tuple[Any, list[tuple[float, float]]]]:
+        if self.whole:  # every axis' mean is the value itself (unbiased): nothing flat
+            return {}
         mechanism = self.mechanism
         return {"each axis": (mechanism, flat_ends(mechanism, mechanism.low, mechanism.high))}
 
     def _perturb(self, values, source):
+        if self.whole:
+            codes, clipped = self.mechanism.perturb_codes(np.column_stack(values), source,
+                                                          return_clipped=True)
+            return [part.tolist() for part in codes], clipped
         d = len(values)
         n = values[0].size
         if self.k == d:
@@ -426,7 +445,9 @@ class VectorChannel(Channel):
 
     @property
     def reports_per_reading(self) -> int:
-        return self.k
+        """k axis reports of the scalar mechanism; one report of a whole-vector one (its
+        loss is already the reading's)."""
+        return 1 if self.whole else self.k
 
     def _extra(self):
         return {"fields": list(self.field_names),

@@ -115,7 +115,8 @@ def describe_channels(channels: list) -> dict:
                  "mechanism": channel.describe()}
         if channel.kind == "vector":
             entry["axes_per_report"] = channel.k
-            entry["epsilon_per_axis"] = channel.axis_epsilon
+            if channel.axis_epsilon is not None:  # duchi-vector: one joint report
+                entry["epsilon_per_axis"] = channel.axis_epsilon
         described[channel.name] = entry
     return described
 

@@ -218,6 +218,9 @@ def _linear_edges(description, component: int | None, bins: int) -> tuple[np.nda
     if m.name == "duchi":  # two atoms: the output "bins" are the two codes
         out_edges = np.array([m.output_low, 0.5 * (m.output_low + m.output_high),
                               m.output_high])
+    elif getattr(m, "atoms", False):  # an axis of a vector mechanism: a bin per atom
+        origin, step = m.grid_values
+        out_edges = origin + step * (np.arange(m.n_cells + 1) - 0.5)
     elif (m.output_low, m.output_high) == (m.low, m.high):
         out_edges = in_edges
     else:

@@ -41,6 +41,7 @@ from collector.storage.states import (
     SeriesState,
 )
 from edge_agent.mechanisms import Mechanism
+from edge_agent.mechanisms.registry import VECTOR
 from edge_agent.protocol import as_dict, kind_problem, mechanism_of
 
 TOTAL = None  # what ``Series.stale`` calls the total, beside the windows' starts
@@ -541,13 +542,17 @@ class PolarSeries(Series):
 
 
 class VectorSeries(Series):
-    """A vector channel: one linear block per axis (field)."""
+    """A vector channel: one linear block per axis (field).  A mechanism of whole
+    vectors (duchi-vector, sampled-duchi) has the scalar distribution each axis' codes
+    follow as its one component (``AxisMarginal``): every axis' block is of that."""
 
     kind = "vector"
     BLOCK_STATES = dict  # VectorBlocks: a block per field, by name
 
     def _new_blocks(self) -> dict[str, Block]:
-        return {field: LinearBlock(self.description, self.bins) for field in self.fields}
+        component = 0 if self.mechanism.name in VECTOR else None
+        return {field: LinearBlock(self.description, self.bins, component=component)
+                for field in self.fields}
 
     def _split(self, codes) -> dict[str, Any]:
         return dict(zip(self.fields, codes))

@@ -28,11 +28,13 @@ from edge_agent.mechanisms.categorical import (
     LongitudinalGRR,
     best_oracle,
 )
+from edge_agent.mechanisms.multidimensional import MAX_DIMENSIONS, SampledDuchi
 from edge_agent.mechanisms.registry import (
     AUTO,
     AUTO_CANDIDATES,
     DELTA_MECHANISMS,
     KIND_CONFIG_NAMES,
+    VECTOR,
     polar_mechanism,
 )
 from edge_agent.protocol.topics import STATUS
@@ -144,6 +146,9 @@ class PolarChannelConfig(_ChannelBase):
 class VectorChannelConfig(_ChannelBase):
     kind: Literal["vector"]
     fields: Annotated[list[str], Field(min_length=2, max_length=64)]
+    # A scalar mechanism for each reported axis, or one of the whole vector:
+    # duchi-vector (every axis a sign, jointly at epsilon and delta) or sampled-duchi
+    # (k random axes, each a sign at epsilon/k and delta/k), papers/003 Alg. 1 and 3.
     mechanism: VectorMechanism = "ogpm"
     domain: tuple[float, float]
     unit: Unit | None = None  # of every axis
@@ -151,8 +156,14 @@ class VectorChannelConfig(_ChannelBase):
     # sample: every reading reports k random axes at epsilon/k each;
     # auto: the k (k = d is split) with the smallest worst-case variance of the
     #       per-axis mean, from the mechanism's closed form.
+    # Not with duchi-vector or sampled-duchi, which report whole vectors.
     strategy: Literal["split", "sample", "auto"] = "auto"
+    # strategy 'sample': the axes per reading; sampled-duchi: its k (leave it out: the k
+    # of least worst-case variance, papers/003 Lemma 5).
     k: Annotated[int, Field(ge=1)] | None = None
+    # duchi-vector and sampled-duchi only: (epsilon, delta)-LDP per reading, which
+    # [privacy] budget_delta must allow (papers/003).  0 is pure epsilon-LDP.
+    delta: Annotated[float, Field(ge=0, le=DELTA_MAX)] = 0.0
 
     _domain = field_validator("domain")(classmethod(lambda cls, v: _check_domain(v)))
 
@@ -160,6 +171,22 @@ class VectorChannelConfig(_ChannelBase):
     def _k_fits(self):
         if len(set(self.fields)) != len(self.fields):
             raise ValueError("fields must be distinct")
+        if self.mechanism in VECTOR:
+            if len(self.fields) > MAX_DIMENSIONS:
+                raise ValueError(f"fields: {self.mechanism} takes at most {MAX_DIMENSIONS} "
+                                 f"axes, got {len(self.fields)}")
+            if "strategy" in self.model_fields_set:
+                raise ValueError(f"strategy: {self.mechanism} reports whole vectors (leave "
+                                 f"strategy out; sampled-duchi takes k)")
+            if self.k is not None and self.mechanism != SampledDuchi.name:
+                raise ValueError(f"k: {self.mechanism} reports every axis (sampled-duchi "
+                                 f"reports k of them)")
+            if self.k is not None and not 1 <= self.k <= len(self.fields):
+                raise ValueError(f"k: must be in [1, {len(self.fields)}], got {self.k}")
+            return self
+        if self.delta > 0:
+            raise ValueError(f"delta: only duchi-vector and sampled-duchi take a delta, "
+                             f"not {self.mechanism!r}")
         if self.strategy == "sample":
             if self.k is None:
                 raise ValueError("strategy 'sample' needs k")
@@ -168,6 +195,13 @@ class VectorChannelConfig(_ChannelBase):
         elif self.k is not None:
             raise ValueError(f"k is only used with strategy 'sample', not {self.strategy!r}")
         return self
+
+    def build_vector_mechanism(self):
+        """duchi-vector or sampled-duchi as the channel configures it, over the domain."""
+        options = {"k": self.k} if self.mechanism == SampledDuchi.name else {}
+        return VECTOR[self.mechanism](epsilon=self.epsilon, dimensions=len(self.fields),
+                                      delta=self.delta, low=self.domain[0],
+                                      high=self.domain[1], **options)
 
 
 Oracle = Literal[("auto", *ORACLES)]  # type: ignore[valid-type]
@@ -302,6 +336,8 @@ def mechanism_problem(channel) -> str | None:
             for name in AUTO_CANDIDATES if channel.mechanism == AUTO else [channel.mechanism]:
                 linear_mechanism(name, epsilon=channel.epsilon, low=low, high=high,
                                  grid_bits=channel.grid_bits, delta=channel.delta)
+        elif channel.kind == "vector" and channel.mechanism in VECTOR:
+            channel.build_vector_mechanism()
         elif channel.kind == "vector":
             # "auto" may choose any k of 1..d axes: the smallest share is epsilon / d.
             axes = channel.k if channel.strategy == "sample" else len(channel.fields)

@@ -56,7 +56,7 @@ from edge_agent.mechanisms import (
     split_epsilon,
 )
 from edge_agent.mechanisms.categorical import ORACLES, LongitudinalGRR, best_oracle
-from edge_agent.mechanisms.registry import AUTO_REPORTS, polar_mechanism
+from edge_agent.mechanisms.registry import AUTO_REPORTS, VECTOR, polar_mechanism
 from edge_agent.state import NANO, bucket_width, to_nano_down, to_nano_up
 
 # A planned channel's spacing is at least this much over what the counts assume, so a
@@ -205,6 +205,8 @@ def _variance_key(channel) -> tuple:
     kind = channel.kind
     if kind == "linear":
         return (kind, channel.mechanism, *channel.start_domain)
+    if kind == "vector" and channel.mechanism in VECTOR:
+        return (kind, channel.mechanism, len(channel.fields), channel.k)
     if kind == "vector":
         fixed = {"split": len(channel.fields), "sample": channel.k}.get(channel.strategy)
         return (kind, channel.mechanism, *channel.domain, len(channel.fields), fixed)
@@ -220,6 +222,14 @@ def _variance(key: tuple, epsilon: float) -> float:
     kind = key[0]
     if kind == "linear":
         return _linear_variance(key[1], epsilon, key[2], key[3])
+    if kind == "vector" and key[1] in VECTOR:
+        _, name, d, k = key
+        mechanism = VECTOR[name](epsilon=epsilon, dimensions=d,
+                                 **({} if k is None else {"k": k}))
+        # An axis' mean averages the reports it got: all n readings' (duchi-vector), or
+        # k/d of them (sampled-duchi), each of variance B² - x² on [-1, 1] (width 2).
+        share = getattr(mechanism, "k", d) / d
+        return float(mechanism.components[0].variance(0.0)) / 4.0 / share
     if kind == "vector":
         _, name, low, high, d, fixed = key
         # Each axis gets k/d of the readings at ε/k (edge_agent.channels.vector_plan).

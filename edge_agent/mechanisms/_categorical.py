@@ -7,8 +7,8 @@ decides with the top 53 bits of a word against integer weights out of 2**53, so
 every output probability is an exact ratio of integers.  The validating
 wrappers live in ``categorical.py`` and ``multidimensional.py``;
 ``tests/edge_agent/mechanisms/test_categorical.py`` compares the oracles' kernels with slow
-obvious versions, and ``test_multidimensional.py`` the sign patterns with their
-exact distribution.
+obvious versions, and ``test_multidimensional.py`` the sign patterns and the sampled
+axes with slow obvious versions and with their exact distribution.
 """
 
 from __future__ import annotations
@@ -121,3 +121,37 @@ def sign_vectors(x, words, alpha, out, start):
                 out[i] = s
                 break
     return n, used
+
+
+@njit(cache=True)
+def sampled_axes(words, k, order, out, start):
+    """k distinct axes of d = ``order.size`` per report, uniformly (papers/003
+    Algorithm 3, line 2), from report ``start`` on: bit j of ``out[i]`` is set for a
+    chosen axis.  A partial Fisher-Yates shuffle of ``order`` (scratch, d entries):
+    step t swaps entry t with entry t + r mod (d - t), r a whole word, words below
+    2**64 mod (d - t) rejected so that every remainder has exactly the same number of
+    words (exactly uniform, no modulo bias).  Returns (the report it stopped at, the
+    words used): it stops early when ``words`` run out."""
+    d = order.shape[0]
+    used = 0
+    for i in range(start, out.shape[0]):
+        for j in range(d):
+            order[j] = j
+        mask = np.uint64(0)
+        t = 0
+        while t < k:
+            if used >= words.shape[0]:
+                return i, used  # this report is drawn again from fresh words
+            r = words[used]
+            used += 1
+            m = np.uint64(d - t)
+            if r < (np.uint64(0) - m) % m:  # 2**64 mod m, in wrapping uint64
+                continue
+            j = t + np.int64(r % m)
+            chosen = order[j]
+            order[j] = order[t]
+            order[t] = chosen
+            mask |= np.uint64(1) << np.uint64(chosen)
+            t += 1
+        out[i] = mask
+    return out.shape[0], used

@@ -11,7 +11,9 @@ Two kinds of name:
 Which mechanisms a channel kind may carry follows from these tables too
 (``kind_accepts``): circular channels carry circular OGPM, polar channels the
 polar pair, categorical channels a frequency oracle (``ORACLES``: GRR, OUE,
-SUE, OLH), linear and vector channels every other mechanism.
+SUE, OLH), linear and vector channels every other mechanism, and vector channels also
+the mechanisms that report a whole vector at once (``VECTOR``: Duchi et al.'s
+d-dimensional mechanism and its k-of-d sampling, papers/003 Algorithms 1 and 3).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from edge_agent.mechanisms.baselines import PTT, Duchi, PiecewiseMechanism, Squa
 from edge_agent.mechanisms.categorical import LONGITUDINAL, ORACLES, FrequencyOracle
 from edge_agent.mechanisms.gaussian import OptimalGaussian
 from edge_agent.mechanisms.laplace import BoundedLaplace, TruncatedLaplace
+from edge_agent.mechanisms.multidimensional import DuchiVector, SampledDuchi
 from edge_agent.mechanisms.ogpm import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 
 # Wire name -> class.
@@ -37,6 +40,9 @@ MECHANISMS: dict[str, type[Mechanism]] = {
 }
 CIRCULAR = CircularOGPM.name
 POLAR = PolarOGPM.name
+# Wire name (= configuration name) -> class: mechanisms of a whole d-vector per reading,
+# for vector channels only (their k-of-d sampling is their own, not the channel's).
+VECTOR = {cls.name: cls for cls in (DuchiVector, SampledDuchi)}
 
 
 @dataclass(frozen=True)
@@ -91,9 +97,11 @@ _AUTO_POINTS = 257
 LINEAR_WIRE_NAMES = frozenset(choice.cls.name for choice in LINEAR.values())
 # Configuration names of each channel kind (the circular and polar channels'
 # ``mechanism`` key allows only "ogpm", the paper's mechanism for them; a vector channel's
-# axes share its epsilon, not a delta: the (epsilon, delta) ones are for linear channels).
+# axes share its epsilon, not a delta: the scalar (epsilon, delta) ones are for linear
+# channels, and a vector channel's delta is for its mechanisms of whole vectors, VECTOR).
 KIND_CONFIG_NAMES = {"linear": (*LINEAR, AUTO),
-                     "vector": (*(name for name in LINEAR if not LINEAR[name].delta), AUTO),
+                     "vector": (*(name for name in LINEAR if not LINEAR[name].delta), AUTO,
+                                *VECTOR),
                      "circular": ("ogpm",), "polar": ("ogpm",)}
 
 
@@ -190,7 +198,7 @@ def kind_accepts(kind: str, wire_name: str) -> bool:
         return wire_name == POLAR
     if kind == "categorical":
         return wire_name in ORACLES or wire_name in LONGITUDINAL
-    return wire_name in LINEAR_WIRE_NAMES
+    return wire_name in LINEAR_WIRE_NAMES or (kind == "vector" and wire_name in VECTOR)
 
 
 # Derived quantities that describe() reports but the constructors do not take.
@@ -204,9 +212,9 @@ def from_description(description: dict[str, Any]) -> Mechanism | FrequencyOracle
         raise TypeError("a mechanism description must be a dict")
     params = dict(description)
     name = params.pop("name", None)
-    cls = MECHANISMS.get(name) or ORACLES.get(name) or LONGITUDINAL.get(name)
+    cls = MECHANISMS.get(name) or VECTOR.get(name) or ORACLES.get(name) or LONGITUDINAL.get(name)
     if cls is None:
-        known = ", ".join(sorted([*MECHANISMS, *ORACLES, *LONGITUDINAL]))
+        known = ", ".join(sorted([*MECHANISMS, *VECTOR, *ORACLES, *LONGITUDINAL]))
         raise ValueError(f"unknown mechanism {name!r}; known: {known}")
     derived = {k: params.pop(k) for k in _DERIVED & params.keys()}
     try:

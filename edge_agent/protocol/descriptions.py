@@ -31,7 +31,9 @@ from edge_agent.mechanisms.categorical import (
     ORACLES,
     LongitudinalGRR,
 )
+from edge_agent.mechanisms.multidimensional import MAX_DIMENSIONS, DuchiVector, SampledDuchi
 from edge_agent.mechanisms.ogpm import RADIUS_MECHANISMS
+from edge_agent.mechanisms.registry import VECTOR
 from edge_agent.protocol.codec import define
 from edge_agent.protocol.fields import (
     CategoryLabel,
@@ -116,9 +118,29 @@ class _MemoizedCategories(_Categories, kw_only=True):
 
 _SHAPES[LongitudinalGRR] = _MemoizedCategories
 
+
+class _Vector(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name"):
+    """A mechanism of whole d-vectors on [low, high]^d (papers/003 Algorithm 1) at
+    (epsilon, delta) per reading."""
+
+    epsilon: Epsilon
+    dimensions: Annotated[int, Meta(ge=1, le=MAX_DIMENSIONS)]
+    delta: Annotated[float, Meta(ge=0.0, le=DELTA_MAX)]
+    low: Finite
+    high: Finite
+
+
+class _SampledVector(_Vector, kw_only=True):
+    """k of the d axes per reading, each at (epsilon/k, delta/k) (papers/003 Algorithm 3)."""
+
+    k: Annotated[int, Meta(ge=1, le=MAX_DIMENSIONS)]
+
+
+_SHAPES.update({DuchiVector: _Vector, SampledDuchi: _SampledVector})
+
 DESCRIPTIONS: dict[str, type[Struct]] = {
     name: define(__name__, f"{cls.__name__}Description", _SHAPES.get(cls, _Categories), name)
-    for name, cls in {**MECHANISMS, **ORACLES, **LONGITUDINAL}.items()}
+    for name, cls in {**MECHANISMS, **VECTOR, **ORACLES, **LONGITUDINAL}.items()}
 MechanismDescription = Union[tuple(DESCRIPTIONS.values())]  # noqa: UP007 (built from a tuple)
 
 

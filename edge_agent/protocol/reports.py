@@ -16,6 +16,7 @@ from msgspec import Meta, Struct
 
 from edge_agent.mechanisms import Mechanism, kind_accepts
 from edge_agent.mechanisms.categorical import FrequencyOracle
+from edge_agent.mechanisms.registry import VECTOR
 from edge_agent.protocol.codec import PROTOCOL_VERSION, Rejected, decode_checked, encode
 from edge_agent.protocol.descriptions import MechanismDescription, describe, mechanism_of
 from edge_agent.protocol.fields import (
@@ -43,7 +44,9 @@ KINDS: tuple[str, ...] = Kind.__args__
 
 class Strategy(Struct, frozen=True, forbid_unknown_fields=True):
     """A vector channel's k-of-d sampling: each reading reports k of the d axes at
-    ``epsilon / k`` each (k = d is the even split); ``epsilon`` is per reading."""
+    ``epsilon / k`` each (k = d is the even split); ``epsilon`` is per reading.  With a
+    mechanism of whole vectors (duchi-vector, sampled-duchi) it is the mechanism's own:
+    k its axes per reading (d for duchi-vector), epsilon its epsilon."""
 
     k: Annotated[int, Meta(ge=1, le=MAX_FIELDS)]
     d: Annotated[int, Meta(ge=2, le=MAX_FIELDS)]
@@ -55,7 +58,9 @@ _CODES_SHAPE = {"anyOf": [
      "description": "linear, circular: one list of codes; categorical grr: the reported "
                     "categories; olh: the reported buckets"},
     {"items": {"type": "array"},
-     "description": "polar: [radius codes, angle codes]; vector: one list per field; "
+     "description": "polar: [radius codes, angle codes]; vector: one list per field "
+                    "(duchi-vector: a sign code per reading, 1 for +B; sampled-duchi: "
+                    "those of the readings that sampled the field); "
                     "categorical oue/sue: per value, the categories its bits support, "
                     "ascending"}]}
 
@@ -178,7 +183,13 @@ def kind_problem(kind: str, mechanism: Mechanism, fields: tuple | None,
     if kind == "vector":
         if fields is None or len(set(fields)) != len(fields):
             return "schema", "vector fields must be 2-64 distinct names"
-        if strategy is None or strategy.d != len(fields) or strategy.k > strategy.d \
+        if mechanism.name in VECTOR:  # the mechanism's own k of d, at its epsilon
+            if getattr(mechanism, "dimensions", None) != len(fields) or strategy is None \
+                    or (strategy.k, strategy.d, strategy.epsilon) != (
+                        getattr(mechanism, "k", len(fields)), len(fields), mechanism.epsilon):
+                return "schema", (f"{mechanism.name} needs one field per dimension and the "
+                                  f"strategy {{k, d, epsilon}} of the mechanism")
+        elif strategy is None or strategy.d != len(fields) or strategy.k > strategy.d \
                 or not math.isclose(strategy.epsilon / strategy.k, mechanism.epsilon,
                                     rel_tol=1e-9):
             return "schema", "vector strategy must be {k, d, epsilon} matching fields"
@@ -240,6 +251,12 @@ def _report_codes(message: Report, mechanism: Mechanism):
         return parsed
     if len(codes) != len(message.fields):
         raise Rejected("shape", "vector codes need one list per field")
+    if mechanism.name in VECTOR:  # one sign code per reported axis
+        parsed = tuple(_grid_codes(part, mechanism.components[0].n_cells) for part in codes)
+        problem = mechanism.codes_problem([part.size for part in parsed])
+        if problem is not None:
+            raise Rejected("shape", problem)
+        return parsed
     return tuple(_grid_codes(part, mechanism.n_cells) for part in codes)
 
 

@@ -28,7 +28,7 @@ from edge_agent.fleet import fleet_service
 from edge_agent.mechanisms import from_description, split_epsilon
 from edge_agent.mechanisms.randomized_response import RandomizedResponse
 from edge_agent.mechanisms.rangefind import answer_epsilon
-from edge_agent.mechanisms.registry import KIND_CONFIG_NAMES
+from edge_agent.mechanisms.registry import KIND_CONFIG_NAMES, VECTOR
 from edge_agent.readings import Readings
 from edge_agent.sources.base import Source
 from edge_agent.state import NANO, StateStore
@@ -342,11 +342,13 @@ def test_changing_the_period_from_a_day_to_a_week_keeps_what_was_spent(tmp_path)
 # -- exact accounting -------------------------------------------------------------------------
 
 # Every kind, and a 5-axis split at epsilon 15.36 with every scalar mechanism (the float
-# epsilon / 5 composed to more than the float 15.36 before shares were rounded down).
+# epsilon / 5 composed to more than the float 15.36 before shares were rounded down), and
+# the mechanisms of whole vectors (their own k of 5, pure epsilon).
 KINDS = CHANNELS + [
     {"name": f"split-{name}", "source": "rec", "kind": "vector",
      "fields": ["a", "b", "c", "d", "e"], "epsilon": 15.36, "domain": [-1.0, 1.0],
-     "mechanism": name, "strategy": "split"} for name in KIND_CONFIG_NAMES["vector"]
+     "mechanism": name, **({} if name in VECTOR else {"strategy": "split"})}
+    for name in KIND_CONFIG_NAMES["vector"]
 ] + [{"name": "auto", "source": "rec", "kind": "vector", "fields": ["a", "b", "c"],
       "epsilon": 0.3, "domain": [0.0, 5.0], "strategy": "auto"}]
 

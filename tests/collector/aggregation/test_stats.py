@@ -34,6 +34,7 @@ from edge_agent.mechanisms import (
     UnbiasedOGPM,
 )
 from edge_agent.mechanisms.categorical import ORACLES
+from edge_agent.mechanisms.multidimensional import DuchiVector, SampledDuchi
 
 N_CODES = 1 << 16
 
@@ -176,6 +177,12 @@ def _series_cases():
                         fields=("x", "y", "z"),
                         strategy=protocol.Strategy(k=1, d=3, epsilon=1.0)),
                    "vector"),
+        **{f"vector-{m.name}": (dict(kind="vector", mechanism=m, fields=("x", "y", "z"),
+                                     strategy=protocol.Strategy(k=getattr(m, "k", 3), d=3,
+                                                                epsilon=m.epsilon)),
+                                "whole-vector")
+           for m in (DuchiVector(epsilon=1.0, dimensions=3, delta=1e-6, low=0, high=2),
+                     SampledDuchi(epsilon=2.0, dimensions=3, k=2, low=-1, high=1))},
         **{f"categorical-{name}": (dict(kind="categorical", mechanism=ORACLES[name](
             epsilon=1.0, categories=5, labels=("a", "b", "c", "d", "e"))), "categorical")
            for name in ORACLES},
@@ -190,6 +197,9 @@ def _message(case, mechanism, rng, n):
     if case == "categorical":  # as a decoded report carries them (unary: sparse)
         reports = mechanism.perturb(rng.integers(0, mechanism.categories, n), rng)
         return mechanism.sparse(reports) if mechanism.name in ("oue", "sue") else reports
+    if case == "whole-vector":
+        return list(mechanism.perturb_codes(
+            rng.uniform(mechanism.low, mechanism.high, (int(rng.integers(0, n)), 3)), rng))
     return [mechanism.perturb_codes(rng.uniform(-1, 1, k), rng)
             for k in rng.integers(0, n, 3)]
 

@@ -13,6 +13,7 @@ import pytest
 from collector.storage import states
 from edge_agent import protocol
 from edge_agent.config import LinearMechanism, OgpmOnly
+from edge_agent.config.channels import VectorMechanism
 from edge_agent.mechanisms import (
     MECHANISMS,
     CircularOGPM,
@@ -22,7 +23,13 @@ from edge_agent.mechanisms import (
     linear_mechanism,
 )
 from edge_agent.mechanisms.categorical import LONGITUDINAL, ORACLES
-from edge_agent.mechanisms.registry import AUTO, KIND_CONFIG_NAMES, LINEAR, kind_accepts
+from edge_agent.mechanisms.registry import (
+    AUTO,
+    KIND_CONFIG_NAMES,
+    LINEAR,
+    VECTOR,
+    kind_accepts,
+)
 from edge_agent.protocol import descriptions
 from tests.support import REPO
 from tests.support.paths import load_script
@@ -49,11 +56,19 @@ def test_every_topic_names_a_definition():
 # -- one registry of mechanism names -------------------------------------------------------
 
 def test_mechanism_names_come_from_one_registry():
-    assert set(descriptions.DESCRIPTIONS) == set(MECHANISMS) | set(ORACLES) | set(LONGITUDINAL)
+    every = set(MECHANISMS) | set(VECTOR) | set(ORACLES) | set(LONGITUDINAL)
+    assert set(descriptions.DESCRIPTIONS) == every
     assert set(LinearMechanism.__args__) == {*LINEAR, AUTO} == set(KIND_CONFIG_NAMES["linear"])
+    scalar = {name for name in LINEAR if not LINEAR[name].delta}  # a vector's axes: pure
+    assert set(VectorMechanism.__args__) == {*scalar, AUTO, *VECTOR} \
+        == set(KIND_CONFIG_NAMES["vector"])
     assert OgpmOnly.__args__ == KIND_CONFIG_NAMES["circular"] == KIND_CONFIG_NAMES["polar"]
     mapping = SCHEMA["properties"]["mechanism"]["discriminator"]["mapping"]
-    assert set(mapping) == set(MECHANISMS) | set(ORACLES) | set(LONGITUDINAL)
+    assert set(mapping) == every
+    for name in VECTOR:  # a mechanism of whole vectors is for vector channels only
+        assert kind_accepts("vector", name)
+        assert not any(kind_accepts(kind, name) for kind in ("linear", "circular", "polar",
+                                                             "categorical"))
     for name in [*ORACLES, *LONGITUDINAL]:  # a frequency oracle is for categorical only
         assert kind_accepts("categorical", name)
         assert not any(kind_accepts(kind, name) for kind in ("linear", "circular", "polar",
