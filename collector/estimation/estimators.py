@@ -4,7 +4,7 @@
 The mean's candidates, all computed from the same reports:
 
 * ``raw``: the average of the reports.  Unbiased where the mechanism is
-  (OGPM-U, PTT, Duchi); otherwise pulled towards the middle of the domain, which
+  (OGPM-U, PTT, II-PTT, Duchi); otherwise pulled towards the middle of the domain, which
   costs nothing when the data sits there and a lot when it does not.
 * ``inversion``: the raw average with the mechanism's bias removed.  Where
   E[M(x)] = a x + b (PM, SW, their compressed forms, OGPM away from its ends)

@@ -32,6 +32,7 @@ from edge_agent.mechanisms.registry import (
     kind_accepts,
     linear_mechanism,
 )
+from edge_agent.mechanisms.tent import TypeIIPTT
 
 __all__ = [
     "DELTA_MAX",
@@ -55,6 +56,7 @@ __all__ = [
     "SquareWave",
     "SystemRandom",
     "TruncatedLaplace",
+    "TypeIIPTT",
     "UnbiasedOGPM",
     "from_description",
     "kind_accepts",

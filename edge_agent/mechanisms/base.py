@@ -147,7 +147,9 @@ class Mechanism(ABC):
     paper; ``grid_pmf`` gives the exact probabilities of the codes that
     ``perturb`` actually draws, which differ from the cell integrals of
     ``pdf`` only by the sub-cell placement of interval ends (about 2**-20 of
-    the output width).
+    the output width).  Duchi's two atoms and II-PTT's ticks are discrete
+    mechanisms: their closed forms are those of the reports themselves, ``pdf``
+    a probability mass.
     """
 
     name: ClassVar[str]

@@ -31,12 +31,14 @@ from edge_agent.mechanisms.gaussian import OptimalGaussian
 from edge_agent.mechanisms.laplace import BoundedLaplace, TruncatedLaplace
 from edge_agent.mechanisms.multidimensional import DuchiVector, SampledDuchi
 from edge_agent.mechanisms.ogpm import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
+from edge_agent.mechanisms.tent import TypeIIPTT
 
 # Wire name -> class.
 MECHANISMS: dict[str, type[Mechanism]] = {
     cls.name: cls
     for cls in (ClassicalOGPM, UnbiasedOGPM, CircularOGPM, PolarOGPM, PiecewiseMechanism,
-                SquareWave, PTT, Duchi, TruncatedLaplace, BoundedLaplace, OptimalGaussian)
+                SquareWave, PTT, Duchi, TruncatedLaplace, BoundedLaplace, OptimalGaussian,
+                TypeIIPTT)
 }
 CIRCULAR = CircularOGPM.name
 POLAR = PolarOGPM.name
@@ -79,6 +81,7 @@ LINEAR: dict[str, LinearChoice] = {
     "bounded-laplace": LinearChoice(BoundedLaplace),
     "ptt": LinearChoice(PTT),
     "opt-gm": LinearChoice(OptimalGaussian, delta=True),
+    "ii-ptt": LinearChoice(TypeIIPTT),
 }
 # Configuration names whose mechanisms are (epsilon, delta)-LDP (a channel's ``delta``).
 DELTA_MECHANISMS = tuple(name for name, choice in LINEAR.items() if choice.delta)

@@ -21,6 +21,7 @@ from edge_agent.mechanisms import (
     PolarOGPM,
     SquareWave,
     TruncatedLaplace,
+    TypeIIPTT,
     UnbiasedOGPM,
     from_description,
 )
@@ -97,7 +98,8 @@ class _PolarPair(Struct, frozen=True, forbid_unknown_fields=True, tag_field="nam
 _SHAPES = {ClassicalOGPM: _Interval, UnbiasedOGPM: _Interval, PTT: _Interval,
            TruncatedLaplace: _Interval, BoundedLaplace: _Interval,
            PiecewiseMechanism: _Compressible, SquareWave: _Compressible, Duchi: _TwoAtoms,
-           CircularOGPM: _Circle, PolarOGPM: _PolarPair, OptimalGaussian: _IntervalDelta}
+           CircularOGPM: _Circle, PolarOGPM: _PolarPair, OptimalGaussian: _IntervalDelta,
+           TypeIIPTT: _Interval}
 
 class _Categories(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name",
                   omit_defaults=True):

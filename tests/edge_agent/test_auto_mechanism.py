@@ -30,7 +30,7 @@ def worst_error(mechanism, data, reports=1000) -> float:
     return float(np.max(mechanism.averaged_error(np.linspace(*data, 513), reports)))
 
 
-@pytest.mark.parametrize("name", ["ogpm", "pm-c", "sw-c", "laplace"])
+@pytest.mark.parametrize("name", ["ogpm", "pm-c", "sw-c", "laplace", "ii-ptt"])
 @pytest.mark.parametrize("epsilon", [1.0, 4.0])
 def test_averaged_error_is_the_grid_pmfs(name, epsilon):
     """E[(mean of n inverted reports - x)²] = Var/n + bias², here summed over the codes'

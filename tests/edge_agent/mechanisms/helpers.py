@@ -8,8 +8,9 @@ from decimal import Decimal, localcontext
 
 import numpy as np
 
-from edge_agent.mechanisms import CircularOGPM, Duchi
+from edge_agent.mechanisms import CircularOGPM, Duchi, TypeIIPTT
 from edge_agent.mechanisms.registry import CIRCULAR, LINEAR
+from edge_agent.mechanisms.tent import ii_ptt_geometry
 
 FALSE_ALARM = 1e-6
 # The delta of the (epsilon, delta) mechanisms in the catalogue (Opt-GM).
@@ -54,7 +55,24 @@ def continuous_cdf_at_cells(mech, x: float) -> np.ndarray:
     if isinstance(mech, Duchi):
         return np.array([float(mech.cdf(x, mech.output_low)), 1.0])
     edges = mech.cell_edges()[1:]
+    if isinstance(mech, TypeIIPTT):  # its cdf is the discrete mechanism's own
+        return ii_ptt_paper_cdf(mech, x, edges)
     return np.asarray(mech.cdf(x, edges), dtype=np.float64)
+
+
+def ii_ptt_paper_cdf(mech, x: float, y: np.ndarray) -> np.ndarray:
+    """The CDF of OPTT's continuous II-PTT (Theorem 6, at the mechanism's η) on its domain:
+    density p / e^ε on [-B, B] plus a tent rising to p at k u, u the input on [-1, 1],
+    and back to p / e^ε at k u ± a; p = e^ε / (a k (e^ε - 1)), B = η a."""
+    k, a = ii_ptt_geometry(mech.epsilon, mech.eta)
+    e = math.exp(mech.epsilon)
+    p, bound = e / (a * k * (e - 1)), mech.eta * a
+    mid, half = 0.5 * (mech.low + mech.high), 0.5 * (mech.high - mech.low)
+    u = (min(max(x, mech.low), mech.high) - mid) / half
+    z = np.clip((np.asarray(y, dtype=np.float64) - mid) / half, -bound, bound)
+    d = np.clip((z - k * u) / a, -1.0, 1.0)
+    triangle = np.where(d <= 0, (1 + d) ** 2 / 2, 1 - (1 - d) ** 2 / 2)
+    return p / e * (z + bound) + (p - p / e) * a * triangle
 
 
 def hockey_stick(pmfs, epsilon: float) -> Decimal:

@@ -8,6 +8,7 @@ random words and require identical codes.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from edge_agent.mechanisms._layout import TOTAL_BITS
 
@@ -114,3 +115,52 @@ def laplace_code(mech, x: float, stream: WordStream) -> int:
             return min(max(y, 0), top)
         if 0 <= y <= top:
             return y
+
+
+# -- II-PTT (edge_agent/mechanisms/tent.py) ------------------------------------------------
+
+def tent_centre(mech, x: float) -> tuple[int, Fraction]:
+    """(the tick below the tent's centre, the exact probability of the tick above), from
+    the centre's position plus one, as the kernel computes it in floats."""
+    c = min(max(x, mech.low), mech.high)
+    lowest, highest = mech.first + 1, mech.last + 1
+    lifted = min(max((c - mech.low) * mech._scale + lowest, lowest), highest)
+    below = math.floor(lifted)
+    return below - 1, Fraction(lifted) - below
+
+
+def tent_code(mech, x: float, stream: WordStream) -> int:
+    """II-PTT's tick for x: redraw a word until its top 53 bits fall under the total
+    weight; under T F it is a floor tick (F words each), above it the tent's offset is the
+    sum of two uniform integers on [0, A), and a second word moves the tent up a tick
+    with the probability the centre's fraction."""
+    centre, up = tent_centre(mech, x)
+    ticks, floor, slope, half = mech.ticks, mech.floor, mech.slope, mech.half
+    while True:
+        r = stream.next() >> (64 - TOTAL_BITS)
+        if r < ticks * floor + slope * half * half:
+            break
+    if r < ticks * floor:
+        return r // floor
+    first, second = divmod((r - ticks * floor) // slope, half)
+    moved = Fraction(stream.next() >> (64 - TOTAL_BITS), 1 << TOTAL_BITS) < up
+    return centre - (half - 1) + first + second + int(moved)
+
+
+def tent_pmf(mech, x: float) -> list[Fraction]:
+    """P[tick | x] for every tick, exactly."""
+    return tent_pmf_at(mech, *tent_centre(mech, x))
+
+
+def tent_pmf_at(mech, centre: int, up: Fraction) -> list[Fraction]:
+    """P[tick] for every tick with the tent on ``centre`` or, with probability ``up``, on
+    the tick above: F on every tick, plus E times the tent's height A - |j|."""
+    half = mech.half
+
+    def height(offset: int) -> int:
+        return max(half - abs(offset), 0)
+
+    total = mech.ticks * mech.floor + mech.slope * half * half
+    return [(mech.floor + mech.slope * ((1 - up) * height(t - centre)
+                                        + up * height(t - centre - 1))) / total
+            for t in range(mech.ticks)]

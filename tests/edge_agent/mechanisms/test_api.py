@@ -22,6 +22,7 @@ from edge_agent.mechanisms import (
     SquareWave,
     SystemRandom,
     TruncatedLaplace,
+    TypeIIPTT,
     UnbiasedOGPM,
     from_description,
 )
@@ -30,7 +31,7 @@ from edge_agent.mechanisms.randomness import as_random_source
 from tests.edge_agent.mechanisms.helpers import KINDS, PURE_KINDS, make
 
 LINEAR = [ClassicalOGPM, UnbiasedOGPM, PiecewiseMechanism, SquareWave, PTT, Duchi,
-          TruncatedLaplace, BoundedLaplace]
+          TruncatedLaplace, BoundedLaplace, TypeIIPTT]
 
 
 # -- constructor errors -------------------------------------------------------------

@@ -20,6 +20,7 @@ from edge_agent.mechanisms import (
     PolarOGPM,
     SquareWave,
     TruncatedLaplace,
+    TypeIIPTT,
     UnbiasedOGPM,
     optimal_polar_split,
 )
@@ -324,8 +325,8 @@ def test_truncated_laplace_atoms():
 # -- Every closed form against numerical integration of its own density ----------------
 
 def _moments_by_quadrature(m, x):
-    if isinstance(m, Duchi):
-        ys = np.array([m.output_low, m.output_high])
+    if isinstance(m, (Duchi, TypeIIPTT)):  # atoms: the pdf is their probability mass
+        ys = m.from_codes(np.arange(m.n_cells))
         w = m.pdf(x, ys)
         return float(w.sum()), float((w * ys).sum()), float((w * (ys - x) ** 2).sum()), ys, w
     points = list(np.ravel(m.interval(x))) if hasattr(m, "interval") else [x]
@@ -376,7 +377,8 @@ def test_circular_closed_forms_equal_integrals(epsilon):
         assert np.allclose(m.cdf(x, grid), cum, atol=1e-9)
 
 
-@pytest.mark.parametrize("kind", [k for k in KINDS if k not in ("ogpm-circular", "duchi")])
+@pytest.mark.parametrize("kind", [k for k in KINDS if k not in ("ogpm-circular", "duchi",
+                                                                 "ii-ptt")])
 def test_cdf_is_integral_of_pdf(kind):
     m = make(kind, 1.7, low=2.0, high=5.0)
     x = 2.3
@@ -390,7 +392,8 @@ def test_cdf_is_integral_of_pdf(kind):
         assert float(m.cdf(x, y)) == pytest.approx(base + integral, abs=1e-9)
 
 
-@pytest.mark.parametrize("kind", ["ogpm", "ogpm-unbiased", "pm", "pm-c", "sw", "sw-c", "ptt"])
+@pytest.mark.parametrize("kind", ["ogpm", "ogpm-unbiased", "pm", "pm-c", "sw", "sw-c", "ptt",
+                                  "ii-ptt"])
 def test_piecewise_worst_case_is_at_an_end(kind):
     # OGPM paper Lemma 3.2: the worst case of a GPM is at an end of the domain.
     m = make(kind, 1.3, low=0.0, high=1.0)
@@ -426,7 +429,7 @@ def test_pm_c_coincides_with_ogpm_at_the_ends(epsilon):
 
 
 @pytest.mark.parametrize("kind", ["ogpm", "ogpm-unbiased", "pm", "pm-c", "sw", "sw-c", "ptt",
-                                  "duchi"])
+                                  "duchi", "ii-ptt"])
 @pytest.mark.parametrize("epsilon", [0.5, 2.0, 6.0])
 def test_affine_mean_region_is_exact_and_maximal(kind, epsilon):
     m = make(kind, epsilon, low=-1.0, high=3.0)

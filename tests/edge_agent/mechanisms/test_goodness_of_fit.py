@@ -11,10 +11,13 @@ Two properties, each able to fail on its own:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from edge_agent.mechanisms import CircularOGPM, Duchi, PolarOGPM
+from edge_agent.mechanisms import CircularOGPM, Duchi, PolarOGPM, TypeIIPTT
+from edge_agent.mechanisms.tent import ii_ptt_geometry
 from tests.edge_agent.mechanisms.helpers import (
     KINDS,
     continuous_cdf_at_cells,
@@ -46,8 +49,11 @@ def test_codes_follow_exact_cdf(kind, epsilon):
     threshold = dkw_threshold(N)
     for x in _inputs(kind, low, high):
         codes = m.perturb_codes(np.full(N, x), rng)
-        cdf = np.cumsum(np.asarray(m.grid_pmf(x), dtype=np.float64))
-        assert cdf[-1] == pytest.approx(1.0, abs=1e-12)
+        pmf = np.asarray(m.grid_pmf(x), dtype=np.float64)
+        # fsum: II-PTT's probabilities are not multiples of 2**-53, and a running sum of
+        # 2**16 of them rounds by more than 1e-12.
+        assert math.fsum(pmf) == pytest.approx(1.0, abs=1e-12)
+        cdf = np.cumsum(pmf)
         assert ks_statistic(codes, cdf) < threshold, f"{kind} eps={epsilon} x={x}"
 
 
@@ -65,6 +71,11 @@ def test_grid_mechanism_is_the_paper_mechanism(kind, epsilon):
             slack = 2.0 * float(np.max(m.pdf(x, m.cell_edges()))) * m.cell_width
         elif isinstance(m, Duchi):
             slack = 2.0**-18
+        elif isinstance(m, TypeIIPTT):
+            # Whole ticks: the tent's half-width A rounded (half a tick) and its triangle
+            # drawn on ticks; and its share, so k, from integer weights (the floor's
+            # width moves with k).
+            slack = 0.5 / m.half + abs(m.k / ii_ptt_geometry(epsilon, m.eta)[0] - 1.0)
         else:
             slack = 2.0 * m.p_high * (m.output_high - m.output_low) / m.layout.ticks
         assert np.max(np.abs(grid_cdf - paper_cdf)) <= slack + 1e-12, f"{kind} x={x}"
@@ -114,7 +125,7 @@ def test_polar_components_follow_exact_cdf():
 # -- the test above can fail: it rejects mechanisms that are slightly wrong -------------
 
 @pytest.mark.parametrize("kind", ["ogpm", "ogpm-circular", "pm", "sw", "ptt", "duchi", "laplace",
-                                  "bounded-laplace", "ogpm-unbiased", "pm-c", "sw-c"])
+                                  "bounded-laplace", "ogpm-unbiased", "pm-c", "sw-c", "ii-ptt"])
 def test_goodness_of_fit_rejects_a_wrong_epsilon_or_input(kind):
     m = make(kind, 1.0, -2.0, 2.0)
     wrong_eps = make(kind, 1.25, -2.0, 2.0)

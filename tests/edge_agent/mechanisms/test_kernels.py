@@ -125,6 +125,52 @@ def test_duchi_kernel_matches_reference():
     assert codes.tolist() == expected
 
 
+def _tent_words(rng, n, m):
+    """Random words plus words at the floor's and the tent's edges and the extremes."""
+    words = rng.integers(0, np.iinfo(np.uint64).max, size=n, dtype=np.uint64, endpoint=True)
+    flat = m.ticks * m.floor
+    edges = [0, flat - 1, flat, flat + 1, m.total - 1, m.total, (1 << 53) - 1,
+             flat + m.slope * (m.half ** 2 - 1), flat + m.slope - 1, flat + m.slope]
+    specials = [int(v) << 11 for v in edges] + [np.iinfo(np.uint64).max]
+    words[:len(specials)] = np.array(specials, dtype=np.uint64)
+    rng.shuffle(words)
+    return words
+
+
+@pytest.mark.parametrize("epsilon,grid_bits", [(0.05, 8), (1.0, 16), (1.0, 1), (4.0, 3),
+                                               (9.0, 12), (20.0, 8)])
+def test_tent_kernel_matches_reference(epsilon, grid_bits):
+    rng = np.random.default_rng(16)
+    m = make("ii-ptt", epsilon, -3.0, 5.0, grid_bits=grid_bits)
+    x = _inputs(m, rng)
+    words = _tent_words(rng, 3 * x.size + 100, m)
+    codes, clipped = m.perturb_codes(x, ListSource(words), return_clipped=True)
+    stream = reference.WordStream(words)
+    assert codes.tolist() == [reference.tent_code(m, float(v), stream) for v in x]
+    assert clipped == int(np.sum((x < m.low) | (x > m.high)))
+    # The closed forms' centre is the kernel's, value by value.
+    centre, up = m._centre(x)
+    assert list(zip(centre.tolist(), up.tolist())) == [
+        (c, float(u)) for c, u in (reference.tent_centre(m, float(v)) for v in x)]
+
+
+def test_tent_refills_resume_where_the_words_ran_out():
+    """A source handing out three words at a time: every value that ran out resumes on
+    the words it had not read, so the codes are those of one long stream (a value
+    restarted on fresh words would favour the floor, which takes one word to the tent's
+    two)."""
+    m = make("ii-ptt", 1.0, 0.0, 1.0, grid_bits=8)
+    x = np.random.default_rng(17).uniform(0.0, 1.0, 2000)
+    stream = SeededRandom(np.random.default_rng(18)).words(10_000)
+
+    class Dribble(ListSource):
+        def words(self, count):
+            return super().words(min(count, 3))
+
+    whole = m.perturb_codes(x, ListSource(stream))
+    assert m.perturb_codes(x, Dribble(stream)).tolist() == whole.tolist()
+
+
 @pytest.mark.parametrize("kind", ["laplace", "bounded-laplace"])
 @pytest.mark.parametrize("epsilon,grid_bits", [(0.5, 6), (3.0, 16), (12.0, 10)])
 def test_laplace_kernel_matches_reference(kind, epsilon, grid_bits):
