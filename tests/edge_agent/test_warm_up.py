@@ -11,7 +11,7 @@ from edge_agent.config import parse_config
 from edge_agent.mechanisms import _categorical, _kernels, _layout, tent
 from edge_agent.mechanisms.categorical import ORACLES
 from edge_agent.mechanisms.randomness import SystemRandom, as_random_source
-from edge_agent.mechanisms.registry import LINEAR
+from edge_agent.mechanisms.registry import DELTA_MECHANISMS, LINEAR
 
 KERNEL_MODULES = (_kernels, _categorical, _layout, tent)
 CATEGORIES = ["rest", "walk", "run"]
@@ -26,7 +26,8 @@ def compiled() -> dict[str, int]:
 
 def every_channel_kind(tmp_path) -> list:
     channels = [{"name": f"x_{name}", "kind": "linear", "field": "accel_x", "mechanism": name,
-                 "domain": [-2.0, 2.0]} for name in LINEAR]
+                 "domain": [-2.0, 2.0], **({"delta": 1e-6} if name in DELTA_MECHANISMS else {})}
+                for name in LINEAR]
     channels += [
         {"name": "roll", "kind": "circular", "field": "roll"},
         {"name": "polar", "kind": "polar", "fields": ["accel_h_mag", "accel_h_dir"],
@@ -39,7 +40,7 @@ def every_channel_kind(tmp_path) -> list:
                   "oracle": name, "categories": CATEGORIES} for name in ORACLES]
     config = parse_config({
         "agent_id": "warm", "fleet": "warm", "broker": {"host": "127.0.0.1", "port": 1883},
-        "privacy": {"budget_epsilon": 1000.0, "state_dir": str(tmp_path)},
+        "privacy": {"budget_epsilon": 1000.0, "budget_delta": 0.01, "state_dir": str(tmp_path)},
         "sources": [{"name": "imu", "type": "synthetic", "rate_hz": 50}],
         "channels": [{"source": "imu", "epsilon": 2.0, **c} for c in channels]})
     return build_channels(config, "warm")
