@@ -8,9 +8,13 @@ here with the keys its channel needs.
 
 from __future__ import annotations
 
+import sqlite3
+
 import numpy as np
 import pytest
 
+from edge_agent.channels import build_channel
+from edge_agent.config import load_config
 from edge_agent.mechanisms import from_description
 from tests.support import AgentProcess, CollectorProcess, write_agent_config
 from tests.support import wait_for_api as wait_until  # every wait here asks the API
@@ -30,7 +34,19 @@ CASES = {
     # A vector channel takes the same names: each axis at epsilon / 2.
     "ii-ptt-vector": {"kind": "vector", "fields": ["x", "y"], "mechanism": "ii-ptt",
                       "epsilon": 4.0, "strategy": "split"},
+    # (epsilon, delta): each report also charges its exact delta, which the agents'
+    # [privacy] budget_delta allows (10,000 x 1e-6).
+    "opt-gm": {"field": "x", "mechanism": "opt-gm", "epsilon": 2.0, "delta": 1e-6},
 }
+
+
+def ledger_spent(state_dir) -> tuple[int, int]:
+    """(reports, delta units) the agent's ledger charged for the channel."""
+    db = sqlite3.connect(f"file:{state_dir}/state.sqlite?mode=ro", uri=True)
+    row = db.execute("SELECT SUM(reports), SUM(spent_delta) FROM spending "
+                     "WHERE channel = 'ch'").fetchone()
+    db.close()
+    return row
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -50,6 +66,7 @@ def test_the_collectors_mean_holds_the_true_mean(tmp_path, mosquitto, case):
         config = write_agent_config(
             tmp_path / f"agent{i}.toml", agent_id=f"w{i}", broker=mosquitto,
             state_dir=tmp_path / f"state{i}",
+            privacy={"budget_delta": 0.05} if "delta" in channel else None,
             sources=[{"name": "rec", "type": "csv", "path": str(path), "pace": "fast",
                       "columns": {"x": "x", "y": "y"}}],
             channels=[channel])
@@ -86,3 +103,7 @@ def test_the_collectors_mean_holds_the_true_mean(tmp_path, mosquitto, case):
         histogram = axes[name]["histogram"]
         assert histogram["estimate"] is not None and np.isclose(sum(histogram["estimate"]), 1)
         assert axes[name]["quantiles"] is not None
+    # Every reading charged once, with the mechanism's exact delta (0 when pure).
+    built = build_channel(load_config(config).channels[0], agent_id="w0", fleet="demo")
+    for i in range(AGENTS):
+        assert ledger_spent(tmp_path / f"state{i}") == (READINGS, READINGS * built.charge_delta)
