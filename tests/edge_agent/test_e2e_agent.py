@@ -283,7 +283,7 @@ def test_check_config_prints_effective_config_and_rejects_bad_ones(tmp_path):
     # Channels whose OGPM has flat ends are named with the regions (Theorem 3.7 at the
     # planned epsilon), a radius the polar split leaves without epsilon too.
     assert ("Flat ends: accel_x (ogpm at epsilon 0.425) reports the same distribution "
-            "for every value in [-2, -1.106] and [1.106, 2]") in good.stderr
+            "for every value in [-3, -1.659] and [1.659, 3]") in good.stderr
     assert "Flat ends: heart_rate" not in good.stderr  # auto: PM-C at the planned epsilon
     assert "Flat ends: accel's each axis (ogpm at epsilon 0.142)" in good.stderr
     assert "No epsilon: accel_polar's radius gets none of the channel's epsilon" \
