@@ -16,7 +16,7 @@ import pytest
 from edge_agent.channels import build_channel
 from edge_agent.config import load_config
 from edge_agent.mechanisms import from_description
-from tests.support import AgentProcess, CollectorProcess, write_agent_config
+from tests.support import CollectorProcess, replaying_agents
 from tests.support import wait_for_api as wait_until  # every wait here asks the API
 
 DOMAIN = (-2.0, 2.0)
@@ -55,26 +55,15 @@ def test_the_collectors_mean_holds_the_true_mean(tmp_path, mosquitto, case):
                **CASES[case]}
     collector = CollectorProcess(tmp_path, mosquitto).start()
     rng = np.random.default_rng([31, sorted(CASES).index(case)])
-    truths, agents = {"x": [], "y": []}, []
-    for i in range(AGENTS):
-        x = np.clip(rng.normal(-1.3 + 0.2 * i, 0.3, READINGS), *DOMAIN)
-        y = np.clip(rng.normal(1.5 - 0.2 * i, 0.3, READINGS), *DOMAIN)
-        truths["x"].append(x)
-        truths["y"].append(y)
-        path = tmp_path / f"rec{i}.csv"
-        path.write_text("x,y\n" + "".join(f"{a:.6f},{b:.6f}\n" for a, b in zip(x, y)))
-        config = write_agent_config(
-            tmp_path / f"agent{i}.toml", agent_id=f"w{i}", broker=mosquitto,
-            state_dir=tmp_path / f"state{i}",
-            privacy={"budget_delta": 0.05} if "delta" in channel else None,
-            sources=[{"name": "rec", "type": "csv", "path": str(path), "pace": "fast",
-                      "columns": {"x": "x", "y": "y"}}],
-            channels=[channel])
-        agents.append(AgentProcess(config, tmp_path / f"agent{i}.log").start())
+    recordings = [{"x": np.clip(rng.normal(-1.3 + 0.2 * i, 0.3, READINGS), *DOMAIN),
+                   "y": np.clip(rng.normal(1.5 - 0.2 * i, 0.3, READINGS), *DOMAIN)}
+                  for i in range(AGENTS)]
+    agents = replaying_agents(tmp_path, mosquitto, recordings, [channel],
+                              privacy={"budget_delta": 0.05} if "delta" in channel else None)
     for agent in agents:
         assert agent.wait(120) == 0, agent.output()
     fields = channel.get("fields", [channel.get("field")])
-    truth = {name: np.concatenate(truths[name]) for name in fields}
+    truth = {name: np.concatenate([r[name] for r in recordings]) for name in fields}
     readings = AGENTS * READINGS
 
     def counted():
@@ -104,6 +93,7 @@ def test_the_collectors_mean_holds_the_true_mean(tmp_path, mosquitto, case):
         assert histogram["estimate"] is not None and np.isclose(sum(histogram["estimate"]), 1)
         assert axes[name]["quantiles"] is not None
     # Every reading charged once, with the mechanism's exact delta (0 when pure).
-    built = build_channel(load_config(config).channels[0], agent_id="w0", fleet="demo")
+    built = build_channel(load_config(tmp_path / "agent0.toml").channels[0], agent_id="w0",
+                          fleet="demo")
     for i in range(AGENTS):
         assert ledger_spent(tmp_path / f"state{i}") == (READINGS, READINGS * built.charge_delta)

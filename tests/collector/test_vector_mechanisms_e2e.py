@@ -9,7 +9,7 @@ import sqlite3
 
 import numpy as np
 
-from tests.support import AgentProcess, CollectorProcess, write_agent_config
+from tests.support import CollectorProcess, replaying_agents
 from tests.support import wait_for_api as wait_until
 
 AXES = ("ax", "ay", "az")
@@ -30,23 +30,13 @@ def ledger(state_dir) -> dict[str, tuple[int, int]]:
 def test_every_axis_mean_of_both_mechanisms_holds_the_truth(tmp_path, mosquitto):
     collector = CollectorProcess(tmp_path, mosquitto).start()
     rng = np.random.default_rng(12)
-    recordings, agents = [], []
-    for i in range(2):
-        n = 5000
-        x = np.clip(MEANS + rng.normal(0.0, 1.0, (n, 3)) + 0.2 * i, -4.0, 4.0)
-        recordings.append(x)
-        path = tmp_path / f"rec{i}.csv"
-        path.write_text(",".join(AXES) + "\n" + "".join(
-            ",".join(f"{v:.6f}" for v in row) + "\n" for row in x))
-        config = write_agent_config(
-            tmp_path / f"agent{i}.toml", agent_id=f"w{i}", broker=mosquitto,
-            state_dir=tmp_path / f"state{i}", privacy={"budget_delta": 0.05},
-            sources=[{"name": "rec", "type": "csv", "path": str(path), "pace": "fast",
-                      "columns": {a: a for a in AXES}}],
-            channels=[{"name": name, "source": "rec", "kind": "vector", "fields": list(AXES),
-                       "epsilon": 2.0, "domain": [-4.0, 4.0], "unit": "g", **settings}
-                      for name, settings in CHANNELS.items()])
-        agents.append(AgentProcess(config, tmp_path / f"agent{i}.log").start())
+    recordings = [np.clip(MEANS + rng.normal(0.0, 1.0, (5000, 3)) + 0.2 * i, -4.0, 4.0)
+                  for i in range(2)]
+    agents = replaying_agents(
+        tmp_path, mosquitto, [dict(zip(AXES, x.T)) for x in recordings],
+        [{"name": name, "source": "rec", "kind": "vector", "fields": list(AXES),
+          "epsilon": 2.0, "domain": [-4.0, 4.0], "unit": "g", **settings}
+         for name, settings in CHANNELS.items()], privacy={"budget_delta": 0.05})
     for agent in agents:
         assert agent.wait(120) == 0, agent.output()
     truth = np.concatenate(recordings)

@@ -45,6 +45,7 @@ from tests.support.processes import (
     CollectorProcess,
     FleetProcess,
     python_module,
+    replaying_agents,
     run_module,
     stop_leftover_processes,
     track,
@@ -56,7 +57,7 @@ __all__ = [
     "AgentProcess", "ChildProcess", "CollectorProcess", "FakeTransport", "FleetProcess",
     "Mosquitto", "MqttClient", "SimulatedTime", "Subscriber", "agent_config", "broker_table",
     "child_env", "collector_config", "find_mosquitto", "free_port", "port_open",
-    "python_module", "require_mosquitto", "returns_within", "run_module", "session_present",
-    "stays_false", "stop_leftover_processes", "to_toml", "toml_value", "track", "wait_for_api",
+    "python_module", "replaying_agents", "require_mosquitto", "returns_within", "run_module",
+    "session_present", "stays_false", "stop_leftover_processes", "to_toml", "toml_value", "track", "wait_for_api",
     "wait_until", "write_agent_config", "write_toml",
 ]

@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tests.support.configs import collector_config, write_toml
+from tests.support.configs import collector_config, write_agent_config, write_toml
 from tests.support.paths import REPO, child_env
 from tests.support.ports import HANG_GUARD_SECONDS, LOOPBACK, free_port, wait_until
 from tests.support.reaper import die_with_test
@@ -110,6 +110,28 @@ class AgentProcess(ChildProcess):
     def __init__(self, config: Path, log: Path, **interpreter):
         super().__init__(python_module("edge_agent", "run", "--config", config, **interpreter),
                          log, env=child_env())
+
+
+def replaying_agents(tmp_path: Path, broker, recordings: Sequence, channels: list[dict],
+                     privacy: dict | None = None) -> list[AgentProcess]:
+    """One agent process per recording (a mapping of field -> values), each replaying it
+    as fast as it can from a CSV file through ``channels`` (their source is "rec"), as
+    agents w0, w1, ... with their own state directories."""
+    agents = []
+    for i, recording in enumerate(recordings):
+        fields = list(recording)
+        path = tmp_path / f"rec{i}.csv"
+        path.write_text(",".join(fields) + "\n" + "".join(
+            ",".join(f"{v:.6f}" for v in row) + "\n"
+            for row in zip(*(recording[f] for f in fields))))
+        config = write_agent_config(
+            tmp_path / f"agent{i}.toml", agent_id=f"w{i}", broker=broker,
+            state_dir=tmp_path / f"state{i}", privacy=privacy,
+            sources=[{"name": "rec", "type": "csv", "path": str(path), "pace": "fast",
+                      "columns": {f: f for f in fields}}],
+            channels=channels)
+        agents.append(AgentProcess(config, tmp_path / f"agent{i}.log").start())
+    return agents
 
 
 class FleetProcess(ChildProcess):
