@@ -77,6 +77,7 @@ bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 	$(PY) -m benchmarks.bench_estimation --out docs
 	$(PY) -m benchmarks.bench_accuracy --out docs --markdown docs/bench_accuracy.md
 	$(PY) -m benchmarks.auto_choice --markdown docs/bench_auto.md
+	$(PY) -m benchmarks.ogpm_table --markdown docs/bench_ogpm_table.md
 	$(PY) -m benchmarks.bench_categorical --out docs --markdown docs/bench_categorical.md
 	$(PY) -m benchmarks.bench_stream --markdown docs/bench_stream.md
 	$(PY) -m benchmarks.range_error --out docs
