@@ -12,6 +12,7 @@ from scipy import stats
 
 from benchmarks import ogpm_table
 from edge_agent.mechanisms import ClassicalOGPM, PiecewiseMechanism
+from edge_agent.mechanisms.registry import LINEAR
 
 EPSILONS = (1.0, 4.0)
 REPETITIONS = 30
@@ -28,8 +29,10 @@ def cells():
 
 def test_every_mechanism_and_epsilon_has_a_row(cells):
     labels = tuple(ogpm_table.LABELS)
-    assert set(labels) == {"OGPM", "OGPM-U", "PM", "PM-C", "SW", "SW-C", "Duchi",
-                           "T-Laplace", "B-Laplace", "PTT", "II-PTT"}  # not the (ε, δ) Opt-GM
+    # every pure epsilon-LDP configuration name (not the (ε, δ) Opt-GM), each its own label
+    assert sorted(ogpm_table.LABELS.values()) == sorted(
+        name for name, choice in LINEAR.items() if not choice.delta)
+    assert len(set(labels)) == len(labels) and "OGPM" in labels and "PM-C" in labels
     assert set(cells) == {(e, label) for e in EPSILONS for label in labels}
     assert all(cell["runs"] == REPETITIONS for cell in cells.values())
     text = ogpm_table.report(cells, VALUES, epsilons=EPSILONS, labels=labels,
