@@ -193,12 +193,8 @@ def report_bias(channel, epsilon: float) -> float:
 def _linear_bias(name: str, epsilon: float, low: float, high: float) -> float:
     mechanism = linear_mechanism(name, epsilon=epsilon, low=low, high=high,
                                  grid_bits=EVAL_GRID_BITS)
-    affine = mechanism.affine_mean()
-    if affine is None:
-        return 0.0
-    a, b = affine[0], affine[1]
-    x = np.linspace(low, high, 257)
-    return float(np.max(((mechanism.mean_output(x) - b) / a - x) ** 2)) / (high - low) ** 2
+    bias = mechanism.inversion_bias(np.linspace(low, high, 257))
+    return float(np.max(bias**2)) / (high - low) ** 2
 
 
 def _variance_key(channel) -> tuple:

@@ -302,9 +302,18 @@ class Mechanism(ABC):
         x = np.clip(np.asarray(x, dtype=np.float64), self.low, self.high)
         if affine is None:
             return self.expected_error(x, 2) / reports
-        a, b = affine[0], affine[1]
-        return (self.variance(x) / (reports * a**2)
-                + ((self.mean_output(x) - b) / a - x) ** 2)
+        return self.variance(x) / (reports * affine[0] ** 2) + self.inversion_bias(x) ** 2
+
+    def inversion_bias(self, x: Any) -> np.ndarray:
+        """E[x^] - x for a report of x inverted through the affine part of the mean,
+        x^ = (M - b) / a: 0 where the mean is affine, the distance to the flat region's
+        edge where classical OGPM's is flat (Theorem 3.7).  0 for a mechanism whose mean
+        is nowhere affine (nothing to invert)."""
+        affine = self.affine_mean()
+        x = np.clip(np.asarray(x, dtype=np.float64), self.low, self.high)
+        if affine is None:
+            return np.zeros_like(x)
+        return (self.mean_output(x) - affine[1]) / affine[0] - x
 
     def worst_case_error(self, p: int = 2) -> float:
         """max over inputs x of expected_error(x, p).
