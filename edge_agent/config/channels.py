@@ -29,6 +29,7 @@ from edge_agent.mechanisms.categorical import (
     best_oracle,
 )
 from edge_agent.mechanisms.multidimensional import MAX_DIMENSIONS, SampledDuchi
+from edge_agent.mechanisms.ogpm import RADIUS_MECHANISMS
 from edge_agent.mechanisms.registry import (
     AUTO,
     AUTO_CANDIDATES,
@@ -45,6 +46,7 @@ RESERVED_CHANNEL_NAMES = {STATUS}
 LinearMechanism = Literal[KIND_CONFIG_NAMES["linear"]]  # type: ignore[valid-type]
 VectorMechanism = Literal[KIND_CONFIG_NAMES["vector"]]  # type: ignore[valid-type]
 OgpmOnly = Literal[KIND_CONFIG_NAMES["circular"]]  # type: ignore[valid-type]
+RadiusMechanism = Literal[(*RADIUS_MECHANISMS, AUTO)]  # type: ignore[valid-type]
 
 
 class _ChannelBase(Model):
@@ -140,7 +142,7 @@ class PolarChannelConfig(_ChannelBase):
     # The radius's mechanism at its share of epsilon: "ogpm" (the paper's), "pm-c" or
     # "sw-c" (no flat ends: for magnitudes that crowd 0, like a resting wearer's motion),
     # or "auto": the one of those whose fleet mean errs least over [0, radius_max].
-    radius_mechanism: Literal["ogpm", "pm-c", "sw-c", "auto"] = "ogpm"
+    radius_mechanism: RadiusMechanism = "ogpm"
 
 
 class VectorChannelConfig(_ChannelBase):
