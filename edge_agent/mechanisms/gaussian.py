@@ -71,7 +71,7 @@ def analytic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> fl
 _erfc = np.vectorize(math.erfc, otypes=[np.float64])
 
 
-def _tail_mass(a: Any, s: int) -> np.ndarray:
+def _tail_mass(a: Any, s: float) -> np.ndarray:
     """P(N(0, s) <= a)."""
     return 0.5 * _erfc(-np.asarray(a, dtype=np.float64) / math.sqrt(2.0 * s))
 
@@ -171,8 +171,7 @@ class OptimalGaussian(Mechanism):
         return np.exp(-0.5 * z * z) / (self.sigma * math.sqrt(2 * math.pi))
 
     def cdf(self, x: Any, y: Any) -> np.ndarray:
-        z = (np.asarray(y, dtype=np.float64) - self._clip(x)) / self.sigma
-        return 0.5 * _erfc(-z / math.sqrt(2.0))
+        return _tail_mass(np.asarray(y, dtype=np.float64) - self._clip(x), self.sigma**2)
 
     def mean_output(self, x: Any) -> np.ndarray:
         return self._clip(x)
