@@ -105,6 +105,19 @@ def flat_ends(mechanism, low: float, high: float) -> list[tuple[float, float]]:
     return [(a, b) for a, b in ends if b - a > least]
 
 
+def share_in(regions: list[tuple[float, float]], *columns: np.ndarray) -> float | None:
+    """The share of the finite values of ``columns`` inside any of ``regions`` (closed),
+    None without any."""
+    values = np.concatenate(columns) if columns else np.empty(0)
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return None
+    inside = np.zeros(values.size, dtype=bool)
+    for a, b in regions:
+        inside |= (values >= a) & (values <= b)
+    return float(inside.mean())
+
+
 @dataclass
 class Selection:
     """Readings chosen for release (raw, in memory only)."""

@@ -80,11 +80,15 @@ def budget_advice(config: AgentConfig, effective: dict) -> list[str]:
 def flat_end_lines(config: AgentConfig) -> list[str]:
     """One line per channel whose mechanism reports the same distribution for every value
     near its domain's ends (classical OGPM, Theorem 3.7): readings that sit there are
-    estimated at the regions' edges, and only the configuration can change that."""
-    from edge_agent.channels import build_channels
+    estimated at the regions' edges, and only the configuration can change that.  Where
+    the channel's source is a recording, what share of its readings lie there."""
+    from edge_agent.channels import build_channels, share_in
+    from edge_agent.sources.recordings import MAX_ROWS, recorded_readings
 
+    recordings = {source.name: recorded_readings(source) for source in config.sources}
     lines = []
     for channel in build_channels(config, config.agent_id):
+        recorded = recordings.get(channel.source)
         for part, (mechanism, regions) in channel.flat_regions().items():
             what = f"{channel.name}'s {part}" if part else channel.name
             if mechanism.epsilon == 0:  # a polar split that leaves the radius nothing
@@ -101,6 +105,14 @@ def flat_end_lines(config: AgentConfig) -> list[str]:
                 f": if readings sit there, a fleet's mean is estimated at those regions' "
                 f"edges; choose a domain whose ends the readings do not reach, or (linear "
                 f'channels) mechanism = "auto" or domain = "auto"')
+            if recorded is None:
+                continue
+            names = channel.field_names[:1] if part == "radius" else channel.field_names
+            share = share_in(regions, *(recorded.column(name) for name in names))
+            if share is not None:
+                lines.append(f"  in the recording of source {channel.source!r} (its first "
+                             f"{min(len(recorded), MAX_ROWS):,} rows): {share:.0%} of "
+                             f"{what}'s readings lie there")
     return lines
 
 

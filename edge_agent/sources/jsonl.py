@@ -72,6 +72,18 @@ def parse_record(obj: Any, timestamp_field: str | None, arrival: float) -> Recor
     return timestamp, fields
 
 
+def decode_line(line: str | bytes, timestamp_field: str | None,
+                arrival: float) -> Record | None:
+    """A line's record; None for a blank line, invalid JSON or UTF-8, absurd nesting or a
+    value ``parse_record`` cannot use."""
+    if not line.strip():
+        return None
+    try:
+        return parse_record(json.loads(line), timestamp_field, arrival)
+    except (ValueError, RecursionError):
+        return None
+
+
 def records_to_readings(records: Iterable[Record]) -> Readings:
     """A batch from records; a field a record lacks is NaN in its row."""
     records = list(records)
@@ -152,10 +164,7 @@ class JsonlSource(ThreadedSource):
     def _handle_line(self, line: str | bytes, arrival: float) -> None:
         if not line.strip():
             return  # blank lines are not rows
-        try:
-            record = parse_record(json.loads(line), self.timestamp_field, arrival)
-        except (ValueError, RecursionError):  # invalid JSON / UTF-8, absurd nesting
-            record = None
+        record = decode_line(line, self.timestamp_field, arrival)
         if record is None:
             self.rejected_rows += 1
         else:

@@ -302,6 +302,45 @@ def test_check_config_prints_effective_config_and_rejects_bad_ones(tmp_path):
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
+def test_check_config_says_how_much_of_a_recording_lies_in_flat_ends(tmp_path):
+    """A channel fed by a CSV recording: check-config reads it (derived fields too) and
+    says which share of its readings lies in the mechanism's flat ends, exactly the share
+    of the file's values inside the regions it names; a channel without flat ends (PM-C)
+    gets no line."""
+    rng = np.random.default_rng(5)
+    heart = np.clip(rng.normal(65, 8, 3000), 40, 200)  # resting rates: OGPM's low flat end
+    ax, ay = rng.normal(1.0, 0.3, 3000), rng.normal(0.0, 0.1, 3000)
+    path = tmp_path / "rec.csv"
+    path.write_text("hr,ax,ay\n" + "".join(f"{a:.3f},{b:.3f},{c:.3f}\n"
+                                           for a, b, c in zip(heart, ax, ay)))
+    config = write_agent_config(
+        tmp_path / "agent.toml", state_dir=tmp_path / "state",
+        sources=[{"name": "rec", "type": "csv", "path": str(path), "derive": ["horizontal"],
+                  "columns": {"heart_rate": "hr", "accel_x": "ax", "accel_y": "ay"}}],
+        channels=[{"name": "hr", "source": "rec", "field": "heart_rate", "kind": "linear",
+                   "epsilon": 0.5, "domain": [40.0, 200.0]},
+                  {"name": "ax", "source": "rec", "field": "accel_x", "kind": "linear",
+                   "mechanism": "pm-c", "epsilon": 0.5, "domain": [-2.0, 2.0]},
+                  {"name": "hm", "source": "rec", "fields": ["accel_h_mag", "accel_h_dir"],
+                   "kind": "polar", "epsilon": 4.0, "radius_max": 2.0}])
+    result = run_cli("check-config", str(config))
+    assert result.returncode == 0, result.stderr
+    from edge_agent.channels import build_channels
+    from edge_agent.config import load_config
+    channels = {c.name: c for c in build_channels(load_config(config), "w1")}
+    regions = channels["hr"].flat_regions()[""][1]
+    recorded = np.round(heart, 3)
+    share = np.mean([any(a <= v <= b for a, b in regions) for v in recorded])
+    assert share > 0.8
+    assert (f"in the recording of source 'rec' (its first 3,000 rows): {share:.0%} of hr's "
+            f"readings lie there") in result.stderr
+    radius = np.hypot(np.round(ax, 3), np.round(ay, 3))
+    radius_regions = channels["hm"].flat_regions()["radius"][1]
+    radius_share = np.mean([any(a <= v <= b for a, b in radius_regions) for v in radius])
+    assert f"{radius_share:.0%} of hm's radius's readings lie there" in result.stderr
+    assert "Flat ends: ax " not in result.stderr and "of ax's readings" not in result.stderr
+
+
 def test_check_config_states_the_sample_guarantees_and_its_plan():
     """The sample: two guarantees, planned; check-config says what a wearer gets, and
     per channel the worst case of each window, which all channels and the range reserve
