@@ -51,6 +51,7 @@ from edge_agent.mechanisms import (
     linear_mechanism,
     split_epsilon,
 )
+from edge_agent.mechanisms.multidimensional import random_axes
 from edge_agent.mechanisms.randomness import RandomSource, as_random_source
 from edge_agent.mechanisms.registry import (
     AUTO,
@@ -443,11 +444,8 @@ class VectorChannel(Channel):
         n = values[0].size
         if self.k == d:
             chosen = np.ones((n, d), dtype=bool)
-        else:
-            # k distinct axes per reading, uniformly: the k smallest of d random keys.
-            keys = source.words(n * d).reshape(n, d) if n else np.empty((0, d), np.uint64)
-            rank = np.argsort(np.argsort(keys, axis=1), axis=1)
-            chosen = rank < self.k
+        else:  # k distinct axes per reading, exactly uniformly
+            chosen = random_axes(n, d, self.k, source)
         codes, clipped = [], 0
         for axis in range(d):
             axis_codes, axis_clipped = self.mechanism.perturb_codes(

@@ -398,13 +398,7 @@ class SampledDuchi(_VectorMechanism):
     # -- reports ----------------------------------------------------------------------------
     def sample_axes(self, n: int, rng: Any = None) -> np.ndarray:
         """Which k axes each of n tuples reports: (n, d) bool, uniformly over k-subsets."""
-        masks = np.zeros(n, dtype=np.uint64)
-        order = np.empty(self.dimensions, dtype=np.int64)
-        source, done = as_random_source(rng), 0
-        while done < n:
-            words = source.words((n - done) * self.k + 16)
-            done, _ = _categorical.sampled_axes(words, self.k, order, masks, done)
-        return sign_bits(masks, self.dimensions).T.astype(bool)
+        return random_axes(n, self.dimensions, self.k, rng)
 
     def _draw(self, values: Any, rng: Any) -> tuple[np.ndarray, np.ndarray, int]:
         """(which axes each tuple sampled, (d, n) bool; the sampled axes' signs, 1 for
@@ -451,3 +445,18 @@ class SampledDuchi(_VectorMechanism):
     def __repr__(self) -> str:
         return (f"SampledDuchi(epsilon={self.epsilon!r}, dimensions={self.dimensions}, "
                 f"delta={self.delta!r}, k={self.k}, low={self.low!r}, high={self.high!r})")
+
+
+def random_axes(n: int, d: int, k: int, rng: Any = None) -> np.ndarray:
+    """k distinct axes of d for each of n readings, exactly uniformly over the k-subsets
+    and apart from any value (``_categorical.sampled_axes``): (n, d) bool.  A vector
+    channel's k-of-d strategy and sampled-duchi both draw with it."""
+    if not 1 <= k <= d <= 64:
+        raise ValueError(f"k, d: need 1 <= k <= d <= 64, got k={k}, d={d}")
+    masks = np.zeros(n, dtype=np.uint64)
+    order = np.empty(d, dtype=np.int64)
+    source, done = as_random_source(rng), 0
+    while done < n:
+        words = source.words((n - done) * k + 16)
+        done, _ = _categorical.sampled_axes(words, k, order, masks, done)
+    return sign_bits(masks, d).T.astype(bool)

@@ -12,6 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from edge_agent.mechanisms.multidimensional import (
     DuchiVector,
@@ -20,6 +21,7 @@ from edge_agent.mechanisms.multidimensional import (
     hockey_stick,
     original_duchi_loss,
     paper_delta_alpha,
+    random_axes,
 )
 from tests.edge_agent.mechanisms.helpers import dkw_threshold
 from tests.edge_agent.mechanisms.helpers import hockey_stick as exact_delta_of
@@ -260,6 +262,23 @@ def test_the_axis_sampling_kernel_matches_the_reference(d, k):
                                            short, 0)
     assert done < 250 and used <= 3 * k + 1
     assert short[:done].tolist() == expected[:done]
+
+
+@pytest.mark.parametrize("d,k", [(3, 1), (5, 2), (6, 3)])
+def test_random_axes_are_uniform_over_the_k_subsets(d, k):
+    """What a vector channel's k-of-d strategy and sampled-duchi draw: each of the C(d, k)
+    subsets equally often (chi-square, false alarm 1e-6)."""
+    n = 60_000
+    chosen = random_axes(n, d, k, np.random.default_rng([17, d, k]))
+    assert chosen.shape == (n, d) and np.all(chosen.sum(axis=1) == k)
+    masks = chosen.astype(np.int64) @ (1 << np.arange(d))
+    subsets = [sum(1 << a for a in c) for c in itertools.combinations(range(d), k)]
+    observed = np.array([np.count_nonzero(masks == m) for m in subsets])
+    assert observed.sum() == n
+    _, p_value = stats.chisquare(observed)
+    assert p_value > 1e-6, observed
+    with pytest.raises(ValueError, match="k, d"):
+        random_axes(3, 65, 2)
 
 
 def joint_outcomes(mechanism: SampledDuchi, values, rng):
