@@ -14,9 +14,11 @@ import numpy as np
 from edge_agent.mechanisms import CircularOGPM, PolarOGPM, linear_mechanism
 from edge_agent.mechanisms.categorical import ORACLES, LongitudinalGRR
 from edge_agent.mechanisms.randomness import SeededRandom
-from edge_agent.mechanisms.registry import LINEAR
+from edge_agent.mechanisms.registry import LINEAR, VECTOR
+from edge_agent.state import delta_units_up
 
 VALUES = 4096
+DELTA = 1e-6
 
 
 def _digest(array) -> str:
@@ -25,7 +27,10 @@ def _digest(array) -> str:
 
 def _loss(mechanism) -> str:
     loss = mechanism.exact_privacy_loss()
-    return f"{loss.ceiling(10**18)}"  # the exact loss to 1e-18, rounded up: an integer
+    text = f"{loss.ceiling(10**18)}"  # the exact loss to 1e-18, rounded up: an integer
+    if getattr(mechanism, "delta", 0):  # and an (epsilon, delta) one's delta, charged
+        text += f" delta {delta_units_up(mechanism.exact_delta())}"
+    return text
 
 
 def digest() -> dict[str, dict[str, str]]:
@@ -35,9 +40,15 @@ def digest() -> dict[str, dict[str, str]]:
     for epsilon in (0.5, 1.0, 4.0):
         for name in LINEAR:
             mechanism = linear_mechanism(name, epsilon=epsilon, low=-1.0, high=1.0,
-                                         grid_bits=16)
+                                         grid_bits=16, delta=DELTA if LINEAR[name].delta else 0)
             codes = mechanism.perturb_codes(x, SeededRandom(np.random.default_rng(7)))
             out[f"{name} {epsilon:g}"] = {"codes": _digest(codes), "loss": _loss(mechanism)}
+        for name, cls in VECTOR.items():  # whole vectors of three axes
+            vector = cls(epsilon=epsilon, dimensions=3, delta=DELTA, low=-1.0, high=1.0)
+            parts = vector.perturb_codes(x[:VALUES // 3 * 3].reshape(-1, 3),
+                                         SeededRandom(np.random.default_rng(7)))
+            out[f"{name} {epsilon:g}"] = {"codes": "".join(_digest(p) for p in parts),
+                                          "loss": _loss(vector)}
         circular = CircularOGPM(epsilon=epsilon)
         codes = circular.perturb_codes(x * 3, SeededRandom(np.random.default_rng(7)))
         out[f"circular {epsilon:g}"] = {"codes": _digest(codes), "loss": _loss(circular)}
