@@ -177,7 +177,8 @@ class OptimalGaussian(Mechanism):
         return self._clip(x)
 
     def variance(self, x: Any) -> np.ndarray:
-        """σ² (the grid's random rounding adds at most step²/4, under 1e-7 of it)."""
+        """σ² (the grid's random rounding adds at most step²/4: 1/(4σ²) of it with σ in
+        steps, 1.5e-8 at 16 bits and ε 1, δ 1e-6; 0.14% on an 8-bit grid at δ 1e-2)."""
         return np.full(np.shape(self._clip(x)), self.sigma**2)
 
     def expected_error(self, x: Any, p: int = 2) -> np.ndarray:

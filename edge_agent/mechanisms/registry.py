@@ -30,7 +30,13 @@ from edge_agent.mechanisms.categorical import LONGITUDINAL, ORACLES, FrequencyOr
 from edge_agent.mechanisms.gaussian import OptimalGaussian
 from edge_agent.mechanisms.laplace import BoundedLaplace, TruncatedLaplace
 from edge_agent.mechanisms.multidimensional import DuchiVector, SampledDuchi
-from edge_agent.mechanisms.ogpm import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
+from edge_agent.mechanisms.ogpm import (
+    CircularOGPM,
+    ClassicalOGPM,
+    PolarOGPM,
+    UnbiasedOGPM,
+    optimal_polar_split,
+)
 from edge_agent.mechanisms.tent import TypeIIPTT
 
 # Wire name -> class.
@@ -179,18 +185,17 @@ def polar_mechanism(*, epsilon: float, radius_max: float, weight: float, period:
     """A polar channel's mechanism; ``radius`` "auto": of AUTO_CANDIDATES the one whose
     fleet mean of the radius errs least over [0, radius_max] at the split's share
     (``mechanism_for_data``, the whole range: nothing discovers a radius range)."""
-    polar = PolarOGPM(epsilon=epsilon, radius_max=radius_max, weight=weight, period=period,
-                      origin=origin, grid_bits=grid_bits,
-                      radius="ogpm" if radius == AUTO else radius)
-    if radius != AUTO or polar.epsilon_radius == 0:
-        return polar
-    share = polar.epsilon_radius
-    chosen = mechanism_for_data(AUTO, epsilon=share, data=(0.0, radius_max),
-                                bounds=(0.0, radius_max), grid_bits=grid_bits)
-    name = next(n for n in AUTO_CANDIDATES if linear_mechanism(
-        n, epsilon=share, low=0.0, high=radius_max, grid_bits=grid_bits) == chosen)
+    if radius == AUTO:
+        # The split PolarOGPM makes (it does not depend on the radius's mechanism).
+        share = optimal_polar_split(epsilon, radius_max, weight=weight, period=period)[0]
+        radius = "ogpm"
+        if share > 0:
+            chosen = mechanism_for_data(AUTO, epsilon=share, data=(0.0, radius_max),
+                                        bounds=(0.0, radius_max), grid_bits=grid_bits)
+            radius = next(n for n in AUTO_CANDIDATES if linear_mechanism(
+                n, epsilon=share, low=0.0, high=radius_max, grid_bits=grid_bits) == chosen)
     return PolarOGPM(epsilon=epsilon, radius_max=radius_max, weight=weight, period=period,
-                     origin=origin, grid_bits=grid_bits, radius=name)
+                     origin=origin, grid_bits=grid_bits, radius=radius)
 
 
 def kind_accepts(kind: str, wire_name: str) -> bool:

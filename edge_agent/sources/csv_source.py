@@ -122,6 +122,14 @@ def shared_recording(path: Path) -> SharedRecording:
     return recording
 
 
+def column_positions(header: list[str]) -> dict[str, int]:
+    """Each column name's first position in a header row (names stripped)."""
+    position: dict[str, int] = {}
+    for i, name in enumerate(header):
+        position.setdefault(name.strip(), i)
+    return position
+
+
 def parse_float(cell: str) -> float:
     """A cell as a float; anything that is not a number is NaN."""
     try:
@@ -219,10 +227,7 @@ class CsvSource(Source):
                 raise _HeaderError("the header row cannot be parsed as CSV") from None
         if not header:
             raise _HeaderError("the file is empty (no header row)")
-        header = [name.strip() for name in header]
-        position = {}
-        for i, name in enumerate(header):
-            position.setdefault(name, i)
+        position = column_positions(header)
         missing = [column for column in self.config.columns.values() if column not in position]
         if missing:
             # Only the count of columns: in a file without a header, the

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_agent.readings import Readings
-from edge_agent.sources.csv_source import parse_float, shared_recording
+from edge_agent.sources.csv_source import column_positions, parse_float, shared_recording
 from edge_agent.sources.derive import apply_derive
 from edge_agent.sources.jsonl import decode_line, records_to_readings
 
@@ -42,12 +42,9 @@ def _csv(source, path: Path) -> Readings | None:
     recording = shared_recording(path)
     if not recording.header:
         return None
-    header = [name.strip() for name in recording.header]
-    position = {}
-    for i, name in enumerate(header):
-        position.setdefault(name, i)
+    position = column_positions(recording.header)
     rows = [row for row in itertools.islice(recording.records, MAX_ROWS)
-            if row is not None and len(row) == len(header)]
+            if row is not None and len(row) == len(recording.header)]
     fields = {field: np.array([parse_float(row[position[column]]) for row in rows])
               for field, column in source.columns.items() if column in position}
     return Readings(np.zeros(len(rows)), fields)

@@ -8,15 +8,13 @@ here with the keys its channel needs.
 
 from __future__ import annotations
 
-import sqlite3
-
 import numpy as np
 import pytest
 
 from edge_agent.channels import build_channel
 from edge_agent.config import load_config
 from edge_agent.mechanisms import from_description
-from tests.support import CollectorProcess, replaying_agents
+from tests.support import CollectorProcess, replaying_agents, spent_by_channel
 from tests.support import wait_for_api as wait_until  # every wait here asks the API
 
 DOMAIN = (-2.0, 2.0)
@@ -39,14 +37,6 @@ CASES = {
     "opt-gm": {"field": "x", "mechanism": "opt-gm", "epsilon": 2.0, "delta": 1e-6},
 }
 
-
-def ledger_spent(state_dir) -> tuple[int, int]:
-    """(reports, delta units) the agent's ledger charged for the channel."""
-    db = sqlite3.connect(f"file:{state_dir}/state.sqlite?mode=ro", uri=True)
-    row = db.execute("SELECT SUM(reports), SUM(spent_delta) FROM spending "
-                     "WHERE channel = 'ch'").fetchone()
-    db.close()
-    return row
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -96,4 +86,5 @@ def test_the_collectors_mean_holds_the_true_mean(tmp_path, mosquitto, case):
     built = build_channel(load_config(tmp_path / "agent0.toml").channels[0], agent_id="w0",
                           fleet="demo")
     for i in range(AGENTS):
-        assert ledger_spent(tmp_path / f"state{i}") == (READINGS, READINGS * built.charge_delta)
+        assert spent_by_channel(tmp_path / f"state{i}")["ch"] == (
+            READINGS, READINGS * built.charge_delta)

@@ -5,11 +5,9 @@ holds the truth, and each ledger charged every reading once."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import numpy as np
 
-from tests.support import CollectorProcess, replaying_agents
+from tests.support import CollectorProcess, replaying_agents, spent_by_channel
 from tests.support import wait_for_api as wait_until
 
 AXES = ("ax", "ay", "az")
@@ -17,14 +15,6 @@ MEANS = np.array([-1.5, 0.3, 2.0])
 CHANNELS = {"joint": {"mechanism": "duchi-vector", "delta": 1e-6},
             "sampled": {"mechanism": "sampled-duchi", "k": 2, "delta": 1e-6}}
 
-
-def ledger(state_dir) -> dict[str, tuple[int, int]]:
-    """Per channel: the readings charged and the delta spent (1e-15 units)."""
-    db = sqlite3.connect(f"file:{state_dir}/state.sqlite?mode=ro", uri=True)
-    rows = db.execute("SELECT channel, SUM(reports), SUM(spent_delta) FROM spending "
-                      "GROUP BY channel").fetchall()
-    db.close()
-    return {channel: (reports, delta) for channel, reports, delta in rows}
 
 
 def test_every_axis_mean_of_both_mechanisms_holds_the_truth(tmp_path, mosquitto):
@@ -61,7 +51,7 @@ def test_every_axis_mean_of_both_mechanisms_holds_the_truth(tmp_path, mosquitto)
                 <= mean["ci95"][1] + 3 * mean["stderr"]
     # Each reading was charged once, with its exact delta (at most the configured one).
     for i in range(2):
-        spent = ledger(tmp_path / f"state{i}")
+        spent = spent_by_channel(tmp_path / f"state{i}")
         for name in CHANNELS:
             readings, delta = spent[name]
             assert readings == recordings[i].shape[0]

@@ -47,6 +47,7 @@ from tests.support.processes import (
     python_module,
     replaying_agents,
     run_module,
+    spent_by_channel,
     stop_leftover_processes,
     track,
     wait_for_api,
@@ -58,6 +59,7 @@ __all__ = [
     "Mosquitto", "MqttClient", "SimulatedTime", "Subscriber", "agent_config", "broker_table",
     "child_env", "collector_config", "find_mosquitto", "free_port", "port_open",
     "python_module", "replaying_agents", "require_mosquitto", "returns_within", "run_module",
-    "session_present", "stays_false", "stop_leftover_processes", "to_toml", "toml_value",
-    "track", "wait_for_api", "wait_until", "write_agent_config", "write_toml",
+    "session_present", "spent_by_channel", "stays_false", "stop_leftover_processes",
+    "to_toml", "toml_value", "track", "wait_for_api", "wait_until", "write_agent_config",
+    "write_toml",
 ]

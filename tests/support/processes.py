@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import urllib.request
@@ -110,6 +111,17 @@ class AgentProcess(ChildProcess):
     def __init__(self, config: Path, log: Path, **interpreter):
         super().__init__(python_module("edge_agent", "run", "--config", config, **interpreter),
                          log, env=child_env())
+
+
+def spent_by_channel(state_dir: Path) -> dict[str, tuple[int, int]]:
+    """Per channel, what an agent's ledger charged: (reports, delta in 1e-15 units)."""
+    db = sqlite3.connect(f"file:{state_dir}/state.sqlite?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT channel, SUM(reports), SUM(spent_delta) FROM spending "
+                          "GROUP BY channel").fetchall()
+    finally:
+        db.close()
+    return {channel: (reports, delta) for channel, reports, delta in rows}
 
 
 def replaying_agents(tmp_path: Path, broker, recordings: Sequence, channels: list[dict],
