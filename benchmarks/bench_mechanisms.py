@@ -30,12 +30,14 @@ from edge_agent.mechanisms import (
     CircularOGPM,
     ClassicalOGPM,
     Duchi,
+    OptimalGaussian,
     PiecewiseMechanism,
     SquareWave,
     TruncatedLaplace,
     UnbiasedOGPM,
 )
 from edge_agent.mechanisms.randomness import SeededRandom, SystemRandom
+from edge_agent.mechanisms.tent import TypeIIPTT
 from edge_agent.mechanisms.tpm import CircularThreePiece, ThreePieceMechanism
 
 EPSILON = 1.0
@@ -53,6 +55,8 @@ def mechanisms():
         "Duchi": Duchi(epsilon=EPSILON, low=-2.0, high=2.0),
         "T-Laplace": TruncatedLaplace(epsilon=EPSILON, low=-2.0, high=2.0),
         "B-Laplace": BoundedLaplace(epsilon=EPSILON, low=-2.0, high=2.0),
+        "II-PTT": TypeIIPTT(epsilon=EPSILON, low=-2.0, high=2.0),
+        "Opt-GM (δ 1e-6)": OptimalGaussian(epsilon=EPSILON, delta=1e-6, low=-2.0, high=2.0),
     }
 
 
@@ -83,6 +87,26 @@ def per_sample(mech, uniform):
         def one(x):
             up = float(mech._upper_probability(x))
             return mech.output_high if uniform() < up else mech.output_low
+        return one
+    if isinstance(mech, TypeIIPTT):
+        # The tent (two uniforms' sum around the centre, share of the draws) on a floor
+        # over the whole output.
+        share = float(mech.tent_share)
+        mid = 0.5 * (mech.low + mech.high)
+        width = mech.half * (mech.output_high - mech.output_low) / mech.ticks
+
+        def one(x):
+            x = min(max(x, mech.low), mech.high)
+            if uniform() < share:
+                # E = share * centre + (1 - share) * mid = x
+                return mid + (x - mid) / share + (uniform() + uniform() - 1.0) * width
+            return mech.output_low + uniform() * (mech.output_high - mech.output_low)
+        return one
+    if isinstance(mech, OptimalGaussian):
+        def one(x):  # Box-Muller, clamped to the output domain
+            x = min(max(x, mech.low), mech.high)
+            z = math.sqrt(-2.0 * math.log(1.0 - uniform())) * math.cos(2 * math.pi * uniform())
+            return min(max(x + mech.sigma * z, mech.output_low), mech.output_high)
         return one
     bounded = isinstance(mech, BoundedLaplace)
 
