@@ -74,7 +74,28 @@ def budget_advice(config: AgentConfig, effective: dict) -> list[str]:
                  *plan_lines(effective["plan"]), *memo_lines(config)]
     else:
         lines = budget_lines(config, effective["budget"]) + memo_lines(config)
-    return lines + flat_end_lines(config)
+    return ledger_lines(config) + lines + flat_end_lines(config)
+
+
+def ledger_lines(config: AgentConfig) -> list[str]:
+    """What the agent's ledger, where there is one already, says of the guarantees: a
+    window that reaches before the spending it knows (``unknown_past_lines``)."""
+    from edge_agent.agent import STATE_FILE
+    from edge_agent.spending import unknown_past_lines
+    from edge_agent.state import StateStore
+
+    path = Path(config.privacy.state_dir) / STATE_FILE
+    try:
+        store = StateStore(path, read_only=True)
+    except sqlite3.Error:  # no ledger yet (or not readable here): nothing is known of it
+        return []
+    try:
+        clock = store.clock()
+    except sqlite3.Error:  # a ledger from before ledger time: converted at the first start
+        return []
+    finally:
+        store.close()
+    return [f"Ledger: {line}" for line in unknown_past_lines(clock, config.privacy.horizons)]
 
 
 def flat_end_lines(config: AgentConfig) -> list[str]:

@@ -16,6 +16,7 @@ csv ``recorded`` or ``fast``) report at the pace the data arrives: with a
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from edge_agent.common.config import period_parts
@@ -258,3 +259,25 @@ def memo_lines(config: AgentConfig) -> list[str]:
                 f"{channel.count * channel.memo_epsilon:g} in all), given when it changed; "
                 f"reports of an unchanged value are linked (docs/PRIVACY.md)")
     return lines
+
+
+def unknown_past_lines(clock, guarantees) -> list[str]:
+    """One line per guarantee whose window reaches before the spending the ledger knows
+    (``clock``: ``StateStore.clock()``; a file of an earlier version, which deleted what
+    was older than its longest period): the ledger counts that stretch as fully spent,
+    so the guarantee allows no report until its window lies wholly in known spending."""
+    lines = []
+    for guarantee in guarantees:
+        if not clock.reaches_unknown(guarantee.seconds):
+            continue
+        since = clock.wall_of(clock.known_since)
+        lines.append(
+            f"the {period_words(guarantee.per)} guarantee starts counting from "
+            f"{utc_text(since)}: earlier spending is not known (an earlier version of the "
+            f"agent kept less), so it is counted as fully spent and this guarantee allows "
+            f"no report until {utc_text(clock.counts_fully_from(guarantee.seconds))}")
+    return lines
+
+
+def utc_text(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))

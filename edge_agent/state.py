@@ -30,10 +30,15 @@ the wall clock's advance past the latest time it ever showed (never less than
 zero).
 The budget holds over every *rolling* window of ``budget_period`` of ledger
 time: a charge at ledger time t is allowed only if everything charged after
-``t - period`` plus it stays within the budget.  Spending is kept for the
-longest period ever configured, so a longer period counts what was spent
-before the change; nothing in the config, the clock or a restart gives
-spent epsilon back.  While the wall clock is behind the latest time it has
+``t - period`` plus it stays within the budget.  Spending is never forgotten
+(``_keep``): what no window in force counts any more moves into coarser
+buckets (hours, after a month days), which only ever count a charge *later*
+than it was made, so a window lengthened or added by a configuration change
+counts everything spent before the change, on the safe side; nothing in the
+config, the clock or a restart gives spent epsilon back.  Files of earlier
+versions, which deleted spending older than their longest period, know their
+past only from ``known_since`` on: a window reaching before it counts the
+unknown stretch as fully spent (``LedgerClock.reaches_unknown``).  While the wall clock is behind the latest time it has
 shown (a Pi without a real-time clock before NTP), nothing is reported.
 Charges are integers (``NANO`` units of epsilon), rounded up exactly from the
 channel's privacy map; budgets are rounded down.
@@ -86,7 +91,9 @@ CREATE TABLE IF NOT EXISTS ledger_clock (  -- one row
     wall_high REAL NOT NULL,            -- the latest wall-clock time ever seen
     retain_seconds REAL NOT NULL,       -- the longest budget period ever used
     boot_id TEXT NOT NULL,              -- the boot (kernel boot_id) of the last charge
-    since_boot REAL NOT NULL            -- and the monotonic clock then
+    since_boot REAL NOT NULL,           -- and the monotonic clock then
+    known_since REAL                    -- spending is known from this ledger time on
+                                        -- (NULL: all of it; set for earlier versions' files)
 );
 CREATE TABLE IF NOT EXISTS seq (
     agent TEXT NOT NULL,
@@ -141,6 +148,11 @@ _SPOOL_COLUMNS = {"lane": "INTEGER NOT NULL DEFAULT 0", "agent": "TEXT", "channe
                   "seq": "INTEGER", "acked": "REAL", "resends": "INTEGER NOT NULL DEFAULT 0"}
 # State files from before delta accounting spent none.
 _SPENDING_COLUMNS = {"spent_delta": "INTEGER NOT NULL DEFAULT 0"}
+# Files from before spending was kept for good deleted what was older than the longest
+# period they had seen (retain_seconds) before their last charge: their spending is
+# known from there on.  Nothing was deleted by a file that never charged (retain 0).
+_KNOWN_SINCE_OF_EARLIER_FILES = ("CASE WHEN retain_seconds > 0 THEN ledger_time - retain_seconds "
+                                 "END")
 MAX_RESEND_DOUBLINGS = 6  # an unconfirmed report waits at most 64 x resend_seconds
 
 NANO = 10**9
@@ -161,6 +173,12 @@ BUCKETS_PER_PERIOD = 1440
 # (NTP corrects small offsets by stepping too).
 CLOCK_TOLERANCE = 5.0
 LEGACY_RETAIN = 7 * 86400.0  # the longest period a ledger from before ledger time counted
+# Spending that no window in force counts any more is kept in buckets of an hour, and
+# after HOURLY_SECONDS in buckets of a day, for good: about 744 + 365 rows a channel for a
+# year, and a window lengthened later counts at most one such bucket (an hour, or a day
+# for windows beyond a month) more than it must.
+HOUR, DAY = 3600.0, 86400.0
+HOURLY_SECONDS = 31 * DAY
 
 
 def to_nano_up(epsilon: float | Fraction) -> int:
@@ -279,10 +297,30 @@ class LedgerClock:
     retain_seconds: float
     boot_id: str
     since_boot: float
+    known_since: float | None = None  # None: every charge since the file began is known
 
     def behind(self, now: float) -> bool:
         """Whether the wall clock is behind the latest time it has shown."""
         return now < self.wall_high - CLOCK_TOLERANCE
+
+    def reaches_unknown(self, window_seconds: float) -> bool:
+        """Whether the window ending now begins before the spending this file knows (a
+        file of an earlier version, which deleted older spending): such a window counts
+        the unknown stretch as fully spent, so its guarantee allows nothing until
+        ``counts_fully_from``."""
+        return self.known_since is not None and self.ledger_time - window_seconds < \
+            self.known_since
+
+    def counts_fully_from(self, window_seconds: float) -> float:
+        """The wall-clock time from which a window of this length lies wholly in known
+        spending (now, for a window that does already)."""
+        if not self.reaches_unknown(window_seconds):
+            return self.wall
+        return self.wall + (self.known_since + window_seconds - self.ledger_time)
+
+    def wall_of(self, ledger_time: float) -> float:
+        """The wall-clock time of a ledger time (the two advance together from now on)."""
+        return self.wall - (self.ledger_time - ledger_time)
 
 
 @dataclass(frozen=True)
@@ -308,7 +346,7 @@ class Transaction:
         # While a savepoint is open: (agent, its windows before the part's first charge).
         self._undo: list[tuple[str, dict[float, tuple[int, int]]]] | None = None
         self._clock: LedgerClock | None = None
-        self._retained: set[Budget] = set()  # budgets whose old spending was forgotten
+        self._kept: set[Budget] = set()  # budgets whose old spending was coarsened
 
     # -- the ledger --
     @property
@@ -349,6 +387,8 @@ class Transaction:
             return 0
         allowed = wanted
         for limit in budget.limits:
+            if clock.reaches_unknown(limit.window_seconds):
+                return 0
             allowed = limit.allows(allowed, cost, delta_cost,
                                    self._spending(agent, limit.window_seconds))
         if allowed:
@@ -357,9 +397,9 @@ class Transaction:
                 self._undo.append((agent, dict(windows)))
             for window, (nano, delta) in windows.items():  # every window read grows
                 windows[window] = (nano + cost * allowed, delta + delta_cost * allowed)
-            if budget not in self._retained:  # once per transaction
-                self._retained.add(budget)
-                self._store._retain(self._db, clock, budget)
+            if budget not in self._kept:  # once per transaction
+                self._kept.add(budget)
+                self._store._keep(self._db, clock, budget)
             self._db.execute(
                 "INSERT INTO spending (agent, channel, until, spent_nano, reports, spent_delta) "
                 "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (agent, channel, until) DO UPDATE SET "
@@ -461,6 +501,9 @@ class StateStore:
     # The delta spent, as SQL: its column, or "0" when a file from before delta accounting
     # is only read (edge-agent budget), which must not migrate it.
     _delta_sql = "spent_delta"
+    # Likewise the ledger time spending is known from: its column, or what a file from
+    # before spending was kept for good implies (read only).
+    _known_since_sql = "known_since"
 
     def __init__(self, path: str | Path, *, max_messages: int = 200_000,
                  read_only: bool = False, monotonic: Callable[[], float] = boot_clock,
@@ -483,6 +526,8 @@ class StateStore:
             # A file from before delta accounting, not yet migrated: it spent no delta.
             if "spent_delta" not in self._columns("spending"):
                 self._delta_sql = "0"
+            if "known_since" not in self._columns("ledger_clock"):
+                self._known_since_sql = _KNOWN_SINCE_OF_EARLIER_FILES
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -501,6 +546,10 @@ class StateStore:
         for column, declaration in _SPENDING_COLUMNS.items():
             if column not in columns:
                 self._db.execute(f"ALTER TABLE spending ADD COLUMN {column} {declaration}")
+        if "known_since" not in self._columns("ledger_clock"):
+            self._db.execute("ALTER TABLE ledger_clock ADD COLUMN known_since REAL")
+            self._db.execute(f"UPDATE ledger_clock SET known_since = "
+                             f"{_KNOWN_SINCE_OF_EARLIER_FILES}")
         self._db.execute("CREATE INDEX IF NOT EXISTS spool_report ON spool (agent, channel, seq)")
         self._spooled = self._db.execute("SELECT COUNT(*) FROM spool").fetchone()[0]
         self._migrate_ledger()
@@ -523,7 +572,10 @@ class StateStore:
                 "WHERE period_start > ? GROUP BY agent, channel",
                 (now + 1.0, now - LEGACY_RETAIN))
             clock = self._advance(self._db, now)
-            self._retain(self._db, clock, Budget((Limit(0, LEGACY_RETAIN),)))
+            # It kept the last week: what lies before is not known.
+            self._db.execute("UPDATE ledger_clock SET known_since = ? WHERE id = 0",
+                             (clock.ledger_time - LEGACY_RETAIN,))
+            self._keep(self._db, clock, Budget((Limit(0, LEGACY_RETAIN),)))
             self._db.execute("DROP TABLE ledger")
 
     def close(self) -> None:
@@ -548,8 +600,9 @@ class StateStore:
 
     # -- the ledger clock and spending ---------------------------------------------
     def _stored_clock(self, db: sqlite3.Connection) -> LedgerClock | None:
-        row = db.execute("SELECT ledger_time, wall, wall_high, retain_seconds, boot_id, "
-                         "since_boot FROM ledger_clock WHERE id = 0").fetchone()
+        row = db.execute(f"SELECT ledger_time, wall, wall_high, retain_seconds, boot_id, "
+                         f"since_boot, {self._known_since_sql} FROM ledger_clock "
+                         f"WHERE id = 0").fetchone()
         return LedgerClock(*row) if row else None
 
     def _paced_clock(self, db: sqlite3.Connection, now: float) -> LedgerClock:
@@ -566,28 +619,32 @@ class StateStore:
         else:  # from the latest time the wall clock showed: never more than really passed
             advance = max(0.0, now - stored.wall_high)
         return LedgerClock(stored.ledger_time + advance, now, max(stored.wall_high, now),
-                           stored.retain_seconds, self.boot_id, since_boot)
+                           stored.retain_seconds, self.boot_id, since_boot, stored.known_since)
 
     def _advance(self, db: sqlite3.Connection, now: float) -> LedgerClock:
         clock = self._paced_clock(db, now)
-        db.execute("INSERT INTO ledger_clock VALUES (0, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO "
-                   "UPDATE SET ledger_time = excluded.ledger_time, wall = excluded.wall, "
+        db.execute("INSERT INTO ledger_clock VALUES (0, ?, ?, ?, ?, ?, ?, NULL) ON CONFLICT (id) "
+                   "DO UPDATE SET ledger_time = excluded.ledger_time, wall = excluded.wall, "
                    "wall_high = excluded.wall_high, boot_id = excluded.boot_id, "
                    "since_boot = excluded.since_boot",
                    (clock.ledger_time, clock.wall, clock.wall_high, clock.retain_seconds,
                     clock.boot_id, clock.since_boot))
         return clock
 
-    def _retain(self, db: sqlite3.Connection, clock: LedgerClock, budget: Budget) -> None:
-        """Keep spending for the longest period ever used; forget what is older; and keep
-        what only longer windows still count in their coarser buckets (``_coarsen``)."""
+    def _keep(self, db: sqlite3.Connection, clock: LedgerClock, budget: Budget) -> None:
+        """Keep every charge, for good, in buckets as coarse as the windows still counting
+        it allow: what only longer windows of ``budget`` count in theirs (``_coarsen``);
+        what none counts in hours, and after ``HOURLY_SECONDS`` in days.  Nothing is
+        deleted: a window lengthened or added by a later configuration counts it all."""
         retain = max(clock.retain_seconds, budget.window_seconds)
-        if retain > clock.retain_seconds:
+        if retain > clock.retain_seconds:  # the longest period ever used (for the record)
             db.execute("UPDATE ledger_clock SET retain_seconds = ? WHERE id = 0", (retain,))
-        db.execute("DELETE FROM spending WHERE until <= ?", (clock.ledger_time - retain,))
         for shorter, longer in zip(budget.limits, budget.limits[1:]):
             self._coarsen(db, clock.ledger_time, shorter.window_seconds,
                           bucket_width(longer.window_seconds))
+        longest = budget.window_seconds
+        self._coarsen(db, clock.ledger_time, longest, HOUR)
+        self._coarsen(db, clock.ledger_time, max(longest, HOURLY_SECONDS), DAY)
 
     def _coarsen(self, db: sqlite3.Connection, ledger_time: float, window_seconds: float,
                  width: float) -> None:
@@ -647,8 +704,11 @@ class StateStore:
         return self._spent_in(agent, window_seconds, now)[1]
 
     def epsilon_room(self, agent: str, budget: Budget, now: float | None = None) -> int:
-        """Nano-epsilon ``agent`` may still spend now under every limit of ``budget``."""
-        return min(limit.nano - self.spent(agent, limit.window_seconds, now)
+        """Nano-epsilon ``agent`` may still spend now under every limit of ``budget`` (none
+        under one whose window reaches before the spending the file knows)."""
+        clock = self.clock(now)
+        return min(0 if clock.reaches_unknown(limit.window_seconds)
+                   else limit.nano - self.spent(agent, limit.window_seconds, now)
                    for limit in budget.limits)
 
     def _spent_in(self, agent: str, window_seconds: float,
@@ -711,14 +771,20 @@ class StateStore:
             self._spooled -= excess
             self._add_counter("spool_dropped", excess)
 
-    def pending(self, after_id: int, limit: int,
-                lane: int = REPORTS) -> list[tuple[int, str, bytes, int]]:
-        """Spooled messages of one lane with id > after_id not yet acknowledged by the
-        broker, oldest first."""
+    def pending(self, after_id: int, limit: int, lane: int = REPORTS,
+                up_to: int | None = None) -> list[tuple[int, str, bytes, int]]:
+        """Spooled messages of one lane with after_id < id (<= ``up_to``) not yet
+        acknowledged by the broker, oldest first."""
         with self._lock:
             return self._db.execute(
                 "SELECT id, topic, payload, qos FROM spool WHERE lane = ? AND id > ? "
-                "AND acked IS NULL ORDER BY id LIMIT ?", (lane, after_id, limit)).fetchall()
+                "AND id <= ? AND acked IS NULL ORDER BY id LIMIT ?",
+                (lane, after_id, 2**63 - 1 if up_to is None else up_to, limit)).fetchall()
+
+    def last_spooled(self) -> int:
+        """The id of the latest message spooled (ids only grow: AUTOINCREMENT)."""
+        with self._lock:
+            return self._db.execute("SELECT COALESCE(MAX(id), 0) FROM spool").fetchone()[0]
 
     def acknowledge(self, ids: Iterable[int], *, until_confirmed: bool = False,
                     now: float | None = None) -> None:

@@ -24,7 +24,16 @@ import pytest
 
 from edge_agent.channels import build_channels
 from edge_agent.config import parse_config
-from tests.support import AgentProcess, Mosquitto, Subscriber, wait_for_api, write_toml
+from edge_agent.state import NANO, Budget, StateStore
+from tests.support import (
+    AgentProcess,
+    Mosquitto,
+    SimulatedTime,
+    Subscriber,
+    run_module,
+    wait_for_api,
+    write_toml,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "upgrade"
 FIXTURES = sorted(DATA.glob("state-*.sqlite"))
@@ -34,6 +43,7 @@ TIME_COLUMNS = {"spending": ("until",), "ledger_clock": ("ledger_time", "wall", 
                 "ledger": ("period_start",), "spool": ("created", "acked"),
                 "range_runs": ("joined",), "memos": ("created",)}
 NEW_REPORTS = 3  # per channel, after the spooled ones
+DAY, WEEK = 86400.0, 7 * 86400.0
 
 
 def tables(db: sqlite3.Connection) -> set[str]:
@@ -136,3 +146,55 @@ def test_an_upgraded_agent_keeps_ledger_sequence_numbers_and_spool(tmp_path, fix
         values = sum(len(json.loads(payload)["codes"]) for payload in new.values())
         assert values >= NEW_REPORTS
         assert after[channel] == (nano + values * charges[channel], reports + values), channel
+
+
+ROLLING = [p for p in FIXTURES if p.stem != "state-a175ef3"]  # rolling ledgers kept a day
+
+
+@pytest.mark.parametrize("fixture", ROLLING, ids=[p.stem for p in ROLLING])
+def test_an_earlier_ledger_lengthened_to_a_week_counts_its_unknown_past_as_spent(tmp_path,
+                                                                                 fixture):
+    """A ledger of an earlier release deleted spending older than its longest period (a
+    day): upgraded, it knows its past from a day before its last charge on.  Its day's
+    guarantee goes on as before; a week's counts the unknown six days as fully spent
+    (no report until its window lies in known spending), and check-config and the read-
+    only inspection say so."""
+    state = tmp_path / "state"
+    state.mkdir()
+    shutil.copy(fixture, state / "state.sqlite")
+    stopped_a_minute_ago(state / "state.sqlite")
+    with sqlite3.connect(state / "state.sqlite") as db:
+        last_charge, = db.execute("SELECT ledger_time FROM ledger_clock").fetchone()
+    settings = tomllib.loads((DATA / "agent.toml").read_text())
+    settings["privacy"].update(state_dir=str(state), budget_period="1w")
+    config = write_toml(tmp_path / "agent.toml", settings)
+
+    checked = run_module("edge_agent", "check-config", str(config))  # read only, first
+    assert checked.returncode == 0, checked.stderr
+    assert "the week guarantee starts counting from" in checked.stderr, checked.stderr
+    assert "allows no report until" in checked.stderr
+
+    clock_now = SimulatedTime(time.time())  # a new boot; then six days pass in it
+    store = StateStore(state / "state.sqlite", monotonic=clock_now.monotonic,
+                       boot_id=clock_now.boot_id)
+    now = clock_now.wall
+    clock = store.clock(now)
+    assert clock.known_since == pytest.approx(last_charge - DAY)
+    assert clock.counts_fully_from(WEEK) == pytest.approx(now + 6 * DAY - 60, abs=5)
+    assert not clock.reaches_unknown(DAY)
+    week, day = Budget.of(1000.0, WEEK), Budget.of(1000.0, DAY)
+    assert store.epsilon_room("upgraded-01", week, now) == 0
+    with store.transaction(now) as tx:
+        assert tx.charge("upgraded-01", "accel_x", cost=NANO, wanted=1, budget=week) == 0
+        assert tx.charge("upgraded-01", "accel_x", cost=NANO, wanted=1, budget=day) == 1
+    later = clock_now.advance(6 * DAY - 60 - 5)  # not yet: five seconds short
+    with store.transaction(later) as tx:
+        assert tx.charge("upgraded-01", "accel_x", cost=NANO, wanted=1, budget=week) == 0
+    later = clock_now.advance(10)
+    with store.transaction(later) as tx:
+        assert tx.charge("upgraded-01", "accel_x", cost=NANO, wanted=1, budget=week) == 1
+    store.close()
+    # Read only, as edge-agent budget and check-config open it, the same.
+    reader = StateStore(state / "state.sqlite", read_only=True)
+    assert reader.clock(later).known_since == pytest.approx(last_charge - DAY)
+    reader.close()
