@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -37,7 +38,7 @@ from edge_agent.range_responder import RangeResponder
 from edge_agent.readings import Readings
 from edge_agent.sources import build_source
 from edge_agent.sources.base import Source
-from edge_agent.spending import guarantee_text
+from edge_agent.spending import guarantee_text, unknown_past_lines
 from edge_agent.state import DELTA_UNIT, NANO, Budget, StateStore, Transaction, period_start
 from edge_agent.transport import Outbox, PahoTransport, Transport
 
@@ -457,9 +458,23 @@ class AgentService:
         except OSError as exc:
             log.warning("local status not written: %s", exc)
 
+    def draw_memos(self) -> None:
+        """Every memoized channel's memos of every category, drawn before the first batch
+        (one transaction for every core: a fleet's virtual agents too)."""
+        memoized = [(core, channel) for core in self.cores for channel in core.channels
+                    if getattr(channel.config, "memoize", False)]
+        if memoized:
+            with self.store.transaction(self.clock()) as tx:
+                for core, channel in memoized:
+                    channel.draw_memos(tx, core.rng)
+
     def tick(self, now: float) -> None:
-        """One batch of every core, recorded in one transaction."""
+        """One tick of the batch clock: the reports of the batches before it go out, then
+        one batch of every core is recorded in one transaction (its reports go out at the
+        next tick, whenever their computation ends: docs/PRIVACY.md, "Timing")."""
         started = time.monotonic()
+        self.outbox.release()
+        self.outbox.pump()
         record_batches([core.collect(now) for core in self.cores], self.store)
         if self.after_batch is not None:
             self.after_batch()
@@ -479,6 +494,7 @@ class AgentService:
         for core in self.cores:
             core.warm_up()  # numba compiles here, before READY
             core.start()
+        self.draw_memos()
         log.debug("LLVM's code pages released after the warm-up: %.1f MB",
                   release_code_pages() / 2**20)
         self.transport.start()
@@ -491,13 +507,18 @@ class AgentService:
         log.info("agent %s running: %d agent(s), %d channel(s), batches of %gs",
                  self.config.agent_id, len(self.cores),
                  sum(len(c.channels) for c in self.cores), batch)
+        for line in unknown_past_lines(self.store.clock(self.clock()),
+                                       self.config.privacy.horizons):
+            log.warning(line)
         ended = False
         try:
             while not self._stop.is_set():
                 now = elapsed()
                 if now >= next_tick:
                     self.tick(self.clock())
-                    next_tick = max(next_tick + batch, now)
+                    # The batch clock keeps to its grid: a batch that overran (a fleet
+                    # too large for the CPU) waits for the next tick after it ended.
+                    next_tick = began + batch * (math.floor((elapsed() - began) / batch) + 1)
                 self.outbox.pump()
                 self.watchdog.tick()
                 if now >= next_status:
@@ -526,6 +547,18 @@ class AgentService:
         sdnotify.stopping()
         self.tick(self.clock())  # whatever the sources still hold goes into the spool
         self._write_local_status()
+        deadline = began + self.drain_timeout
+        drained = began + 0.75 * self.drain_timeout  # the rest for the offline status
+        # The last batch goes out a batch after the stop began, whenever its computation
+        # ended, as every batch does (or, past the drain's time, at the next start).
+        release_at = began + self.config.batch_seconds
+        while (wait := min(release_at, drained) - time.monotonic()) > 0:
+            self._wake.wait(self.watchdog.clamp_timeout(wait))  # acks, until then
+            self._wake.clear()
+            self.outbox.pump()
+            self.watchdog.tick()
+        if time.monotonic() >= release_at:
+            self.outbox.release()
         for core in self.cores:
             core.stop()
         failed = [(core.agent_id, name, error) for core in self.cores
@@ -539,8 +572,6 @@ class AgentService:
                     log.error("agent %s: source %s failed: %s", agent, name, error)
             if len(failed) > 10:
                 log.error("... and %d more failed source(s)", len(failed) - 10)
-        deadline = began + self.drain_timeout
-        drained = began + 0.75 * self.drain_timeout  # the rest for the offline status
         while not self.outbox.idle and self.transport.connected \
                 and time.monotonic() < drained:
             self.outbox.pump()

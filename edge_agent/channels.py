@@ -519,6 +519,14 @@ class CategoricalChannel(Channel):
         self.local["not_a_category"] += int(numbers.size - np.count_nonzero(ok))
         return [numbers.astype(np.int64)], ok
 
+    def draw_memos(self, tx, rng: Any = None) -> None:
+        """Every category's memo, drawn (once, for good) when the categories are
+        configured rather than when a value first appears: when a memo is drawn says
+        nothing about the wearer's values."""
+        if self.config.memoize:
+            tx.memo_table(self.agent_id, self.name, self._memo_domain, self.config.labels,
+                          lambda new: self.mechanism.memoize(new, rng), self.memo_nano)
+
     def memoized(self, selection: Selection, allowed: int, tx, rng: Any = None) -> Selection:
         if not self.config.memoize:
             return selection

@@ -136,6 +136,7 @@ CREATE TABLE IF NOT EXISTS memos (     -- memoized categories: drawn once, kept 
     memo INTEGER NOT NULL,              -- the category number it is reported as
     memo_nano INTEGER NOT NULL,         -- what it reveals about the value, for good (1e-9)
     created REAL NOT NULL,
+    reported REAL,                      -- when first reported (NULL: never; it reveals nothing)
     PRIMARY KEY (agent, channel, domain, value)
 );
 CREATE TABLE IF NOT EXISTS counters (
@@ -429,29 +430,38 @@ class Transaction:
         self._db.execute("RELEASE part")
 
     # -- memoized categories --
-    def memoize(self, agent: str, channel: str, domain: str, labels: tuple[str, ...],
-                values: np.ndarray, draw: Callable[[np.ndarray], np.ndarray],
-                memo_nano: int) -> np.ndarray:
-        """The memos of category numbers ``values`` (of ``labels``), drawn with ``draw``
-        for the values that have none for ``domain`` yet and kept with this transaction:
-        a value is memoized once, whatever restarts or upgrades follow.  ``memo_nano``:
-        what each new memo reveals about its value (the lifetime account,
-        ``memo_account``)."""
-        distinct = np.unique(values)
+    def memo_table(self, agent: str, channel: str, domain: str, labels: tuple[str, ...],
+                   draw: Callable[[np.ndarray], np.ndarray], memo_nano: int) -> np.ndarray:
+        """Every category's memo for ``domain`` (the category numbers of ``labels``):
+        drawn with ``draw`` for all that have none yet, at once, and kept with this
+        transaction: a category is memoized once, whatever restarts or upgrades follow,
+        and when it is drawn says nothing about which values the wearer has.
+        ``memo_nano``: what each memo reveals about its value once reported (the
+        lifetime account, ``memo_account``)."""
         known = dict(self._db.execute(
-            f"SELECT value, memo FROM memos WHERE agent = ? AND channel = ? AND domain = ? "
-            f"AND value IN ({','.join('?' * distinct.size)})",
-            (agent, channel, domain, *(labels[v] for v in distinct))).fetchall())
-        new = np.array([v for v in distinct if labels[v] not in known], dtype=np.int64)
+            "SELECT value, memo FROM memos WHERE agent = ? AND channel = ? AND domain = ?",
+            (agent, channel, domain)).fetchall())
+        new = np.array([v for v, label in enumerate(labels) if label not in known],
+                       dtype=np.int64)
         if new.size:
             for value, memo in zip(new, draw(new)):
                 known[labels[value]] = int(memo)
-                self._db.execute("INSERT INTO memos VALUES (?, ?, ?, ?, ?, ?, ?)",
+                self._db.execute("INSERT INTO memos (agent, channel, domain, value, memo, "
+                                 "memo_nano, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
                                  (agent, channel, domain, labels[value], int(memo),
                                   memo_nano, self.now))
-        table = np.zeros(len(labels), dtype=np.int64)
-        for v in distinct:
-            table[v] = known[labels[v]]
+        return np.array([known[label] for label in labels], dtype=np.int64)
+
+    def memoize(self, agent: str, channel: str, domain: str, labels: tuple[str, ...],
+                values: np.ndarray, draw: Callable[[np.ndarray], np.ndarray],
+                memo_nano: int) -> np.ndarray:
+        """The memos of category numbers ``values`` (``memo_table``), each value marked
+        reported from its first report on (what ``memo_account`` counts)."""
+        table = self.memo_table(agent, channel, domain, labels, draw, memo_nano)
+        self._db.executemany(
+            "UPDATE memos SET reported = ? WHERE agent = ? AND channel = ? AND domain = ? "
+            "AND value = ? AND reported IS NULL",
+            [(self.now, agent, channel, domain, labels[v]) for v in np.unique(values)])
         return table[values]
 
     # -- sequence numbers --
@@ -504,6 +514,9 @@ class StateStore:
     # Likewise the ledger time spending is known from: its column, or what a file from
     # before spending was kept for good implies (read only).
     _known_since_sql = "known_since"
+    # And when a memo was first reported: a file from before memos were drawn ahead drew
+    # each when its value was first reported.
+    _reported_sql = "reported"
 
     def __init__(self, path: str | Path, *, max_messages: int = 200_000,
                  read_only: bool = False, monotonic: Callable[[], float] = boot_clock,
@@ -528,6 +541,8 @@ class StateStore:
                 self._delta_sql = "0"
             if "known_since" not in self._columns("ledger_clock"):
                 self._known_since_sql = _KNOWN_SINCE_OF_EARLIER_FILES
+            if "reported" not in self._columns("memos"):
+                self._reported_sql = "created"
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -546,6 +561,12 @@ class StateStore:
         for column, declaration in _SPENDING_COLUMNS.items():
             if column not in columns:
                 self._db.execute(f"ALTER TABLE spending ADD COLUMN {column} {declaration}")
+        if "reported" not in self._columns("memos"):  # each was drawn at its first report
+            self._db.execute("ALTER TABLE memos ADD COLUMN reported REAL")
+            self._db.execute("UPDATE memos SET reported = created")
+        if "reported" not in self._columns("memos"):  # each was drawn at its first report
+            self._db.execute("ALTER TABLE memos ADD COLUMN reported REAL")
+            self._db.execute("UPDATE memos SET reported = created")
         if "known_since" not in self._columns("ledger_clock"):
             self._db.execute("ALTER TABLE ledger_clock ADD COLUMN known_since REAL")
             self._db.execute(f"UPDATE ledger_clock SET known_since = "
@@ -719,14 +740,15 @@ class StateStore:
             return self._spending(self._db, agent, window_seconds, ledger_time)
 
     def memo_account(self, agent: str) -> dict[str, tuple[int, int]]:
-        """Per channel of ``agent``: (values memoized, nano-epsilon they reveal at most, for
-        good).  It depends on the readings (how many distinct values a wearer had): kept
+        """Per channel of ``agent``: (values reported with their memos, nano-epsilon those
+        memos reveal at most, for good; memos drawn but never reported reveal nothing).  It depends on the readings (how many distinct values a wearer had): kept
         on the device (``edge-agent status``), never published."""
         with self._lock:
             try:
                 rows = self._db.execute(
-                    "SELECT channel, COUNT(*), SUM(memo_nano) FROM memos WHERE agent = ? "
-                    "GROUP BY channel ORDER BY channel", (agent,)).fetchall()
+                    f"SELECT channel, COUNT(*), SUM(memo_nano) FROM memos WHERE agent = ? "
+                    f"AND {self._reported_sql} IS NOT NULL GROUP BY channel ORDER BY channel",
+                    (agent,)).fetchall()
             except sqlite3.OperationalError:  # read-only, from before memoization: none
                 rows = []
         return {channel: (int(count), int(nano)) for channel, count, nano in rows}

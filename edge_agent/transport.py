@@ -131,6 +131,11 @@ class Outbox:
         self._inflight: dict[int, int] = {}  # message id -> spool row id
         self._direct: set[int] = set()  # message ids of publish() not acknowledged yet
         self._last_sent = dict.fromkeys(LANES, 0)  # per lane: highest spool id handed over
+        # Reports go out only once the batch clock has ticked after they were spooled
+        # (``release``), never when their computation ends: what the readings make the
+        # kernels do is not seen in when a report is published.  What earlier runs
+        # spooled may go at once.
+        self._released = store.last_spooled()
         self._requeue_acked_before: float | None = None  # set by a (re)connect
         self._requeue_at = 0.0  # monotonic
         self._next_resend_check = 0.0  # monotonic
@@ -142,6 +147,10 @@ class Outbox:
     @property
     def until_confirmed(self) -> bool:
         return self.delivery.confirm == "collector"
+
+    def release(self) -> None:
+        """The batch clock ticked: every report spooled until now may go out."""
+        self._released = self.store.last_spooled()
 
     def pump(self) -> None:
         acked = []
@@ -176,7 +185,8 @@ class Outbox:
         for lane in LANES:  # range replies first: they answer a round with a deadline
             if room <= 0:
                 return
-            rows = self.store.pending(self._last_sent[lane], room + len(in_flight), lane)
+            rows = self.store.pending(self._last_sent[lane], room + len(in_flight), lane,
+                                      up_to=self._released if lane == REPORTS else None)
             for row_id, topic, payload, qos in rows:
                 self._last_sent[lane] = row_id
                 if row_id in in_flight:
