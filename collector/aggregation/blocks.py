@@ -24,6 +24,7 @@ from functools import lru_cache
 import numpy as np
 
 from collector.aggregation.stats import (
+    AgentSupportCounts,
     BinCounts,
     CodeMoments,
     Count,
@@ -34,7 +35,7 @@ from collector.aggregation.stats import (
 )
 from collector.estimation import circular, ems
 from collector.estimation.estimators import LinearModel, circular_histogram, linear_estimates
-from collector.estimation.frequencies import frequency_summary
+from collector.estimation.frequencies import cluster_robust_variance, frequency_summary
 from collector.estimation.jsonsafe import finite, json_safe
 from collector.storage.states import (
     CategoricalBlockState,
@@ -143,7 +144,7 @@ class Block:
     def __eq__(self, other):
         return (type(other) is type(self) and other.description == self.description
                 and other.component == self.component
-                and all(a == b for a, b in zip(self._statistics(), other._statistics())))
+                and tuple(self._statistics()) == tuple(other._statistics()))
 
     def get(self) -> dict:
         if self._cache is None:
@@ -280,28 +281,70 @@ class CircularBlock(Block):
 
 
 class CategoricalBlock(Block):
-    """A frequency oracle's reports: how many support each category (exact counts)."""
+    """A frequency oracle's reports: how many support each category (exact counts), and,
+    in a memoized channel's total (``keep_reports_per_agent``), how many per agent.
+
+    ``agents`` is None where reports are not kept per agent: a window, a channel that does
+    not memoize, or a memoized total restored from (or merged with) a state written before
+    they were kept, which would leave some of its reports out; the shares' intervals then
+    take the reports as independent."""
 
     STATE_TYPE = CategoricalBlockState
-    STATE_NAMES = ("count", "support")
-    __slots__ = ("support",)
+    STATE_NAMES = ("count", "support", "agents")
+    __slots__ = ("support", "agents")
 
     def _setup(self) -> None:
         oracle = self.mechanism
         self.support = SupportCounts(oracle.name, oracle.epsilon, oracle.categories,
                                      oracle.delta, getattr(oracle, "memo_epsilon", None))
+        self.agents: AgentSupportCounts | None = None
+
+    def keep_reports_per_agent(self) -> None:
+        """Count reports per agent too (before any is counted: a memoized channel's total)."""
+        self.agents = AgentSupportCounts(*self.support.params())
+
+    def count_per_agent(self, batch) -> None:
+        """Add (the agent of each report, the reports) to the counts per agent; the reports
+        themselves reach the block through ``apply``."""
+        self._cache = None
+        self.agents.update(batch)
 
     def _statistics(self):
-        return (self.count, self.support)
+        if self.agents is None:
+            return (self.count, self.support)
+        return (self.count, self.support, self.agents)
 
     def summarize(self, reports) -> tuple:
         support = self.support.summarize(reports)
         return support[1], support  # the count is the support's number of reports
 
+    def merge(self, other: CategoricalBlock) -> CategoricalBlock:
+        if other.agents is None:  # our counts per agent would miss its reports
+            self.agents = None
+        return super().merge(other)
+
+    def load_state(self, state, where: str) -> None:
+        if state.agents is None:
+            self.agents = None
+        elif self.agents is None:
+            raise StateError(f"{where}.agents: only a memoized channel's total counts "
+                             f"reports per agent")
+        super().load_state(state, where)
+        if self.agents is not None and self.agents.n:
+            by_agent = self.agents.get()["support"].sum(axis=0)
+            if not np.array_equal(by_agent, self.support.counts):
+                raise StateError(f"{where}.agents: the agents' support counts do not add "
+                                 f"up to the block's")
+
     def _compute(self) -> dict:
         oracle, n = self.mechanism, self.count.get()
         counts = self.support.counts
-        shares = frequency_summary(oracle, counts, n)
+        cluster_variance = None
+        if self.agents is not None and n:
+            per_agent = self.agents.get()
+            cluster_variance = cluster_robust_variance(oracle, per_agent["support"],
+                                                       per_agent["reports"])
+        shares = frequency_summary(oracle, counts, n, cluster_variance=cluster_variance)
         del shares["n"]
         return {"count": n, "frequencies": {
             "labels": [oracle.label(v) for v in range(oracle.categories)],

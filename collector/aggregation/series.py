@@ -41,6 +41,7 @@ from collector.storage.states import (
     SeriesState,
 )
 from edge_agent.mechanisms import Mechanism
+from edge_agent.mechanisms.categorical import LONGITUDINAL
 from edge_agent.mechanisms.registry import VECTOR
 from edge_agent.protocol import as_dict, kind_problem, mechanism_of
 
@@ -474,11 +475,36 @@ class CircularSeries(_OneBlockSeries):
 class CategoricalSeries(_OneBlockSeries):
     """A categorical channel: how many reports support each category, turned into
     unbiased shares with standard errors and 95% intervals, and consistent shares
-    (``collector.estimation.frequencies``)."""
+    (``collector.estimation.frequencies``).
+
+    A memoized channel's total (an oracle of ``LONGITUDINAL``) also counts them per agent:
+    an agent's reports share a memo, so the total's intervals take each agent's reports
+    together (cluster-robust).  Its windows do not (they would hold a row per agent each)."""
 
     kind = "categorical"
     BLOCK = CategoricalBlock
     BLOCK_STATES = SERIES_BLOCKS["categorical"]
+
+    def __init__(self, **settings):
+        super().__init__(**settings)
+        if self.mechanism.name in LONGITUDINAL:
+            self.total["value"].keep_reports_per_agent()
+
+    def update_many(self, messages: list[tuple[str, float, Any]]) -> None:
+        super().update_many(messages)
+        total = self.total["value"]
+        if total.agents is not None and messages:
+            group = [codes for _, _, codes in messages]
+            agents = np.repeat(np.array([agent for agent, _, _ in messages]),
+                               [self.values_in(codes) for codes in group])
+            total.count_per_agent((agents, group[0] if len(group) == 1 else self._join(group)))
+
+    def _load_blocks(self, blocks: dict, state, where: str) -> None:
+        super()._load_blocks(blocks, state, where)
+        per_agent = blocks["value"].agents
+        if per_agent is not None and not per_agent.agents() <= self.agents:
+            raise StateError(f"{where}.value.agents: reports of an agent the series does "
+                             f"not list")
 
     def _join(self, group: list):
         if not isinstance(group[0], tuple):  # grr: the reported categories

@@ -27,6 +27,7 @@ import msgspec
 import numpy as np
 
 from collector.storage.states import (
+    AgentSupportState,
     BinsState,
     CountState,
     CrossState,
@@ -34,7 +35,7 @@ from collector.storage.states import (
     SupportState,
     TrigState,
 )
-from edge_agent.mechanisms.categorical import LONGITUDINAL, ORACLES
+from edge_agent.mechanisms.categorical import LONGITUDINAL, ORACLES, as_categories
 
 
 def _sum(array: np.ndarray) -> int:
@@ -490,15 +491,9 @@ def _oracle(name: str, epsilon: float, categories: int, delta: float,
     return ORACLES[name](epsilon=epsilon, categories=categories, delta=delta)
 
 
-class SupportCounts(Statistic):
-    """How many reports of a categorical frequency oracle support each category, and how
-    many reports there were (exact): what ``collector.estimation.frequencies`` turns into shares.
-
-    A batch is what the oracle's ``perturb`` returns: GRR codes, OLH (seeds, buckets),
-    unary (n, k) bits."""
-    __slots__ = ('oracle', 'counts', 'n')
-
-    state_type = SupportState
+class _OracleStatistic(Statistic):
+    """A statistic of a categorical frequency oracle's reports: the oracle is its parameter."""
+    __slots__ = ('oracle',)
 
     def __init__(self, oracle: str, epsilon: float, categories: int, delta: float = 0.0,
                  memo_epsilon: float | None = None):
@@ -506,12 +501,27 @@ class SupportCounts(Statistic):
             known = ", ".join([*ORACLES, *LONGITUDINAL])
             raise ValueError(f"oracle must be one of {known}, got {oracle!r}")
         self.oracle = _oracle(oracle, epsilon, categories, delta, memo_epsilon)
-        self.counts = np.zeros(categories, dtype=np.int64)
-        self.n = 0
 
     def params(self):
         o = self.oracle
         return (o.name, o.epsilon, o.categories, o.delta, getattr(o, "memo_epsilon", None))
+
+
+class SupportCounts(_OracleStatistic):
+    """How many reports of a categorical frequency oracle support each category, and how
+    many reports there were (exact): what ``collector.estimation.frequencies`` turns into shares.
+
+    A batch is what the oracle's ``perturb`` returns: GRR codes, OLH (seeds, buckets),
+    unary (n, k) bits."""
+    __slots__ = ('counts', 'n')
+
+    state_type = SupportState
+
+    def __init__(self, oracle: str, epsilon: float, categories: int, delta: float = 0.0,
+                 memo_epsilon: float | None = None):
+        super().__init__(oracle, epsilon, categories, delta, memo_epsilon)
+        self.counts = np.zeros(categories, dtype=np.int64)
+        self.n = 0
 
     def summarize(self, batch) -> tuple[np.ndarray, int]:
         n = len(batch[0]) if isinstance(batch, tuple) else len(batch)
@@ -547,6 +557,106 @@ class SupportCounts(Statistic):
                              f"got {sum(counts)}")
         self.counts = np.array(counts, dtype=np.int64)
         self.n = n
+
+
+class AgentSupportCounts(_OracleStatistic):
+    """Per agent, how many of its reports support each category and how many reports it
+    sent (exact).  A memoized channel's total keeps them: an agent's reports of one value
+    share one permanent memo, so they are not independent, and
+    ``collector.estimation.frequencies.cluster_robust_variance`` makes the shares'
+    variance of them, an agent's reports taken together.
+
+    A batch is (the agent of each report, the reports), for an oracle whose report is one
+    category (L-GRR, every oracle of ``LONGITUDINAL``).  ``rows`` maps an agent to its
+    support counts followed by its number of reports (int64).  Their size is one row per
+    agent that reported, of categories + 1 integers: ``[limits] agents`` by ``[limits]
+    categories`` at most, per memoized series."""
+    __slots__ = ('rows', 'n')
+
+    state_type = AgentSupportState
+
+    def __init__(self, oracle: str, epsilon: float, categories: int, delta: float = 0.0,
+                 memo_epsilon: float | None = None):
+        super().__init__(oracle, epsilon, categories, delta, memo_epsilon)
+        if self.oracle.report_form != "category":
+            raise ValueError(f"reports are counted per agent for oracles whose report is one "
+                             f"category, not {oracle!r}")
+        self.rows: dict[str, np.ndarray] = {}
+        self.n = 0
+
+    def summarize(self, batch) -> tuple[list[str], np.ndarray]:
+        """The batch's agents (sorted) and their rows: one bincount over (agent, category)."""
+        agents, reports = batch
+        k = self.oracle.categories
+        codes = as_categories(reports, k)
+        agents = np.asarray(agents, dtype=str)
+        if agents.shape != codes.shape:
+            raise ValueError("batch: one agent per report")
+        names, agent_of = np.unique(agents, return_inverse=True)
+        rows = np.bincount(agent_of * (k + 1) + codes,
+                           minlength=names.size * (k + 1)).reshape(names.size, k + 1)
+        rows[:, k] = np.bincount(agent_of, minlength=names.size)
+        return names.tolist(), rows
+
+    def add(self, summary) -> None:
+        names, rows = summary
+        self._add_rows(zip(names, rows))
+
+    def merge(self, other):
+        self._check(other)
+        self._add_rows(other.rows.items())
+        return self
+
+    def _add_rows(self, rows) -> None:
+        """Add (agent, row) pairs: per agent, never per report."""
+        for name, row in rows:
+            mine = self.rows.get(name)
+            if mine is None:
+                self.rows[name] = row.astype(np.int64)  # a copy: the row is not ours
+            else:
+                mine += row
+            self.n += int(row[-1])
+
+    def agents(self) -> set[str]:
+        return set(self.rows)
+
+    def get(self) -> dict:
+        """``support`` (agents by categories) and ``reports`` per agent, agents sorted."""
+        if not self.rows:
+            return {"n": self.n, "agents": None, "support": None, "reports": None}
+        names = sorted(self.rows)
+        table = np.array([self.rows[name] for name in names])
+        return {"n": self.n, "agents": names, "support": table[:, :-1],
+                "reports": table[:, -1]}
+
+    def to_state(self) -> dict:
+        return {name: [int(row[-1]), row[:-1].tolist()]
+                for name, row in sorted(self.rows.items())}
+
+    def load_state(self, state, where="state") -> None:
+        k = self.oracle.categories
+        rows = {}
+        for name, (reports, counts) in state.items():
+            if len(counts) != k:
+                raise StateError(f"{where}.{name}: expected {k} counts, got {len(counts)}")
+            # A report of one category supports that one category.
+            if sum(counts) != reports:
+                raise StateError(f"{where}.{name}: counts add up to {sum(counts)}, not to "
+                                 f"the agent's {reports} reports")
+            rows[name] = np.array([*counts, reports], dtype=np.int64)
+        self.rows = rows
+        self.n = sum(int(row[-1]) for row in rows.values())
+
+    def copy(self) -> AgentSupportCounts:
+        twin = copy.copy(self)
+        twin.rows = {name: row.copy() for name, row in self.rows.items()}
+        return twin
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is type(self) and other.params() == self.params()
+                and other.n == self.n and other.rows.keys() == self.rows.keys()
+                and all(np.array_equal(row, other.rows[name])
+                        for name, row in self.rows.items()))
 
 
 @lru_cache(maxsize=64)

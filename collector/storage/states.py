@@ -84,6 +84,9 @@ class TrigState(Struct, array_like=True, forbid_unknown_fields=True):
 BinsState = tuple[list[BinCount], Count]  # counts per bin, values outside (drop)
 CrossState = tuple[Count, Finite, Finite]  # n, sum of r cos, sum of r sin
 SupportState = tuple[list[BinCount], Count]  # reports supporting each category, reports
+# A memoized channel's total, per agent: (its reports, how many of them support each
+# category), by agent id (collector.aggregation.stats.AgentSupportCounts).
+AgentSupportState = dict[Name, tuple[Count, list[BinCount]]]
 
 
 class LinearBlockState(Struct, forbid_unknown_fields=True):
@@ -104,9 +107,14 @@ class CrossBlockState(Struct, forbid_unknown_fields=True):
     cross: CrossState
 
 
-class CategoricalBlockState(Struct, forbid_unknown_fields=True):
+class CategoricalBlockState(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """``agents``: the reports per agent, which only a memoized channel's total keeps
+    (absent from windows, other channels and states written before they were kept, so
+    that these are written as before)."""
+
     count: CountState
     support: SupportState
+    agents: AgentSupportState | None = None
 
 
 class ScalarBlocks(Struct, forbid_unknown_fields=True):

@@ -114,7 +114,9 @@ class VectorSummary(Struct, forbid_unknown_fields=True, kw_only=True):
 class Frequencies(Struct, forbid_unknown_fields=True):
     """Per category (in ``labels`` order): the share of reports supporting it, the
     unbiased share, its standard error and 95% interval, and the consistent share
-    (non-negative, summing to 1: Norm-Sub)."""
+    (non-negative, summing to 1: Norm-Sub).  ``cluster_stderr``: a memoized channel's
+    total's standard error with each agent's reports taken together (cluster-robust;
+    ``stderr`` is never below it); null elsewhere."""
 
     labels: list[CategoryLabel]
     raw: list[Estimate]
@@ -122,6 +124,7 @@ class Frequencies(Struct, forbid_unknown_fields=True):
     stderr: list[Estimate]
     ci95: list[tuple[Estimate, Estimate] | None]
     shares: list[Estimate]
+    cluster_stderr: list[Estimate] | None = None
 
 
 class CategoricalSummary(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -13,13 +13,16 @@ import sys
 import numpy as np
 import pytest
 
-from edge_agent.agent import AgentCore
+from collector.estimation.frequencies import frequency_summary
+from edge_agent.agent import AgentCore, AgentService
 from edge_agent.config import ConfigError, parse_config
+from edge_agent.mechanisms.categorical import LongitudinalGRR
 from edge_agent.readings import Readings
 from edge_agent.sources.base import Source
 from edge_agent.state import NANO, StateStore
 from tests.support import (
     CollectorProcess,
+    FakeTransport,
     FleetProcess,
     SimulatedTime,
     Subscriber,
@@ -76,7 +79,7 @@ def run(tmp_path, clock, script, seed, **changes):
 def test_memos_are_drawn_once_and_survive_a_restart(tmp_path):
     """Instantaneous ε 20 (a report is its memo but for 1e-8), memo ε 0.5 (memos are
     mostly other categories): after a restart with another random source every value is
-    reported as before, and only a new value draws (and counts) a new memo."""
+    reported as before, and only a newly reported value counts its memo."""
     clock = SimulatedTime(T0)
     first, accounts, *_ = run(tmp_path, clock, [["rest", "walk"], ["walk", "rest"]], seed=1)
     assert accounts == {"act": (2, 2 * 500_000_000)}
@@ -90,6 +93,35 @@ def test_memos_are_drawn_once_and_survive_a_restart(tmp_path):
     assert all(codes == [memo["walk"], memo["rest"], memo["walk"]] for codes in memos)
     codes, accounts, *_ = run(tmp_path, clock, [["run"]], seed=9)
     assert accounts == {"act": (3, 3 * 500_000_000)}
+
+
+def test_every_category_is_memoized_before_the_first_batch_whatever_the_values(tmp_path):
+    """The service draws every category's memo before its first batch (one transaction),
+    so a value's first appearance draws nothing: the memos table is the same before and
+    after reports of values, and whichever values a wearer has; only ``reported`` is set
+    for the values reported."""
+    config = config_of(tmp_path)
+    service = AgentService(config, transport=FakeTransport(), rng=np.random.default_rng(5))
+    service.cores[0].sources = {"rec": Words([])}
+    service.draw_memos()
+    drawn = memo_rows(service.store)
+    assert [value for value, _, _ in drawn] == sorted(LABELS)
+    assert all(reported is None for _, _, reported in drawn)
+    assert service.store.memo_account("w1") == {}
+    service.cores[0].sources = {"rec": Words([["run", "run"], ["rest"]])}
+    service.tick(T0)
+    service.tick(T0 + 1)
+    after = memo_rows(service.store)
+    assert [(v, m) for v, m, _ in after] == [(v, m) for v, m, _ in drawn]  # none new
+    assert {v for v, _, reported in after if reported is not None} == {"run", "rest"}
+    assert service.store.memo_account("w1") == {"act": (2, 2 * 500_000_000)}
+    service.draw_memos()  # a restart draws none again
+    assert memo_rows(service.store) == after
+    service.store.close()
+
+
+def memo_rows(store) -> list[tuple[str, int, float | None]]:
+    return store._db.execute("SELECT value, memo, reported FROM memos ORDER BY value").fetchall()
 
 
 def test_changed_categories_memoize_again_and_the_account_counts_both(tmp_path):
@@ -143,8 +175,9 @@ def test_check_config_states_the_lifetime_bound_and_the_planner_plans_it(tmp_pat
 def test_a_fleet_of_memoized_wearers_through_mosquitto_and_the_collector(tmp_path, mosquitto):
     """400 virtual wearers, each reporting its one activity twice (one memo): the two
     reports of a wearer agree (instantaneous ε 8), and the collector's shares, from the
-    two layers' exact p and q, hold the true shares within 5 of their standard errors
-    widened by √2 (two reports per wearer share a memo)."""
+    two layers' exact p and q, hold the true shares within 5 of their standard errors.
+    These take a wearer's two reports together (``cluster_stderr``, cluster-robust by
+    agent): about √2 times the errors of 800 independent reports."""
     count = 400
     rng = np.random.default_rng(4)
     activity = rng.choice(LABELS, count, p=[0.5, 0.3, 0.15, 0.05])
@@ -179,5 +212,11 @@ def test_a_fleet_of_memoized_wearers_through_mosquitto_and_the_collector(tmp_pat
     frequencies = collector.api()["channels"]["act"]["frequencies"]
     true = np.array([np.mean(activity == label) for label in LABELS])
     estimate, stderr = np.array(frequencies["estimate"]), np.array(frequencies["stderr"])
-    assert np.all(np.abs(estimate - true) <= 5 * np.sqrt(2) * stderr), (estimate, true)
+    assert np.all(np.abs(estimate - true) <= 5 * stderr), (estimate, true)
+    oracle = LongitudinalGRR(epsilon=8.0, memo_epsilon=1.0, categories=len(LABELS))
+    independent = frequency_summary(oracle, np.round(np.array(frequencies["raw"]) * 2 * count
+                                                     ).astype(np.int64), 2 * count)["stderr"]
+    cluster = np.array(frequencies["cluster_stderr"])
+    assert np.all(stderr >= cluster) and np.all(cluster > 1.2 * np.array(independent)), (
+        cluster, independent)
     assert collector.terminate() == 0

@@ -14,6 +14,7 @@ import pytest
 from collector.aggregation.blocks import LinearBlock
 from collector.aggregation.series import SERIES_TYPES, new_series
 from collector.aggregation.stats import (
+    AgentSupportCounts,
     BinCounts,
     CodeMoments,
     Count,
@@ -33,7 +34,7 @@ from edge_agent.mechanisms import (
     TruncatedLaplace,
     UnbiasedOGPM,
 )
-from edge_agent.mechanisms.categorical import ORACLES
+from edge_agent.mechanisms.categorical import ORACLES, LongitudinalGRR
 from edge_agent.mechanisms.multidimensional import DuchiVector, SampledDuchi
 
 N_CODES = 1 << 16
@@ -73,6 +74,11 @@ EXAMPLES = {
          lambda rng, n, name=name: SupportCounts(name, 1.0, 6, 0.0).oracle.perturb(
              rng.integers(0, 6, n), rng))
         for name in ("grr", "oue", "sue", "olh")],
+    AgentSupportCounts: [  # a memoized channel's total: (the agent of each report, reports)
+        ("support-per-agent-l-grr", lambda: AgentSupportCounts("l-grr", 2.0, 6, 0.0, 1.0),
+         lambda rng, n: (rng.choice([f"w{i}" for i in range(40)], n),
+                         AgentSupportCounts("l-grr", 2.0, 6, 0.0, 1.0).oracle.perturb(
+                             rng.integers(0, 6, n), rng)))],
 }
 
 
@@ -186,6 +192,8 @@ def _series_cases():
         **{f"categorical-{name}": (dict(kind="categorical", mechanism=ORACLES[name](
             epsilon=1.0, categories=5, labels=("a", "b", "c", "d", "e"))), "categorical")
            for name in ORACLES},
+        "categorical-l-grr": (dict(kind="categorical", mechanism=LongitudinalGRR(
+            epsilon=2.0, memo_epsilon=1.0, categories=5)), "categorical"),
     }
 
 

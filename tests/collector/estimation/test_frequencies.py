@@ -108,6 +108,6 @@ def test_consistent_shares_are_closer_to_the_truth():
 def test_an_empty_window_has_no_shares():
     summary = frequency_summary(GeneralizedRR(epsilon=1.0, categories=3), [0, 0, 0], 0)
     assert summary == {"n": 0, "estimate": [None] * 3, "stderr": [None] * 3,
-                       "ci95": [None] * 3, "shares": [None] * 3}
+                       "ci95": [None] * 3, "shares": [None] * 3, "cluster_stderr": None}
     with pytest.raises(ValueError, match="n: must be a non-negative integer"):
         frequency_summary(GeneralizedRR(epsilon=1.0, categories=3), [0, 0, 0], -1)
