@@ -66,6 +66,7 @@ $(RUNTIME_VENV)/.installed-stamp: pyproject.toml
 
 bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 	$(PY) -m benchmarks.bench_mechanisms --markdown docs/bench_mechanisms.md
+	$(PY) -m benchmarks.bench_timing --markdown docs/bench_timing.md
 	$(PY) -m benchmarks.bench_protocol --markdown docs/bench_protocol.md
 	$(PY) -m benchmarks.plot_errors --out docs
 	$(PY) -m benchmarks.bench_agent --python $(RUNTIME_VENV)/bin/python --markdown docs/bench_agent.md
