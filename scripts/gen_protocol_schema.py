@@ -7,6 +7,7 @@ scale-out partition state collectors exchange over NATS (``collector.storage.sta
 a script, not a module of either package, because it documents both.
 """
 
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -57,8 +58,20 @@ def protocol_schema() -> dict:
     }
 
 
+def normalized(node):
+    """Every ``description`` as ``inspect.cleandoc`` leaves a docstring, whatever msgspec
+    release rendered it (0.19 kept the continuation lines' indentation, 0.23 strips it):
+    the file depends on the types, not on a library's formatting."""
+    if isinstance(node, dict):
+        return {key: inspect.cleandoc(value) if key == "description" and isinstance(value, str)
+                else normalized(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [normalized(value) for value in node]
+    return node
+
+
 def render() -> str:
-    return json.dumps(protocol_schema(), indent=2, sort_keys=False) + "\n"
+    return json.dumps(normalized(protocol_schema()), indent=2, sort_keys=False) + "\n"
 
 
 def main() -> int:
