@@ -74,7 +74,13 @@ def test_statistic_refuses_bad_sums(name):
     stat = make()
     stat.update(draw(np.random.default_rng(6), 50))
     state = stat.to_state()
-    bad = [None, "1", [], state + [0], [True] * len(state), [-1] * len(state)]
+    if isinstance(state, dict):  # per agent: [reports, counts]
+        bad = [None, "1", [], {name: [reports + 1, counts] for name, (reports, counts)
+                                in state.items()},
+               {name: [reports, [*counts, 0]] for name, (reports, counts) in state.items()},
+               {name: [-1, counts] for name, (reports, counts) in state.items()}]
+    else:
+        bad = [None, "1", [], state + [0], [True] * len(state), [-1] * len(state)]
     for value in bad:
         with pytest.raises(StateError):
             type(stat).from_state(stat.params(), value)
