@@ -38,8 +38,9 @@ counts everything spent before the change, on the safe side; nothing in the
 config, the clock or a restart gives spent epsilon back.  Files of earlier
 versions, which deleted spending older than their longest period, know their
 past only from ``known_since`` on: a window reaching before it counts the
-unknown stretch as fully spent (``LedgerClock.reaches_unknown``).  While the wall clock is behind the latest time it has
-shown (a Pi without a real-time clock before NTP), nothing is reported.
+unknown stretch as fully spent (``LedgerClock.reaches_unknown``).  While the
+wall clock is behind the latest time it has shown (a Pi without a real-time
+clock before NTP), nothing is reported.
 Charges are integers (``NANO`` units of epsilon), rounded up exactly from the
 channel's privacy map; budgets are rounded down.
 
@@ -741,8 +742,9 @@ class StateStore:
 
     def memo_account(self, agent: str) -> dict[str, tuple[int, int]]:
         """Per channel of ``agent``: (values reported with their memos, nano-epsilon those
-        memos reveal at most, for good; memos drawn but never reported reveal nothing).  It depends on the readings (how many distinct values a wearer had): kept
-        on the device (``edge-agent status``), never published."""
+        memos reveal at most, for good; memos drawn but never reported reveal nothing).
+        It depends on the readings (how many distinct values a wearer had): kept on the
+        device (``edge-agent status``), never published."""
         with self._lock:
             try:
                 rows = self._db.execute(
