@@ -1,27 +1,50 @@
 # Two commands set up everything on a fresh machine:
-#   make test    create .venv, install the package and test tools, install
-#                Debian's mosquitto if missing (and apt is usable), run all tests
-#   make bench   run the benchmarks and regenerate the figures in docs/
-#   make docs    regenerate docs/CONFIG_REFERENCE.md and docs/protocol.schema.json from the
-#                configuration models and the protocol's types
-#   make lint    ruff (make test runs it first)
+#   make test    create .venv with exactly the versions in uv.lock, install Debian's
+#                mosquitto and chromium if missing (and apt is usable), run every test
 #   make demo    broker, collector, dashboard and 24 simulated wearables
+# and for a developer:
+#   make check        the unit tier (no brokers, processes or browsers): about 2 minutes
+#   make lint         ruff (make test and make check run it first)
+#   make lock         update uv.lock to the newest releases pyproject.toml allows
+#   make test-latest  every test in .venv-latest, with the newest allowed releases rather
+#                     than the locked ones: an upgrade is a decision (then make lock)
+#   make bench        run the benchmarks and regenerate the figures in docs/
+#   make docs         regenerate docs/CONFIG_REFERENCE.md and docs/protocol.schema.json from
+#                     the configuration models and the protocol's types
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 # numba's on-disk cache must be writable (numba #4908); keep it out of the source tree.
 export NUMBA_CACHE_DIR ?= $(CURDIR)/$(VENV)/numba-cache
+# Bytecode caches on: every test worker and every agent or collector a test starts would
+# otherwise compile the modules (and pytest rewrite the tests' asserts) afresh.
+unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: test lint bench demo docs venv system-deps clean pi-check
+# uv installs from uv.lock (exact versions and hashes, every extra); it lives in a venv of
+# its own, at the version pinned here.
+UV_VERSION := 0.13.9
+TOOLS := .tools
+UV    := $(TOOLS)/bin/uv
+# uv sync --frozen: exactly the lock, never re-resolved; into the venv named per target.
+SYNC  := $(UV) sync --frozen --python $(PYTHON)
+
+.PHONY: test check lint bench demo docs venv system-deps clean pi-check lock test-latest
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench,demo]'
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet uv==$(UV_VERSION)
+
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(SYNC) --extra test --extra bench
 	touch $(STAMP)
+
+lock: | $(UV)
+	$(UV) lock --upgrade
+	$(UV) export --frozen --no-hashes --no-emit-project --no-dev --extra http --extra ble \
+	    --extra i2c --format requirements-txt --output-file requirements/agent.txt --quiet
 
 system-deps:
 	@scripts/install-system-deps.sh
@@ -33,6 +56,20 @@ system-deps:
 TEST_WORKERS ?= 4
 test: $(STAMP) system-deps lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --maxschedchunk 2 $(PYTEST_ARGS)
+
+# The unit tier: every test that starts no broker, process or browser (tests/conftest.py
+# marks the others e2e).
+CHECK_WORKERS ?= 3
+check: $(STAMP) lint
+	$(PY) -m pytest -m "not e2e" -n $(CHECK_WORKERS) $(PYTEST_ARGS)
+
+# The newest releases pyproject.toml allows, resolved afresh into a venv of their own.
+LATEST := .venv-latest
+test-latest: system-deps | $(UV)
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(LATEST)
+	$(UV) pip install --quiet --python $(LATEST)/bin/python --upgrade -e '.[test,bench]'
+	NUMBA_CACHE_DIR=$(CURDIR)/$(LATEST)/numba-cache $(LATEST)/bin/python -m pytest \
+	    -n $(TEST_WORKERS) --maxschedchunk 2 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -46,10 +83,8 @@ lint: $(STAMP)
 # stamp in the same venv.  A venv `make test` set up has everything already (and a
 # later `make test` still installs the test extras: its stamp is not this one).
 DEMO_STAMP := $(VENV)/.demo-stamp
-$(DEMO_STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[demo,scale-out]'
+$(DEMO_STAMP): pyproject.toml uv.lock | $(UV)
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(SYNC) --extra demo --extra scale-out
 	touch $@
 
 demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
@@ -58,10 +93,8 @@ demo: $(if $(wildcard $(STAMP)),$(STAMP),$(DEMO_STAMP))
 # The agent's footprint is measured in a venv with only the runtime dependencies,
 # as on a device: numba imports scipy whenever it is installed (+13 MB).
 RUNTIME_VENV := .venv-runtime
-$(RUNTIME_VENV)/.installed-stamp: pyproject.toml
-	$(PYTHON) -m venv $(RUNTIME_VENV)
-	$(RUNTIME_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(RUNTIME_VENV)/bin/python -m pip install --quiet -e .
+$(RUNTIME_VENV)/.installed-stamp: pyproject.toml uv.lock | $(UV)
+	UV_PROJECT_ENVIRONMENT=$(RUNTIME_VENV) $(SYNC)
 	touch $@
 
 bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
@@ -93,7 +126,8 @@ docs: $(STAMP)
 	$(PY) scripts/gen_protocol_schema.py
 
 clean:
-	rm -rf $(VENV) $(RUNTIME_VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) $(RUNTIME_VENV) $(LATEST) $(TOOLS) .pytest_cache .hypothesis build dist \
+	    *.egg-info
 
 # The agent on arm64 under qemu-user in a cached Debian userland (scripts/pi_check.py):
 # needs root (debootstrap, binfmt_misc, chroot); not part of `make test` (minutes).

@@ -45,7 +45,9 @@ def _refuse(config_path: str, problem: str) -> None:
     sys.exit(EXIT_CONFIG)
 
 
-main = command_group("Fleet-wide aggregates of locally privatised sensor reports.")
+main = command_group("Fleet-wide aggregates of locally privatised sensor reports.",
+                     needs=("starlette", "uvicorn", "sse_starlette", "prometheus_client",
+                            "rich"), extra="collector")
 add_check_config(main, load_collector_config)
 
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Install edge-agent as a systemd service in one command (docs/RASPBERRY_PI.md).
 #
-#   sudo scripts/install-agent.sh [--wheel FILE] [--extras ble,i2c] [--agent-id ID] [--no-start]
+#   sudo scripts/install-agent.sh [--wheel FILE] [--extras ble,i2c,http] [--agent-id ID] [--no-start]
 #   sudo scripts/install-agent.sh --uninstall
 #
 # Installs (or upgrades: run it again with a newer checkout or wheel; it is idempotent):
-#   /opt/edge-agent/venv                    the agent and its dependencies (a venv)
+#   /opt/edge-agent/venv                    the agent and its dependencies (a venv): the
+#                                           lean install (no collector), at the versions
+#                                           tested (requirements/agent.txt, from uv.lock)
 #   /etc/systemd/system/edge-agent.service  the unit, and in edge-agent.service.d/ the
 #                                           drop-ins: credentials.conf, ble.conf, i2c.conf
 #   /etc/edge-agent/agent.toml              from configs/agent.toml if there is none
@@ -39,12 +41,12 @@ wheel="" extras="" agent_id="" start=1 uninstall=0
 
 say() { printf 'install-agent: %s\n' "$*"; }
 die() { printf 'install-agent: %s\n' "$*" >&2; exit 1; }
-usage() { sed -n '2,23s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,25s/^# \{0,1\}//p' "$0"; }
 
 while [ $# -gt 0 ]; do
     case $1 in
         --wheel) [ $# -ge 2 ] || die "--wheel needs a file"; wheel=$2; shift 2 ;;
-        --extras) [ $# -ge 2 ] || die "--extras needs a list (ble,i2c)"; extras=$2; shift 2 ;;
+        --extras) [ $# -ge 2 ] || die "--extras needs a list (ble,i2c,http)"; extras=$2; shift 2 ;;
         --agent-id) [ $# -ge 2 ] || die "--agent-id needs an id"; agent_id=$2; shift 2 ;;
         --no-start) start=0; shift ;;
         --uninstall) uninstall=1; shift ;;
@@ -123,7 +125,7 @@ if [ ! -f "$ETC/agent.toml" ]; then  # it will be written: with this device's id
         || die "--agent-id: '$id' is not an agent id (a letter or digit, then letters, digits, . _ -; at most 64)"
 fi
 for extra in ${extras//,/ }; do
-    case $extra in ble|i2c) ;; *) die "--extras: unknown extra '$extra' (ble, i2c)" ;; esac
+    case $extra in ble|i2c|http) ;; *) die "--extras: unknown extra '$extra' (ble, i2c, http)" ;; esac
 done
 
 # -- the venv and the agent ------------------------------------------------------------------
@@ -138,7 +140,11 @@ spec=$source_spec
 say "installing $(basename "$source_spec") into $VENV"
 # Dependencies when missing or too old, then this version of the project over whatever
 # version was there (the same version number from a newer checkout too).
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$spec"
+# At the versions the release was tested with (make lock writes them from uv.lock), when
+# the checkout has them.
+constraints=()
+[ -f "$REPO/requirements/agent.txt" ] && constraints=(--constraint "$REPO/requirements/agent.txt")
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${constraints[@]}" "$spec"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
     --no-deps "$source_spec"
 version=$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("edge-ldp"))')

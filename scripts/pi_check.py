@@ -43,6 +43,7 @@ INSIDE = Path("/opt/pi-check")  # in the userland: venv, copied tests, state
 HOST_CA = Path("/etc/ssl/certs/host-ca-bundle.crt")  # this machine's CA bundle, copied in
 VENV = INSIDE / "venv"
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "scipy>=1.11"]
+CONSTRAINTS = "requirements/agent.txt"  # the agent's locked versions (make lock)
 # The tests that pin exact values and privacy losses (no conftest: they need no broker).
 TESTS = ["tests/edge_agent/mechanisms/test_privacy.py",
          "tests/edge_agent/mechanisms/test_kernels.py",
@@ -59,7 +60,7 @@ TEST_SUPPORT = ["tests/__init__.py", "tests/edge_agent/__init__.py",
 AGENT_SECONDS = 60
 INSTALLER_FILES = ["scripts/install-agent.sh", "systemd/edge-agent.service",
                    "systemd/edge-agent-ble.conf", "systemd/edge-agent-i2c.conf",
-                   "configs/agent.toml", "pyproject.toml"]
+                   "configs/agent.toml", "pyproject.toml", "requirements/agent.txt"]
 CHANNELS = [
     {"name": "ax", "kind": "linear", "field": "accel_x", "domain": [-2.0, 2.0]},
     {"name": "hr", "kind": "linear", "field": "heart_rate", "mechanism": "pm-c",
@@ -188,9 +189,11 @@ def install(wheel: Path) -> None:
         inside("/usr/bin/python3", "-m", "venv", str(VENV), cwd=Path("/"))
     target = to_inside(INSIDE / wheel.name)
     shutil.copy(wheel, target)
-    # The dependencies once (they stay in the cached venv), the project every time.
+    shutil.copy(REPO / CONSTRAINTS, to_inside(INSIDE / "agent.txt"))
+    # The dependencies once (they stay in the cached venv), the project every time: the
+    # lean install (no collector) at the versions tested, as install-agent.sh does.
     inside("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-           str(INSIDE / wheel.name), *TEST_DEPS)
+           "--constraint", str(INSIDE / "agent.txt"), str(INSIDE / wheel.name), *TEST_DEPS)
     inside("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
            "--force-reinstall", "--no-deps", str(INSIDE / wheel.name))
 

@@ -4,10 +4,14 @@ in tests/support."""
 
 from __future__ import annotations
 
+import ast
+import functools
 import multiprocessing.resource_tracker
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,7 +51,54 @@ LONG_FIRST = ("tests/collector/range/test_e2e_range.py", "tests/collector/tools/
               "tests/edge_agent/test_e2e_agent.py", "tests/collector/test_crashes.py")
 
 
+# What makes a test end-to-end (``-m e2e``; make check runs the others): a real broker,
+# cluster or browser among its fixtures, or a process it starts, itself, through a
+# fixture or through a function of its module (these calls in their code).
+E2E_FIXTURES = {"mosquitto", "nats_cluster", "browser"}
+E2E_CALLS = re.compile(r"\b(Mosquitto|SecureBroker|NatsCluster|AgentProcess|CollectorProcess|"
+                       r"FleetProcess|run_module|python_module|replaying_agents|Popen|"
+                       r"sync_playwright)\(|\bsubprocess\.")
+CALL = re.compile(r"\b([A-Za-z_]\w*)\(")
+
+
+@functools.cache
+def functions_of(path: str) -> dict[str, tuple[bool, frozenset[str]]]:
+    """Per function name of a test file (methods and nested ones too): whether its code
+    starts something (E2E_CALLS), and the names it calls."""
+    text = Path(path).read_text()
+    lines = text.splitlines()
+    found: dict[str, tuple[bool, frozenset[str]]] = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            code = "\n".join(lines[node.lineno - 1:node.end_lineno])
+            starts, calls = found.get(node.name, (False, frozenset()))
+            found[node.name] = (starts or bool(E2E_CALLS.search(code)),
+                                calls | frozenset(CALL.findall(code)))
+    return found
+
+
+def starts_processes(path: str, names) -> bool:
+    """Whether any of the functions ``names`` of the file at ``path``, or one they call
+    there (transitively), starts a broker, a cluster, a browser or a process."""
+    functions, seen, todo = functions_of(path), set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in functions:
+            continue
+        seen.add(name)
+        starts, calls = functions[name]
+        if starts:
+            return True
+        todo.extend(calls)
+    return False
+
+
 def pytest_collection_modifyitems(session, config, items):
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if E2E_FIXTURES & fixtures or starts_processes(
+                str(item.path), {getattr(item, "originalname", item.name), *fixtures}):
+            item.add_marker(pytest.mark.e2e)
     rank = {module: i for i, module in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import sys
@@ -20,14 +21,23 @@ EXIT_CONFIG = 78
 Config = TypeVar("Config")
 
 
-def command_group(help_text: str) -> click.Group:
-    """The top command: ``--log-level`` sets up logging for every subcommand."""
+def command_group(help_text: str, *, needs: tuple[str, ...] = (),
+                  extra: str | None = None) -> click.Group:
+    """The top command: ``--log-level`` sets up logging for every subcommand.  ``needs``:
+    modules of an optional extra (``extra``) that every subcommand needs: without them the
+    command says in one line what to install, and exits 1."""
 
     @click.group(context_settings={"help_option_names": ["-h", "--help"]}, help=help_text)
     @click.option("--log-level", default="INFO", show_default=True,
                   type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
                                     case_sensitive=False))
-    def group(log_level: str) -> None:
+    @click.pass_context
+    def group(context: click.Context, log_level: str) -> None:
+        missing = [name for name in needs if importlib.util.find_spec(name) is None]
+        if missing:
+            click.echo(f"{context.info_name}: {', '.join(missing)} not installed: install "
+                       f"the {extra} extra, pip install 'edge-ldp[{extra}]'", err=True)
+            sys.exit(1)
         logging.basicConfig(level=log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -7,6 +7,7 @@ arm64 userland with the real paths."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -16,6 +17,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.markers import Marker
 
 from edge_agent.config import NAME_PATTERN
 from tests.support.systemd_units import analyze, verify  # noqa: F401 (fixture)
@@ -30,6 +32,26 @@ def wheel(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w",
                     str(out), str(REPO)], check=True, timeout=600)
     return next(out.glob("edge_ldp-*.whl"))
+
+
+def installed_versions(venv: Path) -> dict[str, str]:
+    """Every distribution in ``venv`` by its normalised name."""
+    listed = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import importlib.metadata as m, json; print("
+         "json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"],
+        capture_output=True, text=True, check=True).stdout
+    return {re.sub(r"[-_.]+", "-", name).lower(): version
+            for name, version in json.loads(listed).items()}
+
+
+def locked_versions() -> dict[str, str]:
+    """What requirements/agent.txt (make lock, from uv.lock) pins for this Python."""
+    pins = {}
+    for line in (REPO / "requirements" / "agent.txt").read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9._-]+)==(\S+)(?: ; (.*))?$", line)
+        if match and (match.group(3) is None or Marker(match.group(3)).evaluate()):
+            pins[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = match.group(2)
+    return pins
 
 
 def paths(root: Path) -> dict[str, Path]:
@@ -77,6 +99,21 @@ def test_install_twice_then_uninstall_keeps_only_the_state(tmp_path, wheel, anal
     venv = where["prefix"] / "venv"
     agent = venv / "bin" / "edge-agent"
     assert subprocess.run([str(agent), "--help"], capture_output=True).returncode == 0
+    # The lean install: the agent at the locked versions, nothing of the collector's web
+    # stack; the collector's command says in one line what to install.
+    installed = installed_versions(venv)
+    assert not {"starlette", "uvicorn", "sse-starlette", "prometheus-client", "rich"} \
+        & installed.keys(), sorted(installed)
+    locked = locked_versions()
+    for name in ("numpy", "numba", "llvmlite", "pydantic", "click", "paho-mqtt", "msgspec",
+                 "bleak"):
+        assert installed[name] == locked[name], name
+    collector = subprocess.run([str(venv / "bin" / "edge-collector"), "run", "--config",
+                                "c.toml"], capture_output=True, text=True)
+    assert collector.returncode == 1
+    assert collector.stderr.strip().splitlines() == [
+        "edge-collector: starlette, uvicorn, sse_starlette, prometheus_client, rich not "
+        "installed: install the collector extra, pip install 'edge-ldp[collector]'"]
 
     config = where["etc"] / "agent.toml"
     assert tomllib.loads(config.read_text())["agent_id"] == "pi-07"

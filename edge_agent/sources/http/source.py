@@ -135,9 +135,14 @@ class HttpSource(Source):
         self._token = token.encode()
         with self._lock:
             self._stopping = False
-        from edge_agent.sources.http.server import (
-            HttpServer,  # the server stack: only with an http source
-        )
+        try:
+            from edge_agent.sources.http.server import (
+                HttpServer,  # the server stack: only with an http source
+            )
+        except ImportError as exc:
+            self.fail(f"{where}: {exc.name or 'the server stack'} is missing: pip install "
+                      f"'edge-ldp[http]'")
+            return
 
         server = HttpServer(self, host=self.config.host, port=self.config.port)
         try:
