@@ -9,9 +9,9 @@ replays the journal after it, which gives exactly the committed state.
 Checkpoints of the removed collector shards may also hold reports the shard
 had kept aside uncounted (``held``); ``restore`` applies each once.
 
-Checkpoints written before the typed codec (pickles) are migrated on load
-(``checkpoint_v0``); anything else that cannot be read stops the collector with
-a message saying which file and why, instead of starting empty.
+A checkpoint that cannot be read (among them the pickles of collectors before the
+typed codec, which no release wrote) stops the collector with a message saying
+which file and why, instead of starting empty.
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ from collector.aggregation.ingest import Ingestor
 from collector.aggregation.limits import ingest_limits
 from collector.aggregation.stats import StateError
 from collector.config import CollectorConfig
-from collector.storage import checkpoint_v0
 from collector.storage.states import TrackerState, decode_checkpoint, encode_checkpoint
 from collector.storage.store import CollectorStore
 from edge_agent.protocol import Rejected, ValidReport, check_report
 
 log = logging.getLogger(__name__)
+
+
+# What a pickle (protocol 2 and later) starts with.
+PICKLE_PROTOCOL = b"\x80"
 
 
 class CheckpointError(ValueError):
@@ -53,12 +56,9 @@ def dump(ingestor: Ingestor) -> bytes:
 def load(payload: bytes) -> tuple[Ingestor, list[tuple[ValidReport, float]]]:
     """(the ingestor with its trackers, the reports an old shard's checkpoint held, with
     their arrival; none in checkpoints written since)."""
-    if checkpoint_v0.is_legacy(payload):
-        try:
-            payload = checkpoint_v0.migrate(payload)
-        except Exception as exc:  # whatever an old file holds: say so, never start empty
-            raise CheckpointError(f"an old (pickled) checkpoint that cannot be migrated: "
-                                  f"{type(exc).__name__}: {exc}") from None
+    if payload[:1] == PICKLE_PROTOCOL:
+        raise CheckpointError("a pickled checkpoint of a collector before the typed codec "
+                              "(no release wrote one): not read")
     try:
         checkpoint = decode_checkpoint(payload)
         held = [(check_report(entry.report), entry.received) for entry in checkpoint.held]

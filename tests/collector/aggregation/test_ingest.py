@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from collector.aggregation import dedup
 from collector.aggregation.dedup import SeqTracker
 from collector.aggregation.ingest import Ingestor
-from collector.storage import checkpoint, checkpoint_v0
+from collector.storage import checkpoint
 from collector.storage.store import CollectorStore
 from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
@@ -214,12 +214,6 @@ def test_seq_tracker_matches_a_plain_set(seed):
         b[0] > a[1] + 1 for a, b in zip(tracker.runs, tracker.runs[1:]))  # disjoint, apart
     again = SeqTracker.from_state(tracker.to_state("a", "c"))
     assert (again.floor, again.skipped, again.runs) == (tracker.floor, -1, tracker.runs)
-
-
-def test_seq_tracker_loads_checkpoints_of_the_set_form():
-    old = SeqTracker.from_state(checkpoint_v0.tracker_state(
-        "w1", "ax", {"floor": 4, "above": {6, 9}, "max_pending": 10_000}))
-    assert [s for s in range(12) if old.seen(s)] == [0, 1, 2, 3, 4, 6, 9]
 
 
 def test_agents_cannot_touch_each_others_series_or_seqs():
