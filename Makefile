@@ -8,9 +8,11 @@
 #   make lock         update uv.lock to the newest releases pyproject.toml allows
 #   make test-latest  every test in .venv-latest, with the newest allowed releases rather
 #                     than the locked ones: an upgrade is a decision (then make lock)
-#   make bench        run the benchmarks and regenerate the figures in docs/
-#   make docs         regenerate docs/CONFIG_REFERENCE.md and docs/protocol.schema.json from
-#                     the configuration models and the protocol's types
+#   make bench        run the benchmarks and regenerate the tables and figures in
+#                     docs/benchmarks/
+#   make docs         regenerate docs/reference/CONFIG_REFERENCE.md and
+#                     docs/reference/protocol.schema.json from the configuration models and
+#                     the protocol's types
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -98,23 +100,23 @@ $(RUNTIME_VENV)/.installed-stamp: pyproject.toml uv.lock | $(UV)
 	touch $@
 
 bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
-	$(PY) -m benchmarks.bench_mechanisms --markdown docs/bench_mechanisms.md
-	$(PY) -m benchmarks.bench_timing --markdown docs/bench_timing.md
-	$(PY) -m benchmarks.bench_protocol --markdown docs/bench_protocol.md
-	$(PY) -m benchmarks.plot_errors --out docs
-	$(PY) -m benchmarks.bench_agent --python $(RUNTIME_VENV)/bin/python --markdown docs/bench_agent.md
+	$(PY) -m benchmarks.bench_mechanisms --markdown docs/benchmarks/bench_mechanisms.md
+	$(PY) -m benchmarks.bench_timing --markdown docs/benchmarks/bench_timing.md
+	$(PY) -m benchmarks.bench_protocol --markdown docs/benchmarks/bench_protocol.md
+	$(PY) -m benchmarks.plot_errors --out docs/benchmarks
+	$(PY) -m benchmarks.bench_agent --python $(RUNTIME_VENV)/bin/python --markdown docs/benchmarks/bench_agent.md
 	$(PY) -m benchmarks.bench_collector --messages 20000
 	$(PY) -m benchmarks.bench_collector_load --messages 40000 --runs 3
 	$(PY) -m benchmarks.bench_collector_scale --channels 32 256 --flood --limits
 	$(PY) -m benchmarks.bench_scale_out --messages 40000
 	$(PY) -m benchmarks.bench_failover --runs 3
-	$(PY) -m benchmarks.bench_estimation --out docs
-	$(PY) -m benchmarks.bench_accuracy --out docs --markdown docs/bench_accuracy.md
-	$(PY) -m benchmarks.auto_choice --markdown docs/bench_auto.md
-	$(PY) -m benchmarks.ogpm_table --markdown docs/bench_ogpm_table.md
-	$(PY) -m benchmarks.bench_categorical --out docs --markdown docs/bench_categorical.md
-	$(PY) -m benchmarks.bench_stream --markdown docs/bench_stream.md
-	$(PY) -m benchmarks.range_error --out docs
+	$(PY) -m benchmarks.bench_estimation --out docs/benchmarks
+	$(PY) -m benchmarks.bench_accuracy --out docs/benchmarks --markdown docs/benchmarks/bench_accuracy.md
+	$(PY) -m benchmarks.auto_choice --markdown docs/benchmarks/bench_auto.md
+	$(PY) -m benchmarks.ogpm_table --markdown docs/benchmarks/bench_ogpm_table.md
+	$(PY) -m benchmarks.bench_categorical --out docs/benchmarks --markdown docs/benchmarks/bench_categorical.md
+	$(PY) -m benchmarks.bench_stream --markdown docs/benchmarks/bench_stream.md
+	$(PY) -m benchmarks.range_error --out docs/benchmarks
 	$(PY) -m benchmarks.range_broker --sizes 256 1024 4096
 	$(PY) -m benchmarks.bench_fleet --python $(RUNTIME_VENV)/bin/python
 

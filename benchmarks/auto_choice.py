@@ -7,10 +7,11 @@ centre) and every ε and N of its table, the mechanism ``auto`` chooses
 value as the discovered range, its domain fixed, a fleet of N reports), and how the
 collector's mean estimate with that mechanism did against the best of OGPM, PM-C and
 SW-C: the ratio of their mean absolute errors, read from the table bench_accuracy wrote
-(``--table``, default docs/bench_accuracy.md).  Goal (issue 30): within 1.5x of the best
+(``--table``, default docs/benchmarks/bench_accuracy.md).  Goal (issue 30): within 1.5x of the best
 at ε 1 and 4 on data near an end.
 
-Run: ``python -m benchmarks.auto_choice [--table docs/bench_accuracy.md] [--markdown FILE]``.
+Run: ``python -m benchmarks.auto_choice [--table docs/benchmarks/bench_accuracy.md]
+[--markdown FILE]``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def choice_label(data, epsilon: float, reports: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", default="docs/bench_accuracy.md")
+    parser.add_argument("--table", default="docs/benchmarks/bench_accuracy.md")
     parser.add_argument("--markdown", help="also write the tables to this file")
     args = parser.parse_args()
     cells = table_cells(Path(args.table).read_text())

@@ -51,7 +51,8 @@ Outputs: markdown tables (stdout, and ``--markdown FILE``) and ``accuracy_mean_e
 everything works and prints what the full run would take on that machine.
 
 Run: ``python -m benchmarks.bench_accuracy [--repetitions 200] [--jobs 2] [--quick]
-[--mechanisms OGPM,PM-C,...] [--out docs] [--markdown docs/bench_accuracy.md]``.
+[--mechanisms OGPM,PM-C,...] [--out docs/benchmarks]
+[--markdown docs/benchmarks/bench_accuracy.md]``.
 """
 
 from __future__ import annotations
@@ -625,7 +626,7 @@ def main() -> None:
                         type=lambda t: _choice(t, SIZES, int), help="values of N")
     parser.add_argument("--epsilons", default=",".join(map(str, EPSILONS)),
                         type=lambda t: _choice(t, EPSILONS, float), help="values of ε")
-    parser.add_argument("--out", default="docs", help="directory of the plots")
+    parser.add_argument("--out", default="docs/benchmarks", help="directory of the plots")
     parser.add_argument("--markdown", help="also write the tables to this file")
     args = parser.parse_args()
     repetitions = args.repetitions or (QUICK_REPETITIONS if args.quick

@@ -1,5 +1,5 @@
-"""Categorical frequency oracles: variance curves (papers/003 Fig. 2), estimation error
-against the true shares, and kernel throughput next to its RNG cost.
+"""Categorical frequency oracles: variance curves (Wang et al. arXiv:1906.01777 Fig. 2),
+estimation error against the true shares, and kernel throughput next to its RNG cost.
 
 1. ``categorical_variance.png``: per-report variance of each oracle's estimate of a
    rare category (f -> 0) against ε at δ = 1e-6, from the closed forms (GRR for
@@ -13,7 +13,7 @@ against the true shares, and kernel throughput next to its RNG cost.
 3. Throughput of each oracle's ``perturb`` (values/s), and of the multi-dimensional
    mechanisms (tuples/s), with the share of it spent drawing CSPRNG words.
 
-Run: ``python -m benchmarks.bench_categorical [--out docs] [--markdown FILE]``.
+Run: ``python -m benchmarks.bench_categorical [--out docs/benchmarks] [--markdown FILE]``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ LABELS = {"grr": "GRR", "oue": "OUE (PRR-ALDP)", "sue": "SUE (SPRR-ALDP)", "olh"
 
 def gaussian_sigma(epsilon: float, delta: float) -> float:
     """Opt-GM's σ for a one-hot vector: its L2 sensitivity is √2 (two bits change,
-    papers/003 Sec. 5)."""
+    Wang et al. arXiv:1906.01777 Sec. 5)."""
     return analytic_sigma(epsilon, delta, math.sqrt(2))
 
 
@@ -75,8 +75,9 @@ def variance_figure(out: Path) -> None:
                            .variance(0.0, 1) for e in epsilons], label=LABELS[name],
                 linestyle="--")
     # Opt-GM: each bit of the one-hot vector plus N(0, σ²); the count's variance is σ² per
-    # report (papers/003 Sec. 5): the closed form, and the agent's exact discrete-Gaussian
-    # sampler measured beside it (20,000 draws a point, 3 standard errors as bars).
+    # report (Wang et al. arXiv:1906.01777 Sec. 5): the closed form, and the agent's exact
+    # discrete-Gaussian sampler measured beside it (20,000 draws a point, 3 standard errors
+    # as bars).
     line, = ax.plot(epsilons, [gaussian_sigma(e, DELTA) ** 2 for e in epsilons],
                     label="Opt-GM (closed form)", linestyle=":")
     rng = np.random.default_rng(2020)
@@ -88,7 +89,7 @@ def variance_figure(out: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("ε")
     ax.set_ylabel("variance per report (f → 0)")
-    ax.set_title(f"Categorical oracles at δ = {DELTA:g} (papers/003 Fig. 2)")
+    ax.set_title(f"Categorical oracles at δ = {DELTA:g} (Wang et al., arXiv:1906.01777, Fig. 2)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "categorical_variance.png", dpi=120)
@@ -175,7 +176,7 @@ def throughput(n: int = 200_000) -> list[tuple]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--reports", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=5)

@@ -23,7 +23,8 @@ collector aggregates them, and scored against the true values' own mean:
 Prints markdown tables and writes ``estimation_mean_error.png`` and
 ``estimation_histogram.png``.
 
-Run: ``python -m benchmarks.bench_estimation [--repetitions 40] [--jobs 2] [--out docs]``.
+Run: ``python -m benchmarks.bench_estimation [--repetitions 40] [--jobs 2]
+[--out docs/benchmarks]``.
 """
 
 from __future__ import annotations
@@ -303,7 +304,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repetitions", type=int, default=40)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--out", default="docs")
+    parser.add_argument("--out", default="docs/benchmarks")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(exist_ok=True)

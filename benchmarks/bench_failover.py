@@ -34,7 +34,7 @@ from tests.support.streams import SteadyStream
 
 CHECKPOINT_SECONDS = 0.5
 TRAFFIC_SECONDS = 3.0  # reports published after each kill, counted with those before it
-SLACK_SECONDS = 15.0  # a takeover's catch-up and the merge view's push (docs/SCALE_OUT.md)
+SLACK_SECONDS = 15.0  # a takeover's catch-up and the merge view's push (docs/guides/SCALE_OUT.md)
 GUARD_SECONDS = 600.0  # a run that does not catch up in this long is reported as failed
 
 

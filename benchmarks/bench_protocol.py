@@ -8,7 +8,7 @@ arrays and the mechanism object, which is what the collector aggregates.
 Rounds alternate between the two and the best of ``--rounds`` is kept, so a
 busy machine slows both alike.
 
-Run: ``python -m benchmarks.bench_protocol [--markdown docs/bench_protocol.md]``.
+Run: ``python -m benchmarks.bench_protocol [--markdown docs/benchmarks/bench_protocol.md]``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ a process, as in production):
    for a single collector.
 
 CPU is user + system time from /proc, divided by the messages: µs per message per
-tier, the figure that extrapolates to more cores and machines (docs/SCALE_OUT.md).
+tier, the figure that extrapolates to more cores and machines (docs/guides/SCALE_OUT.md).
 
 Run: ``python -m benchmarks.bench_scale_out [--messages 40000] [--agents 400]``.
 """

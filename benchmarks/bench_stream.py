@@ -29,7 +29,8 @@ wearers' values in that slot.  Reported per cell and design:
 
 Goals (issue 28): the planner's RMSE at least 3x lower for w >= 10, coverage >= 94%.
 
-Run: ``python -m benchmarks.bench_stream [--slots 240] [--markdown docs/bench_stream.md]``.
+Run: ``python -m benchmarks.bench_stream [--slots 240]
+[--markdown docs/benchmarks/bench_stream.md]``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Name the machine a benchmark ran on, for docs/BENCHMARKS.md."""
+"""Name the machine a benchmark ran on, for docs/benchmarks/BENCHMARKS.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The OGPM paper's mean-estimation comparison (Fig. 17, classical domain), with our mechanisms.
 
-What the paper measures (papers/004, Sec. 7.2; the authors' script
+What the paper measures (Zheng, Mishra and Hu, arXiv:2505.15483, Sec. 7.2; the authors' script
 ``experiments/experimental/mean_classical.py`` of github.com/ZhengYeah/Optimal-GPM gives
 what the text leaves out): MotionSense's ``userAcceleration.x`` of the first three files of
 the downstairs trial (6,159 readings), min-max normalised to [0, 1]; ε from 1 to 8 in steps
@@ -58,7 +58,7 @@ What this script does:
   while it lies where both means are affine, so our closed forms give it for any such data).
 
 Run: ``python -m benchmarks.ogpm_table [--repetitions 500] [--jobs 2]
-[--markdown docs/bench_ogpm_table.md]``.
+[--markdown docs/benchmarks/bench_ogpm_table.md]``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ of the closed-form densities, piecewise constant, so a fine trapezoid rule is
 exact to plotting accuracy) and, dotted, with the linear distance, which is
 what reproduces the paper's Figure 11 averages.
 
-Run: ``python -m benchmarks.plot_errors [--out docs]``.
+Run: ``python -m benchmarks.plot_errors [--out docs/benchmarks]``.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def plot(curves_by_p, title: str, path: Path) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs")
+    parser.add_argument("--out", default="docs/benchmarks")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(exist_ok=True)

@@ -13,7 +13,7 @@ the server takes the minimum).  The rate lines are Corollary 1's
 The MQTT path (coordinator, agents, broker) is exercised with a real
 Mosquitto and the fleet simulator in tests/collector/range/test_e2e_range.py.
 
-Run: ``python -m benchmarks.range_error [--runs 200] [--out docs]``.
+Run: ``python -m benchmarks.range_error [--runs 200] [--out docs/benchmarks]``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def mae_laplace(n, epsilon, runs, rng):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     args = parser.parse_args()
     rng = np.random.default_rng(2026)
     variants = [("sequential", 1.0), ("split", 1.0), ("sequential", None), ("split", None)]

@@ -60,8 +60,8 @@ def run(config_path: str) -> None:
     config = _load_service(config_path, storage=True)
     if config.broker.shared_group is not None:
         _refuse(config_path, "broker.shared_group: only ingresses share a subscription "
-                             "(docs/SCALE_OUT.md); a collector with it would count only part "
-                             "of the fleet")
+                             "(docs/guides/SCALE_OUT.md); a collector with it would count only "
+                             "part of the fleet")
     sys.exit(CollectorService(config).run_forever())
 
 
@@ -69,13 +69,13 @@ def run(config_path: str) -> None:
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
 def merge(config_path: str) -> None:
     """Merge the scale-out partitions' states and serve the dashboard and API
-    (docs/SCALE_OUT.md)."""
+    (docs/guides/SCALE_OUT.md)."""
     from collector.scaleout.merge import MergeService
 
     config = _load_service(config_path)
     if config.scale_out is None:
         _refuse(config_path, "scale_out: the merge view needs a [scale_out] table "
-                             "(docs/SCALE_OUT.md)")
+                             "(docs/guides/SCALE_OUT.md)")
     sys.exit(MergeService(config).run_forever())
 
 
@@ -87,7 +87,7 @@ def _run_scale_out(config_path: str, role: str, service) -> None:
     config = _load_service(config_path)
     if config.scale_out is None:
         _refuse(config_path, f"scale_out: the {role} needs a [scale_out] table "
-                             f"(docs/SCALE_OUT.md)")
+                             f"(docs/guides/SCALE_OUT.md)")
     try:
         sys.exit(service(config).run_forever())
     except EngineError as exc:
@@ -194,7 +194,7 @@ def _domain_from_api(config: CollectorConfig, channel: str) -> tuple[float, floa
                    "temporary directory)")
 @click.option("--scale-out", is_flag=True,
               help="a local 3-node NATS JetStream cluster, an ingress, two aggregation "
-                   "members and the merge view instead of one collector (docs/SCALE_OUT.md)")
+                   "members and the merge view instead of one collector (docs/guides/SCALE_OUT.md)")
 def demo(agents, duration, http_port, broker, embedded, workdir, scale_out) -> None:
     """Broker, collector, dashboard and a fleet of simulated wearables, in one command.
 

@@ -27,7 +27,7 @@ class CollectorBrokerConfig(BrokerConfig):
     # The broker keeps the session (and queues reports) this long while the
     # collector is away (MQTT v5 session expiry).
     session_expiry_seconds: Annotated[int, Field(ge=0, le=2**32 - 1)] = 86400
-    # Several scale-out ingresses share one subscription (docs/SCALE_OUT.md); a single
+    # Several scale-out ingresses share one subscription (docs/guides/SCALE_OUT.md); a single
     # collector (``edge-collector run``) refuses it: it would count only its share.
     shared_group: Name | None = None
     # "5" (default) or "3.1.1" for brokers without MQTT 5, such as the demo's
@@ -113,7 +113,7 @@ class AggregatesConfig(Model):
 
 class LimitsConfig(Model):
     """What senders can make the collector hold.  Past a limit a message is refused,
-    counted by reason (``limit_agents`` ...) and logged once; see docs/HARDENING.md."""
+    counted by reason (``limit_agents`` ...) and logged once; see docs/guides/HARDENING.md."""
 
     # Distinct agents (from reports or statuses).
     agents: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
@@ -155,7 +155,7 @@ class SnapshotConfig(Model):
 
 
 class ScaleOutConfig(Model):
-    """Scale-out on NATS JetStream (docs/SCALE_OUT.md): ``edge-collector ingress``,
+    """Scale-out on NATS JetStream (docs/guides/SCALE_OUT.md): ``edge-collector ingress``,
     ``member`` and ``merge`` use it; a single collector (``run``) does not."""
 
     # The NATS servers of the cluster (any of them will do; all are tried).
@@ -181,7 +181,7 @@ class ScaleOutConfig(Model):
     # A member writes the state of each partition it owns this often (when changed).
     checkpoint_seconds: Annotated[float, Field(ge=0.2, le=600)] = 2.0
     # A partition state larger than this is written to the object store in chunks, and
-    # its KV value names it (docs/SCALE_OUT.md): below the servers' max_payload (1 MB
+    # its KV value names it (docs/guides/SCALE_OUT.md): below the servers' max_payload (1 MB
     # unless configured), with room for the headers.
     inline_state_bytes: Annotated[int, Field(ge=1024, le=8 << 20)] = 256 << 10
     username: str | None = None
@@ -219,7 +219,7 @@ class RangeScheduleConfig(Model):
 
 
 class RangeDiscoveryConfig(Model):
-    """Private min/max discovery (Fukuchi et al.); see docs/PROTOCOL.md."""
+    """Private min/max discovery (Fukuchi et al.); see docs/reference/PROTOCOL.md."""
 
     # Periodic schedules run only where this is true: one designated coordinator.
     coordinator: bool = False

@@ -278,7 +278,7 @@ class AgentCore:
             self.clock_behind = True
             if self.log_shared:
                 log.warning("%sthe clock is behind the latest time it showed (%s UTC): nothing "
-                            "is reported until it catches up (docs/PRIVACY.md)",
+                            "is reported until it catches up (docs/guides/PRIVACY.md)",
                             self.log_prefix,
                             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(wall_high)))
 
@@ -318,7 +318,7 @@ class AgentCore:
     # -- status ----------------------------------------------------------------------------------
     def status(self, state: str = "online") -> dict[str, Any]:
         """What the retained status publishes: only what the reports themselves show
-        (docs/PRIVACY.md): the ε (and δ, with a δ budget) spent is what the reports
+        (docs/guides/PRIVACY.md): the ε (and δ, with a δ budget) spent is what the reports
         charged, ``reports`` and ``messages`` count them."""
         guarantees = []
         for guarantee in self.config.privacy.horizons:
@@ -471,7 +471,7 @@ class AgentService:
     def tick(self, now: float) -> None:
         """One tick of the batch clock: the reports of the batches before it go out, then
         one batch of every core is recorded in one transaction (its reports go out at the
-        next tick, whenever their computation ends: docs/PRIVACY.md, "Timing")."""
+        next tick, whenever their computation ends: docs/guides/PRIVACY.md, "Timing")."""
         started = time.monotonic()
         self.outbox.release()
         self.outbox.pump()

@@ -18,7 +18,7 @@ A channel (a Telegraf-style processor) does three things per batch:
 
 ``counters`` are published in the agent's status: they count reports and
 messages, which the collector sees anyway.  ``local`` counters depend on the
-readings and never leave the device (docs/PRIVACY.md).
+readings and never leave the device (docs/guides/PRIVACY.md).
 
 A channel's privacy map (``privacy_loss``) is the exact loss of one report,
 composed from its mechanisms' exact losses; the ledger charges
@@ -64,7 +64,7 @@ from edge_agent.readings import Readings
 from edge_agent.state import NANO, delta_units_up, to_nano_up
 
 # Counters the status publishes (the collector counts the same from the reports) and
-# counters that depend on readings, kept on the device (docs/PRIVACY.md).
+# counters that depend on readings, kept on the device (docs/guides/PRIVACY.md).
 PUBLISHED_COUNTERS = ("reports", "messages")
 LOCAL_COUNTERS = ("non_finite_dropped", "not_a_category", "clipped", "budget_refused",
                   "clock_behind", "errors")

@@ -5,7 +5,7 @@ initialisation, which touches about 50 MB of libllvmlite.so's machine code; afte
 warm-up the agent does not run LLVM again unless it needs a kernel it never called
 (then the pages come back).  Those pages are clean and file-backed: the kernel would
 drop them under memory pressure anyway, but until then they count in the agent's RSS,
-which is what an operator of a 1 GB board looks at (docs/BENCHMARKS.md, "Where the
+which is what an operator of a 1 GB board looks at (docs/benchmarks/BENCHMARKS.md, "Where the
 memory goes": peak 164 -> 145 MB, steady 162 -> 95 MB with the sample configuration).
 
 ``madvise(MADV_DONTNEED)`` on a private file mapping that holds no written page only

@@ -1,6 +1,6 @@
 """The agent's side of range discovery: join runs, answer rounds, charge the ledger.
 
-Protocol (docs/PROTOCOL.md, "Range discovery"): a coordinator announces a
+Protocol (docs/reference/PROTOCOL.md, "Range discovery"): a coordinator announces a
 run on ``_range/control/<run>``; each agent that can take part replies
 ``join`` on its own ``<agent>/_range/<run>`` topic.  Each round then
 carries a threshold; a joined agent answers with one randomized-response

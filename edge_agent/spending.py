@@ -257,7 +257,7 @@ def memo_lines(config: AgentConfig) -> list[str]:
                 f"ε ≤ {channel.memo_epsilon:g} about each value they had (at most "
                 f"{channel.count} × {channel.memo_epsilon:g} = "
                 f"{channel.count * channel.memo_epsilon:g} in all), given when it changed; "
-                f"reports of an unchanged value are linked (docs/PRIVACY.md)")
+                f"reports of an unchanged value are linked (docs/guides/PRIVACY.md)")
     return lines
 
 

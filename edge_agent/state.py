@@ -19,7 +19,7 @@ still holds.
 
 Only perturbed data is ever stored: message payloads are grid codes.
 
-The budget only moves forward (docs/PRIVACY.md, "The budget")
+The budget only moves forward (docs/guides/PRIVACY.md, "The budget")
 --------------------------------------------------------------
 Spending is kept per agent and channel against the *ledger time*, a clock of
 our own that never goes back and never jumps: between two charges it advances

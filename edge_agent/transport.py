@@ -6,7 +6,8 @@ implements it with the product's MQTT client (``edge_agent.common.mqtt_client``)
 tests use a fake of their own for logic and the real broker for everything
 else.
 
-paho-mqtt keeps unacknowledged messages only in memory (NOTES.md), so the
+paho-mqtt keeps unacknowledged messages only in memory (docs/guides/FIELD_NOTES.md,
+"paho-mqtt 2.x"), so the
 ``Outbox`` never relies on it: a message leaves the spool only when the
 broker's PUBACK for it arrives, or with ``[delivery] confirm = "collector"``
 only when a collector's confirmation names it (``edge_agent.state``).  A

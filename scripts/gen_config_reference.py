@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write docs/CONFIG_REFERENCE.md from the configuration models, so it cannot drift.
+"""Write docs/reference/CONFIG_REFERENCE.md from the configuration models, so it cannot drift.
 
 Every table and key of ``AgentConfig`` (edge_agent/config/) and
 ``CollectorConfig`` (collector/config.py) is listed with its type, default
@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:
 from collector.config import CollectorConfig  # noqa: E402
 from edge_agent.config import AgentConfig  # noqa: E402
 
-OUTPUT = ROOT / "docs" / "CONFIG_REFERENCE.md"
+OUTPUT = ROOT / "docs" / "reference" / "CONFIG_REFERENCE.md"
 
 
 @dataclass(frozen=True)
@@ -767,7 +767,7 @@ class Renderer:
         self.lines += [
             f"## {program.title} (`{program.command}`)", "",
             f"Model: `{program.model.__module__}.{program.model.__name__}`.  Annotated sample: "
-            f"[`{sample}`](../{sample}).  Check a file with "
+            f"[`{sample}`](../../{sample}).  Check a file with "
             f"`{program.command} check-config FILE`.", ""]
         self.tables(program.model, "", "Top level")
         return "\n".join(self.lines)
@@ -806,7 +806,7 @@ def _render() -> tuple[str, list[str]]:
 
 
 def render() -> str:
-    """The whole reference, as docs/CONFIG_REFERENCE.md should hold it."""
+    """The whole reference, as docs/reference/CONFIG_REFERENCE.md should hold it."""
     return _render()[0]
 
 

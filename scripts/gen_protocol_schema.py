@@ -1,8 +1,8 @@
-"""docs/protocol.schema.json, generated from the typed messages.
+"""docs/reference/protocol.schema.json, generated from the typed messages.
 
 ``python scripts/gen_protocol_schema.py`` (or ``make docs``) rewrites the file;
 tests/edge_agent/protocol/test_protocol.py fails when it is stale.  The root schema is the
-report message; ``$defs`` holds every other message of docs/PROTOCOL.md by name, and the
+report message; ``$defs`` holds every other message of docs/reference/PROTOCOL.md by name, and the
 scale-out partition state collectors exchange over NATS (``collector.storage.states``):
 a script, not a module of either package, because it documents both.
 """
@@ -17,9 +17,10 @@ import msgspec
 from collector.storage import states
 from edge_agent.protocol import confirmations, range, reports, snapshots, statuses
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "docs" / "protocol.schema.json"
+SCHEMA_PATH = (Path(__file__).resolve().parents[1] / "docs" / "reference"
+               / "protocol.schema.json")
 
-# Every message on the wire, by the topic that carries it (docs/PROTOCOL.md).
+# Every message on the wire, by the topic that carries it (docs/reference/PROTOCOL.md).
 MESSAGES = {
     "ldp/v1/<fleet>/<agent>/<channel>": reports.Report,
     "ldp/v1/<fleet>/<agent>/status": statuses.Status,

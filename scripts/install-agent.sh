@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install edge-agent as a systemd service in one command (docs/RASPBERRY_PI.md).
+# Install edge-agent as a systemd service in one command (docs/guides/RASPBERRY_PI.md).
 #
 #   sudo scripts/install-agent.sh [--wheel FILE] [--extras ble,i2c,http] [--agent-id ID] [--no-start]
 #   sudo scripts/install-agent.sh --uninstall
@@ -110,7 +110,7 @@ fi
     || die "$PYTHON has no venv module: sudo apt-get install python3-venv"
 case $(uname -m) in
     aarch64|x86_64) ;;
-    *) die "$(uname -m) is not supported: numba needs a 64-bit OS (aarch64), see docs/RASPBERRY_PI.md" ;;
+    *) die "$(uname -m) is not supported: numba needs a 64-bit OS (aarch64), see docs/guides/RASPBERRY_PI.md" ;;
 esac
 if [ -n "$wheel" ]; then
     [ -f "$wheel" ] || die "--wheel: no such file: $wheel"

@@ -193,7 +193,7 @@ def test_the_http_sources_server_is_imported_inside_a_function_only():
     assert found == []
 
 
-# -- the layers (README, "Architecture") ----------------------------------------------------------
+# -- the layers (docs/guides/ARCHITECTURE.md) -----------------------------------------------------
 
 def _product_imports(module: str) -> list[tuple[str, int]]:
     """(imported module, line) of every import of ``module`` (top-level or not)."""
@@ -261,7 +261,8 @@ def test_the_collector_uses_the_shared_layers_of_edge_agent_only():
 
 
 def test_every_package_says_what_it_holds():
-    """Each folder of the product is a package with a docstring (the README's tree)."""
+    """Each folder of the product is a package with a docstring (the tree in
+    docs/guides/ARCHITECTURE.md)."""
     missing = [str(path.relative_to(REPO)) for package in PACKAGES
                for path in sorted((REPO / package).rglob("*"))
                if path.is_dir() and any(path.glob("*.py"))

@@ -1,4 +1,5 @@
-"""docs/CONFIG_REFERENCE.md is generated from the configuration models and kept current."""
+"""docs/reference/CONFIG_REFERENCE.md is generated from the configuration models and kept
+current."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from edge_agent.config import AgentConfig
 from tests.support import REPO
 from tests.support.paths import load_script
 
-REFERENCE = REPO / "docs" / "CONFIG_REFERENCE.md"
+REFERENCE = REPO / "docs" / "reference" / "CONFIG_REFERENCE.md"
 
 
 gen = load_script("gen_config_reference")
@@ -24,7 +25,7 @@ gen = load_script("gen_config_reference")
 def test_reference_is_up_to_date():
     committed = REFERENCE.read_text() if REFERENCE.exists() else ""
     assert committed == gen.render(), (
-        "docs/CONFIG_REFERENCE.md is out of date with the configuration models or the "
+        "docs/reference/CONFIG_REFERENCE.md is out of date with the configuration models or the "
         "sample configs: run `make docs` and commit the result")
 
 

@@ -1,5 +1,5 @@
 """scripts/pi_check.py's parts that run without arm64 (the whole check is `make pi-check`,
-outside `make test`: docs/RASPBERRY_PI.md): where the machine cannot run it, one line
+outside `make test`: docs/guides/RASPBERRY_PI.md): where the machine cannot run it, one line
 and exit 1; the agent configuration it writes is one the agent accepts."""
 
 from __future__ import annotations

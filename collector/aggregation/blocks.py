@@ -70,7 +70,7 @@ class Block:
 
     STATE_NAMES: tuple[str, ...]
     # Slots, not a __dict__: a collector at its limits holds a quarter of a million
-    # windows, each with its blocks (docs/BENCHMARKS.md, "Memory").
+    # windows, each with its blocks (docs/benchmarks/BENCHMARKS.md, "Memory").
     __slots__ = ("description", "component", "bins", "count", "_cache")
 
     def __init__(self, description, bins: int, component: int | None = None):

@@ -1,7 +1,7 @@
 """Aggregating report messages (no I/O here; see ``service.py``).
 
 ``Ingestor.ingest(topic, payload)`` decodes one message through the typed
-protocol (``edge_agent.protocol``: every check of docs/PROTOCOL.md), drops
+protocol (``edge_agent.protocol``: every check of docs/reference/PROTOCOL.md), drops
 duplicates by (agent, channel, seq) (``dedup.SeqTracker``), and adds the codes
 to the channel's series.  A message that fails any check is rejected, counted
 by reason and kept (truncated) in a bounded dead-letter log; it changes no

@@ -227,9 +227,9 @@ class Series:
         return computed and key not in self.changed
 
     def entry(self) -> dict:
-        """The channel's entry (docs/API.md): what the series is, and its total's estimates
-        (nulls before any were computed), ``state`` "computing" while they are of fewer
-        values than its sums hold, else "ready"."""
+        """The channel's entry (docs/reference/API.md): what the series is, and its total's
+        estimates (nulls before any were computed), ``state`` "computing" while they are of
+        fewer values than its sums hold, else "ready"."""
         view = self._view(self._new_blocks()) if self.summary is None else self.summary[1]
         state = "ready" if self.current(TOTAL) else "computing"
         out = {"kind": self.kind, "mechanism": as_dict(self.description), "count": self.count(),

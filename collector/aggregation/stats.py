@@ -44,7 +44,7 @@ def _sum(array: np.ndarray) -> int:
 
 
 class StateError(ValueError):
-    """A saved or published state (docs/SCALE_OUT.md) that cannot be loaded; says where and
+    """A saved or published state (docs/guides/SCALE_OUT.md) that cannot be loaded; says where and
     why."""
 
 
@@ -70,7 +70,7 @@ class Statistic(ABC):
 
     state_type: ClassVar[Any]
     # Slots, not a __dict__: a collector at its limits holds a quarter of a million
-    # windows, each with four or five statistics (docs/BENCHMARKS.md, "Memory").
+    # windows, each with four or five statistics (docs/benchmarks/BENCHMARKS.md, "Memory").
     __slots__ = ()
 
     def update(self, batch) -> None:
@@ -343,7 +343,7 @@ class TrigMoments(_PlaneSums):
 
 # A histogram's counts are kept in the narrowest of these that holds its largest bin,
 # widened as it grows: a window of a few thousand reports needs 16 bits, not 64 (a
-# collector at its limits holds a quarter of a million windows; docs/BENCHMARKS.md).
+# collector at its limits holds a quarter of a million windows; docs/benchmarks/BENCHMARKS.md).
 _COUNT_TYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32),
                 np.dtype(np.int64))
 

@@ -1,7 +1,7 @@
-"""The collector's aggregates as documents: the HTTP API (docs/API.md).
+"""The collector's aggregates as documents: the HTTP API (docs/reference/API.md).
 
 An estimate (a series' total, or one window's history point) costs EM fits and a
-bootstrap, 10-30 ms for a window of a few thousand reports (docs/BENCHMARKS.md),
+bootstrap, 10-30 ms for a window of a few thousand reports (docs/benchmarks/BENCHMARKS.md),
 and is computed once: when its sums change (a window closes, a late report arrives),
 and never again for the same sums.  What the sums gave is kept with them
 (``Series.summary``, ``Series.points``) and saved with the checkpoint, so a
@@ -90,7 +90,7 @@ MAX_PROMISES = 8
 
 def fleet_guarantees(agents: dict) -> dict:
     """What the online agents' statuses say they promise every wearer (configuration
-    only, docs/PRIVACY.md): each distinct set of guarantees (shortest window first) with
+    only, docs/guides/PRIVACY.md): each distinct set of guarantees (shortest window first) with
     how many agents state it, the most common first, at most MAX_PROMISES of them
     (``others``: agents stating one not listed).  An agent from before guarantees states
     its one budget."""
@@ -283,7 +283,7 @@ class Views:
                  extra: Callable[[], dict] | None = None,
                  budget_seconds: float | None = ESTIMATE_SHARE):
         """``extra``: more top-level fields for /api/channels (the merge view's
-        ``partitions`` and ``partition_rejects``, docs/API.md).  ``broker_status``,
+        ``partitions`` and ``partition_rejects``, docs/reference/API.md).  ``broker_status``,
         ``range_results`` and ``extra`` keep their own locks: snapshots ask them
         without holding ``lock``."""
         self._get = get_ingestor

@@ -1,5 +1,5 @@
 """The collector's Prometheus metrics: the families of an /api/channels document (names in
-docs/API.md), built with prometheus_client's metric families."""
+docs/reference/API.md), built with prometheus_client's metric families."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ AXIS_GAUGES = {
 
 
 def document_metrics(document: dict) -> list[Metric]:
-    """The metric families of an /api/channels document (names in docs/API.md).
+    """The metric families of an /api/channels document (names in docs/reference/API.md).
 
     A counter family is named with its ``_total``: prometheus_client takes the
     suffix off the family and puts it back on the sample and its HELP/TYPE."""

@@ -1,4 +1,4 @@
-"""The collector's HTTP API and live dashboard (docs/API.md): Starlette on uvicorn.
+"""The collector's HTTP API and live dashboard (docs/reference/API.md): Starlette on uvicorn.
 
 Every document is served from the latest snapshot (``collector.api.snapshots``):
 computed once per push period outside the collector's lock and serialised once, so

@@ -16,7 +16,7 @@ PACKET_OVERHEAD_BYTES = 64 << 10  # an MQTT packet's header, topic and propertie
 def network_settings(config: CollectorConfig, journal: JournalSpec | None = None) \
         -> NetworkSettings:
     """What the network child subscribes to: every report and status; with ``[broker]
-    shared_group`` (several scale-out ingresses, docs/SCALE_OUT.md) the group's share of
+    shared_group`` (several scale-out ingresses, docs/guides/SCALE_OUT.md) the group's share of
     them, and every status directly, since retained messages skip shared subscriptions.
     ``journal``: where it journals (default: ``[storage] path``)."""
     broker, fleet, group = config.broker, config.fleet, config.broker.shared_group

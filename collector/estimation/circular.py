@@ -2,7 +2,8 @@
 standard errors and 95% intervals (no I/O; ``collector.aggregation.blocks.CircularBlock``
 calls it).
 
-**Model.**  A circular mechanism is symmetric about its input (NOTES.md, "Circular OGPM"),
+**Model.**  A circular mechanism is symmetric about its input (docs/guides/FIELD_NOTES.md,
+"Circular OGPM"),
 so each report's unit vector u = (cos θ', sin θ') has E[u] = ρ(ε)·e^{iθ} for an input θ,
 with ρ = ``mechanism.mean_resultant_length()``.  The reports' mean resultant vector
 m̄ = (Σcos θ', Σsin θ')/n therefore estimates ρ·μ, μ = R·e^{iθ₀} the readings' mean

@@ -36,7 +36,7 @@ from numba import njit
 SMOOTHING_CHOICES = (1.0, 0.3, 0.1, 0.03, 0.01)
 # Accelerated steps of each cross-validation fit: each starts from its neighbouring
 # smoothing's fit, and the choice needs no tight convergence (50 picked the same smoothing
-# as 300 in 99% of splits tried, at a third of the cost; docs/BENCHMARKS.md).
+# as 300 in 99% of splits tried, at a third of the cost; docs/benchmarks/BENCHMARKS.md).
 CROSS_VALIDATION_STEPS = 50
 # A fit to a tight tolerance is taken by SQUAREM to POLISH_FROM, then by Newton steps on
 # its fixed point (``_polish``): SQUAREM converges linearly, slowly where M blurs much (an
@@ -318,7 +318,7 @@ def fit_response(counts, matrix: np.ndarray, p: np.ndarray, *, smoothing: float,
     step budget hardly move along, and the bootstrap describes the fits the collector
     makes (the maximum likelihood, smoothing 0, most of all).  ``steps`` (a power of
     two): 1,024 plain steps move as far as refits of 60 accelerated ones (measured,
-    docs/BENCHMARKS.md).  None where plain steps move away from p (F_p^K grows)."""
+    docs/benchmarks/BENCHMARKS.md).  None where plain steps move away from p (F_p^K grows)."""
     if not 0.0 <= smoothing <= 1.0:
         raise ValueError(f"smoothing must be in [0, 1], got {smoothing!r}")
     if steps < 1 or steps & (steps - 1):

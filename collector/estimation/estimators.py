@@ -41,7 +41,7 @@ reconstruction's spread is understated with few reports at small eps, the
 inversion's is not); below SHRINK_FROM the raw average stays, from SHRINK_TO
 on the other candidate with the smallest estimated error replaces it, and in
 between the estimate moves from one to the other in proportion
-(``shrinkage``).  docs/BENCHMARKS.md shows how it does.
+(``shrinkage``).  docs/benchmarks/BENCHMARKS.md shows how it does.
 
 The 95% interval is estimate +- (t sd + bias bound), clipped to the domain, with
 t Student's 97.5% quantile on n - 1 degrees of freedom (1.96 beyond 1,000 reports:
@@ -291,7 +291,7 @@ def _refits(counts: np.ndarray, matrix: np.ndarray, fit: np.ndarray, smoothing: 
     instead of a refit per resample), or refitted where no response exists.  The spread
     of the means they give matches the refits' (smoothed fits: 0.77-1.32 times it over
     96 cells, median 1.00, on 30 resamples whose own noise is about 13%), where the
-    response without a budget is up to 6 times too wide (docs/BENCHMARKS.md)."""
+    response without a budget is up to 6 times too wide (docs/benchmarks/BENCHMARKS.md)."""
     response = ems.fit_response(counts, matrix, fit, smoothing=smoothing, circular=circular)
     if response is None:  # plain steps leave the fit (0.2% of smoothed fits, measured)
         return _refit_each(matrix, fit, smoothing, resampled, circular=circular)
@@ -420,7 +420,7 @@ def _choose_mean(model: LinearModel, fits: _Fits, boots: _Fits, report_variance:
         note = (f"{mass:.0%} of the data lies where {m.name} at epsilon {m.epsilon:g} "
                 f"reports the same distribution for every value (near an end of "
                 f"[{m.low:g}, {m.high:g}]); the interval allows {unknowable:.3g} for where it is "
-                f"there (docs/API.md, 'Data near an end')")
+                f"there (docs/reference/API.md, 'Data near an end')")
     return {"raw": fits.raw, "estimate": estimate, "stderr": sd, "bias_bound": bias,
             "ci95": [max(m.low, estimate - half), min(m.high, estimate + half)],
             "method": chosen,

@@ -1,6 +1,6 @@
 """The coordinator of range discovery: one private min or max search over MQTT.
 
-A run (docs/PROTOCOL.md, "Range discovery"):
+A run (docs/reference/PROTOCOL.md, "Range discovery"):
 
 1. ``announce`` on ``_range/control/<run>`` with the channel, side,
    epsilon, strategy and window; agents reply ``join`` (accept or refuse)

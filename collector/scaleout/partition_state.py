@@ -25,7 +25,7 @@ def partition_of_key(key: str) -> int | None:
 
 def decode_partition(payload: bytes, *, partition: int, fleet: str,
                      settings: AggregateSettings) -> tuple[PartitionState, Ingestor]:
-    """A scale-out partition's state (docs/SCALE_OUT.md) and its ``Ingestor`` (without
+    """A scale-out partition's state (docs/guides/SCALE_OUT.md) and its ``Ingestor`` (without
     the sequence trackers), or ``PartitionStateRejected``."""
     try:
         document = decode_partition_state(payload, partition)

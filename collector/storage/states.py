@@ -5,7 +5,7 @@ The same types serve
 * the **checkpoint** a collector writes to its SQLite file (``Checkpoint``:
   aggregates and sequence trackers), and
 * the **partition state** a scale-out member writes to the NATS KV bucket for
-  the next owner and the merge view (``PartitionState``, docs/SCALE_OUT.md).
+  the next owner and the merge view (``PartitionState``, docs/guides/SCALE_OUT.md).
 
 Both are JSON (msgspec): sums of codes are exact integers of any size, which
 msgpack cannot carry.  Decoding checks every type and bound; what depends on
@@ -165,7 +165,7 @@ class MeanPoint(Struct, forbid_unknown_fields=True):
 
 class _Point(Struct, forbid_unknown_fields=True):
     """One window's estimates as a chart over time draws them (GET /api/channels/<name>/
-    history: docs/API.md): its span in seconds, its count, and the kind's estimates."""
+    history: docs/reference/API.md): its span in seconds, its count, and the kind's estimates."""
 
     start: Finite
     end: Finite
@@ -342,7 +342,7 @@ def decode_checkpoint(payload: bytes) -> Checkpoint:
     return decode_checked(_checkpoint_decoder, payload, {"v": "version", "type": "version"})
 
 
-# -- a scale-out partition's state (collector.scaleout, docs/SCALE_OUT.md) ------------------
+# -- a scale-out partition's state (collector.scaleout, docs/guides/SCALE_OUT.md) ------------------
 
 PARTITION_STATE_VERSION = 1
 

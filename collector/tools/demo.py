@@ -10,7 +10,7 @@ SIGHUP or after ``--duration``):
 * ``edge-collector run`` with the dashboard on ``--http-port`` and a range
   discovery schedule for ``accel_x``; or with ``--scale-out``, a local 3-node
   NATS JetStream cluster, ``edge-collector ingress``, two ``edge-collector
-  member`` and ``edge-collector merge`` serving the dashboard (docs/SCALE_OUT.md),
+  member`` and ``edge-collector merge`` serving the dashboard (docs/guides/SCALE_OUT.md),
   so that parts can be killed while watching the counts;
 * ``edge-agent fleet --count N``: N simulated wearables, each its own agent
   (id ``wearable-<i>``, seed, budget and sequence numbers), streaming

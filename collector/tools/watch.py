@@ -2,7 +2,7 @@
 
 ``URL`` is the collector's HTTP address, where its dashboard is served (its
 ``[http]`` host and port; default ``http://127.0.0.1:8080``).  Polls
-``URL/api/channels`` (docs/API.md) with urllib and redraws a ``rich`` table:
+``URL/api/channels`` (docs/reference/API.md) with urllib and redraws a ``rich`` table:
 one row per channel, plus one per axis (vector) or component (polar).  Values
 are shown with their channel's unit; a mean's ± is its standard error
 ("(s.e.)"), a circular mean's ± the half-width of its 95% interval; numbers are
@@ -83,7 +83,7 @@ def _linear_cells(block: dict, unit: Any = None) -> tuple[str, str]:
     detail = f"[{fmt(low)}, {fmt(high)}]{_unit(unit)}"
     if mean.get("method"):
         detail += f" {mean['method']}"
-    if mean.get("note"):  # data where the mechanism cannot place it (docs/API.md)
+    if mean.get("note"):  # data where the mechanism cannot place it (docs/reference/API.md)
         detail += " !near an end"
     return estimate, detail
 
@@ -115,7 +115,7 @@ def _circular_cells(block: dict, period: Any, unit: Any = None) -> tuple[str, st
     std = f"σ {with_unit(fmt(block.get('circular_std')), unit)}"
     if not _finite(block.get("circular_std")) and _finite(length.get("estimate")) \
             and length["estimate"] >= 1:
-        std += " (R ≥ 1)"  # null rather than a fake 0 (docs/API.md)
+        std += " (R ≥ 1)"  # null rather than a fake 0 (docs/reference/API.md)
     detail = f"R {fmt(length.get('estimate'))}{interval} (raw {fmt(length.get('raw'))}) · {std}"
     return estimate, detail
 

@@ -57,7 +57,8 @@ def parse_period(text: str) -> float:
 
 
 def _valid_period(text: str) -> str:
-    period_parts(text)  # its form (named here so that docs/CONFIG_REFERENCE.md lists both)
+    # its form (named here so that docs/reference/CONFIG_REFERENCE.md lists both)
+    period_parts(text)
     parse_period(text)  # and its length
     return text
 

@@ -35,7 +35,7 @@ FLEET_MAX_COUNT = 100_000
 
 class Guarantee(Model):
     """At most ``epsilon`` (and ``delta``) spent on any wearer's data over every rolling
-    window of ``per`` (docs/PRIVACY.md, "What ε means for a wearer")."""
+    window of ``per`` (docs/guides/PRIVACY.md, "What ε means for a wearer")."""
 
     epsilon: Annotated[float, Field(gt=0, le=1e6, description=(
         "most epsilon spent on a wearer's data in any rolling window of `per`"))]
@@ -59,7 +59,7 @@ class PrivacyConfig(Model):
     # The shorthand for one guarantee: budget_epsilon (and budget_delta) per budget_period.
     budget_epsilon: Annotated[float, Field(gt=0)] | None = None
     # Total delta this agent may spend in any rolling period, all channels together
-    # ((epsilon, delta)-LDP channels; basic composition, docs/PRIVACY.md "δ"); 0: only
+    # ((epsilon, delta)-LDP channels; basic composition, docs/guides/PRIVACY.md "δ"); 0: only
     # pure epsilon-LDP reports.
     budget_delta: Annotated[float, Field(ge=0, le=1)] = 0.0
     budget_period: Period = "1d"
@@ -69,7 +69,7 @@ class PrivacyConfig(Model):
     # 4), which the planner keeps free in every window of every guarantee.
     range_epsilon_max: Annotated[float, Field(ge=0, le=EPSILON_MAX)] | None = None
     # "auto": the planner sets every channel's epsilon per report and when it reports,
-    # for the least error of the fleet's mean under the guarantees (docs/PRIVACY.md, "The
+    # for the least error of the fleet's mean under the guarantees (docs/guides/PRIVACY.md, "The
     # planner"); "manual": each channel's epsilon and report_interval.  Left out: "auto"
     # when no channel gives its epsilon, else "manual".
     plan: Literal["auto", "manual"] | None = None
@@ -164,7 +164,7 @@ class SpoolConfig(Model):
 
 
 class DeliveryConfig(Model):
-    """When a spooled report may leave the spool (docs/DEPLOYMENT.md, "Delivery")."""
+    """When a spooled report may leave the spool (docs/guides/DEPLOYMENT.md, "Delivery")."""
 
     # "broker": on the broker's acknowledgement.  "collector": once a collector confirms
     # it counted the report durably (ldp/v1/<fleet>/_confirm/<agent>); nothing is then

@@ -53,7 +53,7 @@ class _ChannelBase(Model):
     name: Name
     source: Name
     # Per report (a vector or polar report counts once).  Leave it out and the planner
-    # sets it ([privacy] plan = "auto", docs/PRIVACY.md "The planner").
+    # sets it ([privacy] plan = "auto", docs/guides/PRIVACY.md "The planner").
     epsilon: Epsilon | None = None
     # Seconds between reported readings: sub-sampling stretches the budget (plan = "manual").
     report_interval: Annotated[float, Field(ge=0, le=86400)] = 0.0
@@ -150,7 +150,9 @@ class VectorChannelConfig(_ChannelBase):
     fields: Annotated[list[str], Field(min_length=2, max_length=64)]
     # A scalar mechanism for each reported axis, or one of the whole vector:
     # duchi-vector (every axis a sign, jointly at epsilon and delta) or sampled-duchi
-    # (k random axes, each a sign at epsilon/k and delta/k), papers/003 Alg. 1 and 3.
+    # (k random axes, each a sign at epsilon/k and delta/k): Wang, Zhao, Yang and Ren,
+    # "Locally Differentially Private Data Collection and Analysis" (arXiv:1906.01777),
+    # Alg. 1 and 3.
     mechanism: VectorMechanism = "ogpm"
     domain: tuple[float, float]
     unit: Unit | None = None  # of every axis
@@ -161,10 +163,10 @@ class VectorChannelConfig(_ChannelBase):
     # Not with duchi-vector or sampled-duchi, which report whole vectors.
     strategy: Literal["split", "sample", "auto"] = "auto"
     # strategy 'sample': the axes per reading; sampled-duchi: its k (leave it out: the k
-    # of least worst-case variance, papers/003 Lemma 5).
+    # of least worst-case variance, Wang et al. arXiv:1906.01777 Lemma 5).
     k: Annotated[int, Field(ge=1)] | None = None
     # duchi-vector and sampled-duchi only: (epsilon, delta)-LDP per reading, which
-    # [privacy] budget_delta must allow (papers/003).  0 is pure epsilon-LDP.
+    # [privacy] budget_delta must allow (Wang et al. arXiv:1906.01777).  0 is pure epsilon-LDP.
     delta: Annotated[float, Field(ge=0, le=DELTA_MAX)] = 0.0
 
     _domain = field_validator("domain")(classmethod(lambda cls, v: _check_domain(v)))
@@ -231,17 +233,17 @@ class CategoricalChannelConfig(_ChannelBase):
     # epsilon (GRR for small domains, OLH for large ones; edge_agent.mechanisms.categorical).
     oracle: Oracle = "auto"
     # (epsilon, delta)-LDP: each report also costs delta, which [privacy] budget_delta
-    # must allow (papers/003 Section 5).  0 is pure epsilon-LDP.
+    # must allow (Wang et al. arXiv:1906.01777 Section 5).  0 is pure epsilon-LDP.
     delta: Annotated[float, Field(ge=0, le=DELTA_MAX)] = 0.0
     # A reading that is none of the categories (a word or value not listed): "drop" it,
     # or report it as the category named here (e.g. "other"): dropping changes how many
-    # reports a batch has, reporting it does not (docs/PRIVACY.md).
+    # reports a batch has, reporting it does not (docs/guides/PRIVACY.md).
     unknown: str = "drop"
     # For values that change slowly (an activity): each value gets a permanent randomized
     # response (GRR at memo_epsilon), drawn once, kept in the state file for good, and
     # every report randomizes it again (GRR at epsilon).  However often an unchanged value
     # is reported, what the reports reveal about it stays within memo_epsilon; reports of
-    # an unchanged value are linked (docs/PRIVACY.md, "Memoized categories").
+    # an unchanged value are linked (docs/guides/PRIVACY.md, "Memoized categories").
     memoize: bool = False
     memo_epsilon: Epsilon | None = None  # with memoize: the permanent layer's, per value
 

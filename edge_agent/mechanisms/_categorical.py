@@ -91,7 +91,7 @@ def _popcount(word):
 
 @njit(cache=True)
 def sign_vectors(x, words, alpha, out, start):
-    """Duchi et al.'s multi-dimensional mechanism (papers/003 Algorithm 1/4) from
+    """Duchi et al.'s multi-dimensional mechanism (Wang et al. arXiv:1906.01777 Algorithm 1/4) from
     report ``start`` on: bit j of ``out[i]`` is 1 for +B on axis j.  V_j = +1 for
     r < floor((1 + x_j) 2**52); u = 1 for r < alpha; then a uniform sign pattern of
     T+(V) (more agreements than disagreements) or T-(V) by rejection from the low d
@@ -125,7 +125,7 @@ def sign_vectors(x, words, alpha, out, start):
 
 @njit(cache=True)
 def sampled_axes(words, k, order, out, start):
-    """k distinct axes of d = ``order.size`` per report, uniformly (papers/003
+    """k distinct axes of d = ``order.size`` per report, uniformly (Wang et al. arXiv:1906.01777
     Algorithm 3, line 2), from report ``start`` on: bit j of ``out[i]`` is set for a
     chosen axis.  A partial Fisher-Yates shuffle of ``order`` (scratch, d entries):
     step t swaps entry t with entry t + r mod (d - t), r a whole word, words below

@@ -7,8 +7,9 @@ category, the reports supporting it and inverts the support probabilities:
     f_v = (C_v / n - q) / (p - q),    p = P[supports v | v],  q = P[supports v | u != v]
 
 (Wang, Blocki, Li, Jha, "Locally differentially private protocols for frequency
-estimation", USENIX Security 2017, Eq. 1; the (ε,δ) versions are Section 5 of
-``papers/003``).  The variance of that estimate from n reports is
+estimation", USENIX Security 2017, Eq. 1; the (ε,δ) versions are Section 5 of Wang,
+Zhao, Yang and Ren, "Locally Differentially Private Data Collection and Analysis",
+arXiv:1906.01777).  The variance of that estimate from n reports is
 
     Var[f_v] = (f_v p (1 - p) + (1 - f_v) q (1 - q)) / (n (p - q)^2).
 
@@ -28,7 +29,7 @@ estimation", USENIX Security 2017, Eq. 1; the (ε,δ) versions are Section 5 of
   good), and every report is GRR at ``epsilon`` of the memo.  A report is then GRR with
   p = p1 p2 + (1 - p1) q2 and q = q1 p2 + (1 - q1) q2 (1 and 2: the two layers).
 
-**(ε,δ)** (``delta`` > 0; papers/003 Section 5): GRR-ALDP (Eq. 45), PRR-ALDP as
+**(ε,δ)** (``delta`` > 0; Wang et al. arXiv:1906.01777 Section 5): GRR-ALDP (Eq. 45), PRR-ALDP as
 OUE with δ (Eqs. 47-50), SPRR-ALDP as SUE with δ (Eq. 51), OLH-ALDP (Eqs. 54-57).
 For every one of them the paper's per-output condition is also the standard one
 (the largest hockey-stick divergence has one exceeding output, or one exceeding
@@ -97,7 +98,7 @@ def grr_other_weight(epsilon: float, outputs: int, delta: Fraction = Fraction(0)
     """The least F for GRR over ``outputs`` values (the kept one with K = 2**53 -
     (outputs - 1) F, each other with F) whose guarantee holds exactly: K / F <= e^ε
     when δ = 0, else the hockey-stick divergence (K - e^ε F) / 2**53 <= δ.  Ideally
-    F = 2**53 (1 - δ) / (e^ε + outputs - 1) (papers/003 Eq. 45)."""
+    F = 2**53 (1 - δ) / (e^ε + outputs - 1) (Wang et al. arXiv:1906.01777 Eq. 45)."""
 
     def holds(weight: int) -> bool:
         keep = TOTAL - (outputs - 1) * weight
@@ -268,7 +269,7 @@ class _RandomizedResponseOver(FrequencyOracle):
 
 class GeneralizedRR(_RandomizedResponseOver):
     """k-ary randomized response: the report is a category (δ > 0: GRR-ALDP,
-    papers/003 Eq. 45)."""
+    Wang et al. arXiv:1906.01777 Eq. 45)."""
 
     name = "grr"
     report_form = "category"
@@ -357,14 +358,15 @@ class _UnaryEncoding(FrequencyOracle):
 
 
 def _unary_variance(q: float, epsilon: float, delta: float) -> float:
-    """papers/003 Eq. 50 (per report, f -> 0) with p from Eq. 49."""
+    """Wang et al. arXiv:1906.01777 Eq. 50 (per report, f -> 0) with p from Eq. 49."""
     e = math.exp(epsilon)
     return q * (1 - q) * (1 - q + q * e) ** 2 / (q * (1 - q) * (e - 1) + delta) ** 2
 
 
 class OptimizedUnaryEncoding(_UnaryEncoding):
     """OUE: the own bit 1 with p, the others with q; δ = 0: p = 1/2, q = 1/(e^ε + 1)
-    (Wang et al. 2017); δ > 0: PRR-ALDP (papers/003 Eqs. 47-50) with the q of least
+    (Wang et al. 2017); δ > 0: PRR-ALDP (Wang et al. arXiv:1906.01777 Eqs. 47-50) with
+    the q of least
     variance (Eq. 50) and the largest p that keeps the hockey-stick δ."""
 
     name = "oue"
@@ -386,8 +388,8 @@ class OptimizedUnaryEncoding(_UnaryEncoding):
 
 
 class SymmetricUnaryEncoding(_UnaryEncoding):
-    """RAPPOR's symmetric choice p + q = 1 (SPRR-ALDP, papers/003 Eq. 51): the largest
-    p that keeps the guarantee (δ = 0: p = e^(ε/2) / (1 + e^(ε/2)))."""
+    """RAPPOR's symmetric choice p + q = 1 (SPRR-ALDP, Wang et al. arXiv:1906.01777 Eq. 51):
+    the largest p that keeps the guarantee (δ = 0: p = e^(ε/2) / (1 + e^(ε/2)))."""
 
     name = "sue"
 
@@ -415,7 +417,8 @@ MAX_BUCKETS = 1 << 31  # the hash's range (Lemire's reduction of 32 bits)
 
 
 def _hashing_variance(g: float, epsilon: float, delta: float) -> float:
-    """papers/003 Eq. 56 per report: (e^ε + g - 1)^2 / ((g - 1)(e^ε + g δ - 1)^2)."""
+    """Wang et al. arXiv:1906.01777 Eq. 56 per report:
+    (e^ε + g - 1)^2 / ((g - 1)(e^ε + g δ - 1)^2)."""
     e = math.exp(epsilon)
     return (e + g - 1) ** 2 / ((g - 1) * (e + g * delta - 1) ** 2)
 
@@ -434,7 +437,7 @@ def optimal_buckets(epsilon: float, delta: float = 0.0) -> int:
 
 class OptimizedLocalHashing(_RandomizedResponseOver):
     """A keyed hash into g buckets (seed drawn per value and reported), then GRR over g
-    (δ > 0: OLH-ALDP, papers/003 Eqs. 54-57)."""
+    (δ > 0: OLH-ALDP, Wang et al. arXiv:1906.01777 Eqs. 54-57)."""
 
     name = "olh"
     report_form = "hashed"
@@ -477,7 +480,7 @@ class LongitudinalGRR(FrequencyOracle):
     """L-GRR (module docstring): a value's memo B(v) = GRR at ``memo_epsilon``, drawn once
     and kept (``memoize``), each report GRR at ``epsilon`` of the memo (``respond``).
 
-    What it guarantees (docs/PRIVACY.md, "Memoized categories"):
+    What it guarantees (docs/guides/PRIVACY.md, "Memoized categories"):
 
     * any n reports, whatever the values behind them and however memos are shared: at
       most n ``epsilon`` (each report passes through the instantaneous layer: every

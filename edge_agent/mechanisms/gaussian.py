@@ -1,5 +1,6 @@
 """Opt-GM on the output grid: the optimal Gaussian mechanism of the (ε,δ)-LDP paper
-(papers/003 Theorem 1, Balle and Wang 2018) as a discrete Gaussian.
+(Wang, Zhao, Yang and Ren, "Locally Differentially Private Data Collection and Analysis",
+arXiv:1906.01777, Theorem 1; Balle and Wang 2018) as a discrete Gaussian.
 
 A value in [low, high] is a point of a lattice of ``steps`` equal steps over the domain
 (rounded at random to one of its two neighbours, so the rounding adds no bias); the report
@@ -55,9 +56,9 @@ def gaussian_delta(sigma: float, epsilon: float, sensitivity: float) -> float:
 
 @lru_cache(maxsize=256)
 def analytic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
-    """Opt-GM's σ (papers/003 Theorem 1, Eq. 4; the analytic Gaussian mechanism): the
-    least σ whose δ at ε is at most δ, by bisection on the exact condition (δ falls as σ
-    grows)."""
+    """Opt-GM's σ (Wang et al. arXiv:1906.01777 Theorem 1, Eq. 4; the analytic Gaussian
+    mechanism): the least σ whose δ at ε is at most δ, by bisection on the exact condition
+    (δ falls as σ grows)."""
     low, high = 1e-9 * sensitivity, 1e9 * sensitivity
     for _ in range(200):
         middle = math.sqrt(low * high)

@@ -1,5 +1,6 @@
 """Duchi et al.'s mechanism for d-dimensional data, fixed for even d, under ε-LDP and
-(ε,δ)-LDP (``papers/003``: Algorithm 1 "Mechanism-1", Algorithm 4 and Appendix A).
+(ε,δ)-LDP (Wang, Zhao, Yang and Ren, "Locally Differentially Private Data Collection and
+Analysis", arXiv:1906.01777: Algorithm 1 "Mechanism-1", Algorithm 4 and Appendix A).
 
 A tuple x in [-1, 1]^d is reported as x* in {-B, B}^d: draw V in {-1, 1}^d with
 P[V_j = 1] = (1 + x_j)/2, then with probability α a tuple uniformly from
@@ -105,9 +106,9 @@ class AxisMarginal:
     """The distribution of one axis' reports of a vector mechanism: two atoms,
     mid ± scale (high - low)/2, the upper one (code 1) with probability
     (1 + t / scale) / 2 for t the input mapped onto [-1, 1] (each coordinate of an
-    unbiased ±B report has mean t, papers/003 Lemma 3).  The closed forms the collector
-    estimates an axis with (``collector.aggregation.blocks.LinearBlock``): unbiased,
-    E[M(x)] = x, Var = (scale (high - low)/2)^2 - (x - mid)^2."""
+    unbiased ±B report has mean t, Wang et al. arXiv:1906.01777 Lemma 3).  The closed
+    forms the collector estimates an axis with (``collector.aggregation.blocks.LinearBlock``):
+    unbiased, E[M(x)] = x, Var = (scale (high - low)/2)^2 - (x - mid)^2."""
 
     unbiased = True
     atoms = True  # every code is an atom of its own (no cells of a continuous output)
@@ -318,14 +319,15 @@ def paper_delta_alpha(epsilon: float, delta: float, dimensions: int) -> Fraction
         return Fraction(alpha)
 
 
-LEMMA5_A = 2.17  # papers/003 Lemma 5: the per-axis epsilon that minimises the variance
+# Wang et al. arXiv:1906.01777 Lemma 5: the per-axis epsilon that minimises the variance
+LEMMA5_A = 2.17
 
 
 class SampledDuchi(_VectorMechanism):
     """k of d axes per tuple, each at (ε/k, δ/k) with the one-dimensional mechanism
     (``DuchiVector`` with d = 1, Algorithm 2), scaled by d/k; the other axes report 0
-    (papers/003 Algorithm 3, "Mechanism-2").  Basic composition: k shares, each rounded
-    down, compose to at most (ε, δ) exactly.
+    (Wang et al. arXiv:1906.01777 Algorithm 3, "Mechanism-2").  Basic composition: k
+    shares, each rounded down, compose to at most (ε, δ) exactly.
 
     ``k`` None: the k in 1..d of least worst-case variance d/k B(ε/k, δ/k)^2, from the
     exact B (Lemma 5 gives max(1, min(d, floor(ε / 2.17))), which it agrees with up to

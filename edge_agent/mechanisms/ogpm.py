@@ -1,6 +1,9 @@
-"""The optimal piecewise mechanisms of Zheng, Mishra and Hu (OGPM, PoPETs).
+"""The optimal piecewise mechanisms of Zheng, Mishra and Hu (OGPM): "Optimal Piecewise-based
+Mechanism for Collecting Bounded Numerical Data under Local Differential Privacy", PoPETs,
+arXiv:2505.15483.
 
-Throughout, s = exp(eps / 2), so exp(eps) = s**2 (see shared NOTES.md).
+Throughout, s = exp(eps / 2), so exp(eps) = s**2 (docs/guides/FIELD_NOTES.md, "Closed
+forms, with values to test against").
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ class ClassicalOGPM(ThreePieceMechanism):
     def bias_inverse(self, mean: Any) -> np.ndarray:
         """x with E[M(x)] = mean, valid where x lies in [low + C, high - C].
 
-        E[M(x)] = (1 - 1/s) x + (1/(2s)) on [0, 1] (NOTES.md), scaled; means
+        E[M(x)] = (1 - 1/s) x + (1/(2s)) on [0, 1] (docs/guides/FIELD_NOTES.md, classical
+        OGPM), scaled; means
         outside the image of that range are clipped to the domain.
         """
         s = math.exp(self.epsilon / 2.0)

@@ -13,7 +13,8 @@ Which mechanisms a channel kind may carry follows from these tables too
 polar pair, categorical channels a frequency oracle (``ORACLES``: GRR, OUE,
 SUE, OLH), linear and vector channels every other mechanism, and vector channels also
 the mechanisms that report a whole vector at once (``VECTOR``: Duchi et al.'s
-d-dimensional mechanism and its k-of-d sampling, papers/003 Algorithms 1 and 3).
+d-dimensional mechanism and its k-of-d sampling, Wang, Zhao, Yang and Ren, "Locally
+Differentially Private Data Collection and Analysis", arXiv:1906.01777, Algorithms 1 and 3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The wire protocol between agents and collectors (docs/PROTOCOL.md), used by both sides.
+"""The wire protocol between agents and collectors (docs/reference/PROTOCOL.md), used by both sides.
 
 * ``topics``: the MQTT topics, built and parsed in one place;
 * ``fields``: the bounded field types every message is made of;
@@ -9,7 +9,7 @@
   ``reports``, ``statuses``, ``confirmations``, ``range`` (range discovery) and
   ``snapshots`` (the collector's retained aggregates).
 
-docs/protocol.schema.json is generated from the types (scripts/gen_protocol_schema.py).
+docs/reference/protocol.schema.json is generated from the types (scripts/gen_protocol_schema.py).
 The states collectors save and exchange are the collector's (collector/storage/states.py).
 """
 

@@ -1,5 +1,5 @@
 """Delivery confirmations: what a collector has settled, per agent and channel
-(docs/PROTOCOL.md, "Confirmations")."""
+(docs/reference/PROTOCOL.md, "Confirmations")."""
 
 from typing import Annotated, Literal
 
@@ -11,7 +11,7 @@ from edge_agent.protocol.fields import Finite, Name, Seq
 from edge_agent.protocol.statuses import MAX_AGENT_CHANNELS
 from edge_agent.protocol.topics import confirm_agent
 
-# -- delivery confirmations (docs/PROTOCOL.md, "Confirmations") ---------------------------------
+# -- delivery confirmations (docs/reference/PROTOCOL.md, "Confirmations") --------------------------
 
 # A sequence tracker's settled prefix and its runs (collector.aggregation.dedup).
 MAX_CONFIRM_RUNS = 1025

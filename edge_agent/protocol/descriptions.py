@@ -122,8 +122,9 @@ _SHAPES[LongitudinalGRR] = _MemoizedCategories
 
 
 class _Vector(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name"):
-    """A mechanism of whole d-vectors on [low, high]^d (papers/003 Algorithm 1) at
-    (epsilon, delta) per reading."""
+    """A mechanism of whole d-vectors on [low, high]^d (Wang, Zhao, Yang and Ren, "Locally
+    Differentially Private Data Collection and Analysis", arXiv:1906.01777, Algorithm 1)
+    at (epsilon, delta) per reading."""
 
     epsilon: Epsilon
     dimensions: Annotated[int, Meta(ge=1, le=MAX_DIMENSIONS)]
@@ -133,7 +134,8 @@ class _Vector(Struct, frozen=True, forbid_unknown_fields=True, tag_field="name")
 
 
 class _SampledVector(_Vector, kw_only=True):
-    """k of the d axes per reading, each at (epsilon/k, delta/k) (papers/003 Algorithm 3)."""
+    """k of the d axes per reading, each at (epsilon/k, delta/k) (Wang et al.
+    arXiv:1906.01777 Algorithm 3)."""
 
     k: Annotated[int, Meta(ge=1, le=MAX_DIMENSIONS)]
 

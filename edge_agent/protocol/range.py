@@ -1,5 +1,5 @@
 """Range discovery: a run's control messages, the agents' replies, and its result
-(docs/PROTOCOL.md, "Range discovery")."""
+(docs/reference/PROTOCOL.md, "Range discovery")."""
 
 from typing import Annotated, Literal, Union
 
@@ -27,7 +27,7 @@ MAX_RANGE_CONTROL_BYTES = 4096
 MAX_RANGE_REPLY_BYTES = 1024
 RANGE_WINDOW_MAX = 24 * 3600.0  # seconds of readings an agent keeps for range discovery
 
-# -- range discovery (docs/PROTOCOL.md, "Range discovery") --------------------------------------
+# -- range discovery (docs/reference/PROTOCOL.md, "Range discovery") -------------------------------
 
 class _RangeControl(Struct, forbid_unknown_fields=True, tag_field="type"):
     v: Literal[1]

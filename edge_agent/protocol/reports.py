@@ -1,5 +1,5 @@
 """Reports: one channel's perturbed reports for one batch (grid codes only, never
-readings), built by the agent and checked by the collector (docs/PROTOCOL.md, "Reports").
+readings), built by the agent and checked by the collector (docs/reference/PROTOCOL.md, "Reports").
 
 What a type cannot say is checked here right after decoding: which mechanism a channel
 kind may carry, the shape of ``codes``, codes inside the mechanism's grid, a topic
@@ -140,7 +140,7 @@ def decode_report(topic: str, payload: bytes, fleet: str) -> ValidReport:
     if not _braces_pair_up(payload):
         # msgspec would decode (and check) every code before finding the cut-off end:
         # refusing a truncated report must not cost more than accepting a whole one did
-        # with the hand-written parser (docs/BENCHMARKS.md, "Decoding a report").
+        # with the hand-written parser (docs/benchmarks/BENCHMARKS.md, "Decoding a report").
         raise Rejected("json", "not a JSON object (its braces do not pair up)")
     message = decode_checked(_report_decoder, payload, _REPORT_REASONS, not_an_object="json")
     if (message.agent, message.channel) != levels:

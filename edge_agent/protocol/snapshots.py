@@ -1,5 +1,5 @@
 """Aggregate snapshots: a channel's cumulative estimates, retained by the collector on
-ldp/v1/<fleet>/_aggregates/<channel> (docs/API.md)."""
+ldp/v1/<fleet>/_aggregates/<channel> (docs/reference/API.md)."""
 
 from typing import Annotated, Literal, Union
 
@@ -11,12 +11,12 @@ from edge_agent.protocol.descriptions import MechanismDescription
 from edge_agent.protocol.fields import CategoryLabel, Count, Finite, Name, Text, Unit
 from edge_agent.protocol.reports import Strategy
 
-# -- aggregate snapshots (retained on ldp/v1/<fleet>/_aggregates/<channel>; docs/API.md) -----
+# -- aggregate snapshots (retained on ldp/v1/<fleet>/_aggregates/<channel>; docs/reference/API.md) -
 
 Estimate = float | None  # None where the data cannot tell (or the value is not finite)
 
 
-# How a linear channel's mean was estimated (docs/API.md "How the mean is estimated");
+# How a linear channel's mean was estimated (docs/reference/API.md "How the mean is estimated");
 # "unbiased", "affine" and "ems" are the names older collectors published.
 MeanMethod = Literal["raw", "inversion", "reconstruction", "shrinkage", "unbiased", "affine",
                      "ems"]

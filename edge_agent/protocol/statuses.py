@@ -1,5 +1,5 @@
 """Agent statuses: retained on ldp/v1/<fleet>/<agent>/status, and the last will
-(docs/PROTOCOL.md, "Status")."""
+(docs/reference/PROTOCOL.md, "Status")."""
 
 from typing import Annotated, Any, Literal
 
@@ -15,7 +15,7 @@ MAX_STATUS_BYTES = 32 * 1024  # a status with MAX_AGENT_CHANNELS channels and so
 
 # -- statuses -----------------------------------------------------------------------------------
 
-# A status carries only what the reports themselves show (docs/PRIVACY.md): counters
+# A status carries only what the reports themselves show (docs/guides/PRIVACY.md): counters
 # that depend on readings (non-finite, clipped, refused) stay on the device.  The
 # fields marked "legacy" are what agents before that sent: accepted, so that a fleet
 # can be upgraded device by device, and never sent now.
@@ -26,7 +26,7 @@ class BudgetStatus(Struct, forbid_unknown_fields=True, omit_defaults=True):
     period: Annotated[str, Meta(max_length=32)]  # "10m", "1d": [privacy]'s own words
     period_start: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # legacy
     # With [privacy] budget_delta > 0 only: the delta budget and the delta spent in the
-    # same window (docs/PRIVACY.md, "δ").
+    # same window (docs/guides/PRIVACY.md, "δ").
     delta: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     delta_spent: NonNegative | None = None
 

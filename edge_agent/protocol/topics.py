@@ -1,4 +1,5 @@
-"""MQTT topics of the protocol (docs/PROTOCOL.md, "Topics"), built and parsed in one place.
+"""MQTT topics of the protocol (docs/reference/PROTOCOL.md, "Topics"), built and parsed in one
+place.
 
   ldp/v1/<fleet>/<agent>/<channel>              perturbed reports, QoS 1
   ldp/v1/<fleet>/<agent>/status                 retained agent status; last will ``offline``
@@ -110,7 +111,7 @@ def status_agent(topic: str) -> str:
     return topic.split("/")[3]
 
 
-# -- range discovery (docs/PROTOCOL.md, "Range discovery") ------------------------------
+# -- range discovery (docs/reference/PROTOCOL.md, "Range discovery") ------------------------------
 
 def range_control_topic(fleet: str, run: str) -> str:
     return f"{TOPIC_ROOT}/{fleet}/{RANGE}/control/{run}"

@@ -89,7 +89,7 @@ def test_security_score_would_catch_a_weakened_sandbox(analyze, tmp_path):
 
 
 def test_unit_with_password_credential_dropin_verifies(analyze, tmp_path):
-    # The drop-in docs/DEPLOYMENT.md tells operators to add.
+    # The drop-in docs/guides/DEPLOYMENT.md tells operators to add.
     dropin = "[Service]\nLoadCredential=mqtt-password:/etc/edge-collector/mqtt-password\n"
     unit = stage_unit(tmp_path, dropins={"password.conf": dropin})
     code, ours = verify(analyze, unit)

@@ -201,7 +201,7 @@ def test_tls_failures_are_logged_by_agent_and_collector(broker, tmp_path, caplog
 
 def test_renewed_certificates_are_picked_up_by_reload(broker):
     # `systemctl reload mosquitto` (SIGHUP) is enough to roll the server's
-    # certificate, as configs/mosquitto.conf and docs/DEPLOYMENT.md say.
+    # certificate, as configs/mosquitto.conf and docs/guides/DEPLOYMENT.md say.
     old_ca = broker.workdir / "old-ca.crt"
     shutil.copy(broker.certs["ca"], old_ca)
     new = make_certificates(broker.workdir / "renewed", hosts=("localhost", "127.0.0.1"))
@@ -489,7 +489,7 @@ def queued_for(broker, client_id: str, thief_guess: str) -> list[str]:
 def test_guessable_collector_client_id_lets_a_device_destroy_its_queue(broker):
     # Mosquitto 2.0.11 hands a session to whoever connects with its client id,
     # whatever the username (upstream issues #3551/#3553).  The ACL keeps the
-    # queued reports from the intruder, but they are gone.  docs/DEPLOYMENT.md
+    # queued reports from the intruder, but they are gone.  docs/guides/DEPLOYMENT.md
     # says so; if a Mosquitto upgrade fixes it, this test tells.
     assert queued_for(broker, "edge-collector", thief_guess="edge-collector") == []
 
@@ -595,7 +595,7 @@ def test_real_collector_ingests_through_its_own_account(broker, tmp_path):
 
 
 def test_network_process_on_a_shared_subscription_through_its_own_account(broker, tmp_path):
-    """What each of several ingresses runs (docs/SCALE_OUT.md): the network process on
+    """What each of several ingresses runs (docs/guides/SCALE_OUT.md): the network process on
     the group's share of the reports, and every status directly (retained messages skip
     shared subscriptions), with the collector account and TLS.  Journaled here to SQLite;
     an ingress's journal is the JetStream stream."""

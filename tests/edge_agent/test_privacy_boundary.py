@@ -1,4 +1,4 @@
-"""The privacy boundary (docs/PRIVACY.md): nothing that depends on a raw reading leaves the
+"""The privacy boundary (docs/guides/PRIVACY.md): nothing that depends on a raw reading leaves the
 device except the reports' codes.
 
 The differential test runs an agent, and a fleet, twice through a real Mosquitto with

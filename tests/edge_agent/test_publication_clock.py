@@ -1,7 +1,7 @@
 """Reports are published on the batch clock, never when their computation ends: what the
 readings make the kernels do (a discrete Gaussian's rejection rounds, II-PTT's second
 word, a Duchi vector's axes) is not seen in when a report leaves the device
-(docs/PRIVACY.md, "Timing")."""
+(docs/guides/PRIVACY.md, "Timing")."""
 
 from __future__ import annotations
 

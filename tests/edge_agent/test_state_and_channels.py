@@ -456,7 +456,8 @@ def test_vector_sample_reports_k_axes_per_reading():
 
 
 def test_a_ptt_vector_sampling_one_axis_is_optts_algorithm_3():
-    """OPTT (papers/000) Algorithm 3: one axis j of d uniformly, PTT at the full ε, the
+    """OPTT (Ma, Zhu and Wang, arXiv:2112.04745) Algorithm 3: one axis j of d uniformly, PTT
+    at the full ε, the
     curator's tuple d x_j on axis j and 0 elsewhere.  A vector channel with mechanism
     "ptt" and k = 1 reports exactly that (the axis and its code); the d-scaled estimate
     is unbiased, and the collector's per-axis mean of the reports received is too."""

@@ -1,7 +1,8 @@
 """Vector channels with a mechanism of whole vectors (duchi-vector, sampled-duchi,
-papers/003 Algorithms 1 and 3): configuration errors name the key, the channel writes
-the mechanism's wire form, and the real ledger charges each reading the mechanism's exact
-epsilon (its exact loss, or epsilon when delta > 0) and exact delta, rounded up."""
+Wang et al. arXiv:1906.01777 Algorithms 1 and 3): configuration errors name the key, the
+channel writes the mechanism's wire form, and the real ledger charges each reading the
+mechanism's exact epsilon (its exact loss, or epsilon when delta > 0) and exact delta,
+rounded up."""
 
 from __future__ import annotations
 

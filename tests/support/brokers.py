@@ -71,7 +71,8 @@ class Mosquitto(ChildProcess):
         return (f"listener {self.port} {LOOPBACK}\n"
                 "allow_anonymous true\n"
                 # The defaults drop QoS 1 messages for slow or offline subscribers
-                # past 1000 queued (NOTES.md); tests must not lose anything there.
+                # past 1000 queued (docs/guides/FIELD_NOTES.md, Mosquitto); tests must not
+                # lose anything there.
                 f"max_queued_messages {self.max_queued_messages}\n"
                 "max_inflight_messages 0\n"
                 "persistence false\n"

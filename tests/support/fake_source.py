@@ -1,4 +1,4 @@
-"""A stand-in for the aggregation engine, shaped exactly like docs/API.md.
+"""A stand-in for the aggregation engine, shaped exactly like docs/reference/API.md.
 
 Four channels, one of each kind: linear ``accel_x``, circular ``roll``, polar
 ``accel_polar`` and vector ``accel`` (axes ``accel_x``, ``accel_y``,

@@ -1,4 +1,4 @@
-"""The published protocol schema (docs/protocol.schema.json) as ready validators.
+"""The published protocol schema (docs/reference/protocol.schema.json) as ready validators.
 
 Building a validator checks the schema itself, which is large (every message of
 the protocol): build each once, then validate many messages."""
@@ -12,7 +12,7 @@ import jsonschema
 
 from tests.support.paths import REPO
 
-SCHEMA = json.loads((REPO / "docs" / "protocol.schema.json").read_text())
+SCHEMA = json.loads((REPO / "docs" / "reference" / "protocol.schema.json").read_text())
 
 
 @cache

@@ -128,7 +128,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def _hint(kind: str, exc: BaseException) -> str:
-    """What to check, for the log (docs/RASPBERRY_PI.md has the troubleshooting list)."""
+    """What to check, for the log (docs/guides/RASPBERRY_PI.md has the troubleshooting list)."""
     text = str(exc)
     if kind == "not_found":
         return " (is it on, in range, and not connected to another device such as a phone?)"
@@ -142,7 +142,7 @@ def _hint(kind: str, exc: BaseException) -> str:
     if kind == "no_adapter":
         return " (no powered Bluetooth adapter: bluetoothctl power on)"
     if kind in ("bluez", "timeout"):
-        return " (docs/RASPBERRY_PI.md, Wearables over Bluetooth)"
+        return " (docs/guides/RASPBERRY_PI.md, Wearables over Bluetooth)"
     return ""
 
 

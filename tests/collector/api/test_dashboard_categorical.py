@@ -46,7 +46,7 @@ BAR_ROWS = """(name) => [...document.querySelectorAll(`[data-channel="${name}"] 
 
 
 class DocumentSource:
-    """Serves whatever channels document a test sets (shaped like docs/API.md)."""
+    """Serves whatever channels document a test sets (shaped like docs/reference/API.md)."""
 
     def __init__(self, channels: dict):
         self._lock = threading.Lock()

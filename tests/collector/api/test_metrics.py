@@ -1,4 +1,4 @@
-"""/metrics: Prometheus text with every family of docs/API.md."""
+"""/metrics: Prometheus text with every family of docs/reference/API.md."""
 
 from __future__ import annotations
 

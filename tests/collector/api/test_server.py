@@ -1,5 +1,5 @@
-"""The collector's HTTP server (docs/API.md) against a real WebServer on a free port fed by
-FakeSource: its lifecycle, the JSON routes, the dashboard's files, methods and malformed
+"""The collector's HTTP server (docs/reference/API.md) against a real WebServer on a free port
+fed by FakeSource: its lifecycle, the JSON routes, the dashboard's files, methods and malformed
 requests, and the limits on what clients can hold (connections, slow clients)."""
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ def test_the_length_interval_is_never_empty_and_grows_with_the_observed_length()
 @pytest.mark.parametrize("epsilon", [0.5, 1.0, 3.0, 6.0])
 def test_the_noise_second_moment_is_the_closed_form(epsilon):
     """E cos 2(θ' − x) = ((s − 1/s)/(2π))·sin(2π/(s + 1)), s = e^(ε/2): the k = 2 term of
-    the same integral as rho's (NOTES.md, Circular OGPM)."""
+    the same integral as rho's (docs/guides/FIELD_NOTES.md, Circular OGPM)."""
     s = math.exp(epsilon / 2)
     closed = (s - 1 / s) / (2 * math.pi) * math.sin(2 * math.pi / (s + 1))
     mechanism = CircularOGPM(epsilon=epsilon, origin=-math.pi)

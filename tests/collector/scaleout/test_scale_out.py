@@ -1,5 +1,5 @@
 """Scale-out on NATS JetStream, end to end: a real 3-node cluster, a real Mosquitto,
-ingress, aggregation members and the merge view as processes (docs/SCALE_OUT.md).
+ingress, aggregation members and the merge view as processes (docs/guides/SCALE_OUT.md).
 
 Whatever is killed (a NATS node, a member, the ingress) and whatever is sent again,
 the merged counts equal exactly what was published: nothing lost, nothing twice.
@@ -182,7 +182,7 @@ def test_a_node_failover_moves_no_partition_and_a_dead_members_are_taken_over(
     its leases expire, by the survivor; the killed node stays down meanwhile.  After
     each kill the merged view counts everything published before it.  How long each
     takes is measured by benchmarks/bench_failover.py, against the bounds the
-    configuration sets (docs/BENCHMARKS.md)."""
+    configuration sets (docs/benchmarks/BENCHMARKS.md)."""
     # Longer than a node failover on a loaded machine (23 s seen with a CPU-bound process
     # beside three other test workers; 4-9 s idle), so that no lease expires during one.
     settings = {"lease_seconds": 30.0, "checkpoint_seconds": 0.5}

@@ -45,7 +45,7 @@ CHANNELS = {"accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw", "accel_pola
 # unbiased, the noisiest; 1.2 for accel_z, eps 2) puts it at about 0.26, 0.89 and 0.14.
 # The caps leave ~15% over that; accel_x's also the allowance classical OGPM's bias
 # bound makes next to its flat ends (the reconstruction's distance from the inversion,
-# 0.01-0.07 in the runs seen; docs/API.md "Data near an end"): 0.27-0.33 in six runs of
+# 0.01-0.07 in the runs seen; docs/reference/API.md "Data near an end"): 0.27-0.33 in six runs of
 # 2026-11-28, 0.40 in a loaded full run (stderr 0.062, bias bound 0.119, for data the
 # demo draws at random: the estimators give the same numbers on the same reports as
 # the day before, which were within 0.36 in the runs seen then).  accel_z's allows the raw
@@ -115,7 +115,7 @@ def test_demo_runs_everything_and_estimates_match_the_simulated_truth(tmp_path):
         for name in ("accel_x", "accel_y", "accel_z"):
             mean = document["channels"][name]["mean"]
             # The bias bound holds the chosen estimate's distance from the reference
-            # estimator (docs/API.md); the cap is on the rest, what the data allows.
+            # estimator (docs/reference/API.md); the cap is on the rest, what the data allows.
             candidates = mean["candidates"]
             reference = candidates.get("inversion", candidates["raw"])["estimate"]
             gap = abs(mean["estimate"] - reference)

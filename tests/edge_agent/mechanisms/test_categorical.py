@@ -275,7 +275,7 @@ def test_olh_buckets_are_the_optimal_g():
     assert [optimal_buckets(e) for e in (1e-5, 1.0, 2.0, 5.0)] == [2, 4, 8, 149]
 
 
-# -- (ε,δ): papers/003 Section 5 -------------------------------------------------------------
+# -- (ε,δ): Wang et al. arXiv:1906.01777 Section 5 -------------------------------------------
 
 DELTAS = [1e-6, 1e-3, 0.05]
 
@@ -317,7 +317,7 @@ def test_olh_aldp_delta_holds_for_every_seed(delta):
 
 
 def paper_variances(epsilon, delta, k, g, q):
-    """papers/003 Eqs. 46, 50, 52 and 56, per report (N = 1)."""
+    """Wang et al. arXiv:1906.01777 Eqs. 46, 50, 52 and 56, per report (N = 1)."""
     e = math.exp(epsilon)
     root = math.sqrt(e * (1 - delta) + delta)
     return {

@@ -1,4 +1,5 @@
-"""Closed forms against the numbers in shared/NOTES.md and the papers' own formulas."""
+"""Closed forms against the numbers in docs/guides/FIELD_NOTES.md and the papers' own
+formulas."""
 
 from __future__ import annotations
 
@@ -452,10 +453,10 @@ def test_laplace_and_circular_means_are_not_affine():
     assert make("ogpm-circular", 1.0).affine_mean() is None
 
 
-# -- Randomized response as docs/PROTOCOL.md describes it ---------------------------------
+# -- Randomized response as docs/reference/PROTOCOL.md describes it --------------------------------
 
 def test_protocol_doc_gives_the_keep_and_flip_probabilities_of_the_code():
-    text = " ".join((REPO / "docs" / "PROTOCOL.md").read_text().split())
+    text = " ".join((REPO / "docs" / "reference" / "PROTOCOL.md").read_text().split())
     assert "kept with probability p = K/2^53, about e^ε/(1+e^ε)" in text
     assert "flipped with probability F/2^53 = 1 − p, about 1/(1+e^ε)" in text
     for epsilon in (0.1, 1.0, 6.0):

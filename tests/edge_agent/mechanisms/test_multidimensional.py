@@ -1,5 +1,5 @@
-"""Duchi et al.'s multi-dimensional mechanism (papers/003, Algorithms 1 and 4, Appendix
-A): the published version breaks ε-LDP for even d and the fixed one does not, exactly;
+"""Duchi et al.'s multi-dimensional mechanism (Wang et al. arXiv:1906.01777, Algorithms 1 and 4,
+Appendix A): the published version breaks ε-LDP for even d and the fixed one does not, exactly;
 (ε,δ) checked as the standard hockey-stick δ from the exact output probabilities; the
 reports follow the exact pmf (DKW, false alarm 1e-6) and are unbiased."""
 

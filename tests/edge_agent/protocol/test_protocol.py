@@ -42,8 +42,8 @@ validator = protocol_validator
 
 
 def test_schema_file_is_generated_from_the_types():
-    assert (REPO / "docs" / "protocol.schema.json").read_text() == schema.render(), \
-        "docs/protocol.schema.json is stale: run `make docs`"
+    assert (REPO / "docs" / "reference" / "protocol.schema.json").read_text() == schema.render(), \
+        "docs/reference/protocol.schema.json is stale: run `make docs`"
 
 
 def test_every_topic_names_a_definition():
@@ -161,7 +161,7 @@ def test_reports_decode_with_their_mechanism_and_codes(kind):
 @pytest.mark.parametrize("kind", REPORTS)
 def test_every_truncation_of_a_report_is_refused_as_json(kind):
     """Cut anywhere (also right after an inner object, where it still ends with "}"), a
-    report is refused as not JSON, before its codes are decoded (docs/BENCHMARKS.md)."""
+    report is refused as not JSON, before its codes are decoded (docs/benchmarks/BENCHMARKS.md)."""
     payload, topic = REPORTS[kind](), protocol.data_topic(FLEET, "w1", "ch")
     for cut in range(len(payload)):
         with pytest.raises(protocol.Rejected) as refused:

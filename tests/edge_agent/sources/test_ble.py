@@ -375,7 +375,7 @@ def test_a_device_never_found_is_retried_logged_once_and_in_the_status(sources, 
      "/run/dbus/system_bus_socket"),
     (BleakError("[org.freedesktop.DBus.Error.ServiceUnknown] The name org.bluez was not "
                 "provided by any .service files"), "bluez", "bluetoothd is not running"),
-    (TimeoutError(), "timeout", "docs/RASPBERRY_PI.md"),
+    (TimeoutError(), "timeout", "docs/guides/RASPBERRY_PI.md"),
     (RuntimeError("something else"), "error", ""),
 ])
 def test_connection_failures_are_counted_by_kind_and_retried(sources, caplog, error, kind,
