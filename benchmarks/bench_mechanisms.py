@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from benchmarks.machine import describe_machine
+from benchmarks.machine import describe_machine, print_table
 from edge_agent.mechanisms import (
     PTT,
     BoundedLaplace,
@@ -218,10 +218,7 @@ def main():
     args = parser.parse_args()
     rows = run(args.n, args.n_python, args.repeats, args.batch)
     table = f"Machine: {describe_machine()}\n\n" + markdown(rows, args.n, args.batch)
-    print(table)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table + "\n")
+    print_table(table, args.markdown)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.machine import describe_machine
+from benchmarks.machine import describe_machine, print_table
 from edge_agent.mechanisms import _categorical, _kernels
 from edge_agent.mechanisms.gaussian import OptimalGaussian
 from edge_agent.mechanisms.multidimensional import DuchiVector, SampledDuchi
@@ -577,10 +577,7 @@ def main():
     args = parser.parse_args()
     result = run(args.batch, args.rounds, args.singles, args.draws)
     table = (f"Machine: {describe_machine()}, {ssl.OPENSSL_VERSION}\n\n" + markdown(result))
-    print(table)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table + "\n")
+    print_table(table, args.markdown)
 
 
 if __name__ == "__main__":

@@ -22,3 +22,11 @@ def describe_machine() -> str:
     return (f"{cpu}, {os.cpu_count()} cores, {platform.machine()}, Linux {platform.release()}, "
             f"Python {platform.python_version()}, numpy {numpy.__version__}, "
             f"numba {numba.__version__}")
+
+
+def print_table(table: str, markdown: str | None = None) -> None:
+    """Print a benchmark's table, and write it to ``markdown`` when given (--markdown)."""
+    print(table)
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write(table + "\n")
