@@ -178,8 +178,9 @@ def to_inside(path: Path) -> Path:
 # -- the checks ------------------------------------------------------------------------------
 
 def build_wheel(work: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w",
-                    str(work), str(REPO)], check=True)
+    # build (a test dependency), not pip: the venv uv made has no pip.
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(work),
+                    str(REPO)], check=True, capture_output=True)
     return next(work.glob("edge_ldp-*.whl"))
 
 

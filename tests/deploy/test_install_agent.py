@@ -29,8 +29,9 @@ SCRIPT = REPO / "scripts" / "install-agent.sh"
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w",
-                    str(out), str(REPO)], check=True, timeout=600)
+    # build (a test dependency), not pip: the venv uv made has no pip.
+    subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out),
+                    str(REPO)], check=True, capture_output=True, timeout=600)
     return next(out.glob("edge_ldp-*.whl"))
 
 
