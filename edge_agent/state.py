@@ -565,9 +565,6 @@ class StateStore:
         if "reported" not in self._columns("memos"):  # each was drawn at its first report
             self._db.execute("ALTER TABLE memos ADD COLUMN reported REAL")
             self._db.execute("UPDATE memos SET reported = created")
-        if "reported" not in self._columns("memos"):  # each was drawn at its first report
-            self._db.execute("ALTER TABLE memos ADD COLUMN reported REAL")
-            self._db.execute("UPDATE memos SET reported = created")
         if "known_since" not in self._columns("ledger_clock"):
             self._db.execute("ALTER TABLE ledger_clock ADD COLUMN known_since REAL")
             self._db.execute(f"UPDATE ledger_clock SET known_since = "
