@@ -23,12 +23,18 @@ from tests.support.web import CHROMIUM, CHROMIUM_ARGS
 
 def pytest_sessionstart(session):
     """Once, before pytest-xdist starts its workers (its own hook runs last): fill numba's
-    cache (tests/support/warm.py), so that on a fresh clone the workers and every agent
-    and collector they start load the kernels rather than all compiling them at once."""
+    cache (tests/support/warm.py) and compile the product's bytecode, so that on a fresh
+    clone the workers and every agent and collector they start load them rather than all
+    compiling them at once."""
     if hasattr(session.config, "workerinput"):  # a worker: the controller has done it
         return
     subprocess.run([sys.executable, "-m", "tests.support.warm"], cwd=REPO, env=child_env(),
                    check=True, timeout=600)
+    # Likewise the bytecode of the product (the workers and every process a test starts
+    # would otherwise all compile it at once), where bytecode is written at all.
+    if not sys.dont_write_bytecode:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "edge_agent", "collector"],
+                       cwd=REPO, env=child_env(), check=False, timeout=600)
 
 
 def pytest_configure(config):
@@ -44,10 +50,12 @@ def pytest_configure(config):
 # longest first (`make test` measures them: --durations).  They run first, so that
 # parallel workers (pytest-xdist, handing out tests two at a time: make test) start
 # them early and finish together, rather than one worker ending the run on a long one.
-LONG_FIRST = ("tests/collector/range/test_e2e_range.py", "tests/collector/tools/test_demo.py",
-              "tests/collector/scaleout/test_scale_out.py", "tests/collector/test_hostile.py",
-              "tests/collector/range/test_coordinator.py", "tests/collector/test_confirm.py",
-              "tests/collector/test_e2e_collector.py", "tests/collector/tools/test_replay.py",
+LONG_FIRST = ("tests/deploy/test_install_agent.py", "tests/collector/range/test_e2e_range.py",
+              "tests/collector/scaleout/test_scale_out.py", "tests/collector/tools/test_demo.py",
+              "tests/collector/scaleout/test_leases.py", "tests/collector/test_confirm.py",
+              "tests/collector/test_hostile.py", "tests/collector/range/test_coordinator.py",
+              "tests/collector/test_estimates_e2e.py", "tests/collector/test_e2e_collector.py",
+              "tests/collector/tools/test_replay.py", "tests/collector/aggregation/test_limits.py",
               "tests/edge_agent/test_e2e_agent.py", "tests/collector/test_crashes.py")
 
 
