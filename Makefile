@@ -52,8 +52,8 @@ system-deps:
 	@scripts/install-system-deps.sh
 
 # Parallel workers (pytest-xdist): most tests wait on brokers and child processes, so
-# more workers than cores shorten the run (on 2 cores beside a CPU-bound process: 476 s
-# with 6, 496 s with 4); the workers take tests two at a time, the long end-to-end ones
+# more workers than cores shorten the run (on 2 cores beside a CPU-bound process, a fresh
+# clone: 468 s with 6, 496 s with 4); the workers take tests two at a time, the long end-to-end ones
 # first (tests/conftest.py).  TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 6
 test: $(STAMP) system-deps lint
