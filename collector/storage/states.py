@@ -86,7 +86,8 @@ CrossState = tuple[Count, Finite, Finite]  # n, sum of r cos, sum of r sin
 SupportState = tuple[list[BinCount], Count]  # reports supporting each category, reports
 # A memoized channel's total, per agent: (its reports, how many of them support each
 # category), by agent id (collector.aggregation.stats.AgentSupportCounts).
-AgentSupportState = dict[Name, tuple[Count, list[BinCount]]]
+AgentSupportState = dict[Name, tuple[Count, Annotated[list[BinCount],
+                                                     Meta(max_length=MAX_CATEGORIES)]]]
 
 
 class LinearBlockState(Struct, forbid_unknown_fields=True):
