@@ -38,7 +38,7 @@ from edge_agent.range_responder import RangeResponder
 from edge_agent.readings import Readings
 from edge_agent.sources import build_source
 from edge_agent.sources.base import Source
-from edge_agent.spending import guarantee_text, unknown_past_lines
+from edge_agent.spending import guarantee_text, unknown_past_lines, utc_text
 from edge_agent.state import DELTA_UNIT, NANO, Budget, StateStore, Transaction, period_start
 from edge_agent.transport import Outbox, PahoTransport, Transport
 
@@ -277,10 +277,9 @@ class AgentCore:
         if not self.clock_behind:
             self.clock_behind = True
             if self.log_shared:
-                log.warning("%sthe clock is behind the latest time it showed (%s UTC): nothing "
+                log.warning("%sthe clock is behind the latest time it showed (%s): nothing "
                             "is reported until it catches up (docs/guides/PRIVACY.md)",
-                            self.log_prefix,
-                            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(wall_high)))
+                            self.log_prefix, utc_text(wall_high))
 
     def settle(self, batch: Batch) -> None:
         """Book what the budget refused of a recorded batch (logged once per exhaustion)."""

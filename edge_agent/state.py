@@ -174,12 +174,12 @@ BUCKETS_PER_PERIOD = 1440
 # The wall clock may be this far behind its latest time before reporting stops
 # (NTP corrects small offsets by stepping too).
 CLOCK_TOLERANCE = 5.0
-LEGACY_RETAIN = 7 * 86400.0  # the longest period a ledger from before ledger time counted
+HOUR, DAY = 3600.0, 86400.0
+LEGACY_RETAIN = 7 * DAY  # the longest period a ledger from before ledger time counted
 # Spending that no window in force counts any more is kept in buckets of an hour, and
 # after HOURLY_SECONDS in buckets of a day, for good: about 744 + 365 rows a channel for a
 # year, and a window lengthened later counts at most one such bucket (an hour, or a day
 # for windows beyond a month) more than it must.
-HOUR, DAY = 3600.0, 86400.0
 HOURLY_SECONDS = 31 * DAY
 
 
