@@ -8,7 +8,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from collector.storage.states import AggregateSettings
+from collector.results.durations import (
+    default_retention,
+    duration_name,
+    parse_duration,
+    parse_retention,
+)
+from collector.storage.states import MAX_LEVELS, AggregateSettings
 from edge_agent.common.config import (
     BrokerConfig,
     ConfigError,
@@ -78,9 +84,19 @@ class StorageConfig(Model):
 
 
 MAX_WINDOWS = 10_000  # kept per series: bounds a channel's memory and its history
+# The coarser resolutions a configuration without ``resolutions`` gets (where each is a
+# whole number of the one before, from window_seconds).
+DEFAULT_COARSER = (3600, 86400)
+
 
 class AggregatesConfig(Model):
     window_seconds: Annotated[float, Field(ge=1, le=86400)] = 60.0
+    # Every resolution windows are estimated at, finest first, each a whole number of the
+    # one before: ["1m", "1h", "1d"] (units s, m, h, d, w).  A coarser window is the exact
+    # merge of its finer windows' sums (as good as one window holding all their reports).
+    # The finest is window_seconds (give one or the other, or the same).  Default:
+    # window_seconds, then an hour and a day where they are whole numbers of it.
+    resolutions: Annotated[list[str], Field(min_length=1, max_length=MAX_LEVELS)] | None = None
     histogram_bins: Annotated[int, Field(ge=4, le=1000)] = 50
     # How far back each channel's windowed estimates go: the windows kept, served as
     # the channel's time series (GET /api/channels/<name>/history) that the dashboard
@@ -89,6 +105,59 @@ class AggregatesConfig(Model):
     # The same as a number of windows (history_seconds = keep_windows x window_seconds),
     # as configurations before history_seconds said it: one or the other.
     keep_windows: Annotated[int, Field(ge=1, le=MAX_WINDOWS)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finest(cls, data):
+        """Without window_seconds, the finest resolution is it."""
+        if isinstance(data, dict) and "window_seconds" not in data:
+            resolutions = data.get("resolutions")
+            if isinstance(resolutions, list) and resolutions:
+                try:
+                    return {**data, "window_seconds": parse_duration(resolutions[0])}
+                except ValueError:
+                    pass  # said by _resolutions
+        return data
+
+    @model_validator(mode="after")
+    def _resolutions(self):
+        if self.resolutions is None:
+            return self
+        spans = [parse_duration(name, what="aggregates.resolutions") for name in self.resolutions]
+        if spans[0] != self.window_seconds:
+            raise ValueError(f"aggregates.resolutions: the finest ({self.resolutions[0]}) "
+                             f"must be window_seconds ({self.window_seconds:g} s): give one "
+                             f"or the other")
+        if spans[0] > 86400:
+            raise ValueError("aggregates.resolutions: the finest must be at most a day")
+        for finer, coarser, name in zip(spans, spans[1:], self.resolutions[1:]):
+            if coarser <= finer or coarser % finer:
+                raise ValueError(f"aggregates.resolutions: {name} must be a whole number "
+                                 f"(2 or more) of the resolution before it")
+        return self
+
+    @property
+    def spans(self) -> list[float]:
+        """Each resolution's window length in seconds, finest first."""
+        if self.resolutions is not None:
+            return [float(parse_duration(name)) for name in self.resolutions]
+        spans = [self.window_seconds]
+        for span in DEFAULT_COARSER:
+            ratio = span / spans[-1]
+            if ratio >= 2 and abs(ratio - round(ratio)) < 1e-9:
+                spans.append(float(span))
+        return spans
+
+    @property
+    def coarser(self) -> tuple[int, ...]:
+        """Each coarser resolution as a multiple of the one before."""
+        spans = self.spans
+        return tuple(round(coarse / fine) for fine, coarse in zip(spans, spans[1:]))
+
+    @property
+    def resolution_names(self) -> list[str]:
+        """The resolutions' names ("1m", "1h", "1d"), finest first."""
+        return [duration_name(span) for span in self.spans]
 
     @model_validator(mode="after")
     def _history(self):
@@ -109,6 +178,43 @@ class AggregatesConfig(Model):
         if self.keep_windows is not None:
             return self.keep_windows
         return max(1, math.ceil(self.history_seconds / self.window_seconds - 1e-9)) + 1
+
+
+class ResultsConfig(Model):
+    """The results store (docs/guides/COLLECTOR.md, "Results of a study"): every closed
+    window at every resolution, with its sums and estimates, kept for each resolution's
+    retention, and served by GET /api/channels/<name>/history?resolution=...."""
+
+    # The SQLite file; default: results.sqlite beside [storage] path.
+    path: Path | None = None
+    # A PostgreSQL database instead (postgresql://user@host:port/database; needs the
+    # postgresql extra), for results that outgrow one file or a merge view's.
+    url: Annotated[str, Field(pattern=r"^postgres(ql)?://\S+$", max_length=1024)] | None = None
+    # The PostgreSQL user's password, from a file (never in the configuration).
+    password_file: Path | None = None
+    # How long each resolution's windows are kept, by resolution name: a duration
+    # ("7d", "400d") or "forever".  Unset: shorter than an hour 7 days, shorter than a
+    # day 400 days, else forever.
+    retention: dict[str, str] = {}
+    # A window is handed to the store this long after it ends (reports still on their way
+    # arrive first).  A report later than that is merged into the stored window exactly.
+    close_after_seconds: Annotated[float, Field(ge=0, le=86400)] = 120.0
+
+    @field_validator("path", "password_file")
+    @classmethod
+    def _home(cls, value: Path | None) -> Path | None:
+        return None if value is None else value.expanduser()
+
+    @model_validator(mode="after")
+    def _checks(self):
+        if self.url is not None and self.path is not None:
+            raise ValueError("results.url: give a PostgreSQL url or a SQLite path, not both")
+        if self.password_file is not None and self.url is None:
+            raise ValueError("results.password_file: only with a PostgreSQL url")
+        for name, keep in self.retention.items():
+            parse_duration(name, what=f"results.retention: the resolution {name!r}")
+            parse_retention(keep, what=f"results.retention.{name}: \"forever\" or a duration")
+        return self
 
 
 class LimitsConfig(Model):
@@ -248,7 +354,29 @@ class CollectorConfig(Model):
     range_discovery: RangeDiscoveryConfig = RangeDiscoveryConfig()
     limits: LimitsConfig = LimitsConfig()
     registry: RegistryConfig = RegistryConfig()
+    results: ResultsConfig = ResultsConfig()
     scale_out: ScaleOutConfig | None = None
+
+    @model_validator(mode="after")
+    def _retention(self):
+        spans = self.aggregates.spans
+        for name in self.results.retention:
+            if parse_duration(name) not in spans:
+                raise ValueError(f"results.retention.{name}: not one of the resolutions "
+                                 f"{self.aggregates.resolution_names}")
+        return self
+
+    def retention(self) -> dict[float, float]:
+        """Seconds each resolution's windows are kept (infinity: for ever), by span."""
+        configured = {float(parse_duration(name)): parse_retention(keep, what=name)
+                      for name, keep in self.results.retention.items()}
+        return {span: configured.get(span, default_retention(span))
+                for span in self.aggregates.spans}
+
+    @property
+    def results_path(self) -> Path:
+        """The results' SQLite file (without a PostgreSQL url)."""
+        return self.results.path or self.storage.path.parent / "results.sqlite"
 
     @model_validator(mode="after")
     def _ports(self):
@@ -263,7 +391,8 @@ class CollectorConfig(Model):
         aggregates = self.aggregates
         return AggregateSettings(bins=aggregates.histogram_bins,
                                  window_seconds=aggregates.window_seconds,
-                                 keep_windows=aggregates.kept_windows)
+                                 keep_windows=aggregates.kept_windows,
+                                 coarser=aggregates.coarser)
 
     def files_read(self) -> dict[str, Path]:
         """Every file the collector (any role) reads, by configuration key."""
@@ -272,11 +401,16 @@ class CollectorConfig(Model):
             named = {"scale_out.password_file": self.scale_out.password_file,
                      "scale_out.tls_ca": self.scale_out.tls_ca}
             files.update({key: path for key, path in named.items() if path is not None})
+        if self.results.password_file is not None:
+            files["results.password_file"] = self.results.password_file
         return files
 
     def dirs_written(self) -> dict[str, Path]:
-        """The directory of the journal and checkpoint (``run`` only)."""
-        return {"storage.path": self.storage.path.parent}
+        """The directories of the journal and checkpoint, and of the results (``run``)."""
+        dirs = {"storage.path": self.storage.path.parent}
+        if self.results.url is None:
+            dirs["results.path"] = self.results_path.parent
+        return dirs
 
     @property
     def member_name(self) -> str:

@@ -12,7 +12,9 @@ The service composes its parts, each in its own module:
 * ``front.ServingFront``: the dashboard, API and metrics, the retained
   snapshots out and the range results in, as the merge view serves them;
 * ``range.schedule.RangeSchedule``: periodic range discovery, on the designated
-  coordinator only.
+  coordinator only;
+* ``results.recorder.ResultsRecorder``: every window closed at a checkpoint, written to
+  the results store once that checkpoint is committed (``collector.results``).
 
 A restart loads the checkpoint and replays the journal after it: exactly the
 committed state, while the broker re-sends whatever was not acknowledged.
@@ -35,6 +37,8 @@ from collector.broker.settings import network_settings
 from collector.config import CollectorConfig, ConfigError, load_registry
 from collector.front import ServingFront
 from collector.range.schedule import RangeSchedule
+from collector.results.recorder import ResultsRecorder
+from collector.results.store import open_results_store
 from collector.storage import checkpoint
 from collector.storage.checkpoint import restore
 from collector.storage.store import CollectorStore
@@ -44,6 +48,9 @@ log = logging.getLogger(__name__)
 
 PROGRESS_SECONDS = 0.2  # how often the network child learns how far aggregation got
 CHECKPOINT_RETRY_SECONDS = 5.0
+# Late reports spread over more windows than a series keeps close them early, at most
+# this often.
+OVERFULL_CHECKPOINT_SECONDS = 1.0
 
 
 def _malloc_trim():
@@ -72,7 +79,13 @@ class CollectorService:
         self.clock = clock
         self.lock = threading.RLock()
         self.store = CollectorStore(config.storage.path)
-        self.ingestor, self.position = restore(config, self.store)
+        self.results = open_results_store(config)
+        self.ingestor, self.position = restore(config, self.store, recording=True)
+        self.recorder = ResultsRecorder(
+            self.results, source=f"{config.fleet}/{config.broker.client_id}",
+            aggregates=lambda: self.ingestor, lock=self.lock, retention=config.retention(),
+            clock=clock)
+        self.recorder.durable = self.ingestor.flushes  # the restored batches are durable
         self.front = ServingFront(config, lambda: self.ingestor, self.lock, role="publisher",
                                   label="snapshot publisher", clock=clock,
                                   broker_status=self.store.network, web=web)
@@ -136,7 +149,9 @@ class CollectorService:
         """Save the aggregates with the journal position they include; False (logged,
         nothing changed on disk) if that failed: the next attempt writes it all again."""
         with self.lock:
+            self.ingestor.close_windows(self.clock(), self.config.results.close_after_seconds)
             state = checkpoint.dump(self.ingestor)
+            flushes = self.ingestor.flushes
             position = self.position
             confirmations = self.ingestor.confirmations(self.clock()) \
                 if self.config.storage.confirmations else {}
@@ -150,6 +165,7 @@ class CollectorService:
             return False
         del state
         release_freed_memory()
+        self.recorder.wake(flushes)
         self.publish_confirmations(confirmations)
         return True
 
@@ -182,6 +198,7 @@ class CollectorService:
     def _aggregate(self) -> None:
         storage = self.config.storage
         next_checkpoint = time.monotonic() + storage.checkpoint_seconds
+        self._checked_at = time.monotonic()
         while not self._stop.is_set():
             try:
                 if self._reload_requested.is_set():
@@ -191,7 +208,11 @@ class CollectorService:
                     self._stop.wait(0.01)  # caught up: poll again shortly
                 self.save_progress()
                 now = time.monotonic()
+                if self.ingestor.overfull:
+                    next_checkpoint = min(next_checkpoint,
+                                          self._checked_at + OVERFULL_CHECKPOINT_SECONDS)
                 if now >= next_checkpoint:
+                    self._checked_at = now
                     next_checkpoint = now + (storage.checkpoint_seconds if self.checkpoint()
                                              else CHECKPOINT_RETRY_SECONDS)
                 self.network.supervise()
@@ -201,6 +222,7 @@ class CollectorService:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
+        self.recorder.start()
         self.network.start()
         self._thread = threading.Thread(target=self._aggregate, name="collector-aggregate",
                                         daemon=True)
@@ -218,8 +240,10 @@ class CollectorService:
         while self.catch_up():  # whatever the child committed last
             pass
         self.checkpoint()
+        self.recorder.stop()  # after a last pass: the last checkpoint's batch
         self.front.stop()
         self.store.close()
+        self.results.close()
 
     def run_forever(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self._stop_requested.set())

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from collector.aggregation.dedup import SeqTracker
-from collector.aggregation.series import Series, new_series, series_identity
+from collector.aggregation.series import ClosedWindow, Series, new_series, series_identity
 from collector.aggregation.stats import StateError
 from collector.storage.states import (
     DEAD_LETTERS,
@@ -42,6 +42,8 @@ from collector.storage.states import (
     AggregateSettings,
     DeadLetter,
     IngestorState,
+    PendingBatch,
+    PendingWindow,
     StatusSummary,
 )
 from edge_agent import protocol
@@ -107,10 +109,18 @@ class Ingestor:
     """All aggregation state of a collector; mergeable across partitions."""
 
     def __init__(self, *, fleet: str, bins: int = 50, window_seconds: float = 60.0,
-                 keep_windows: int = 60, limits: IngestLimits = IngestLimits()):
+                 keep_windows: int = 60, coarser: tuple[int, ...] = (),
+                 limits: IngestLimits = IngestLimits(), recording: bool = False):
+        """``coarser``: the coarser resolutions, each a multiple of the one before;
+        ``recording``: closed windows go to a results store (``close_windows``)."""
         self.fleet = fleet
         self.limits = limits
         self.bins, self.window_seconds, self.keep_windows = bins, window_seconds, keep_windows
+        self.coarser, self.recording = tuple(coarser), recording
+        # Recording: batches of closed windows handed to the results store and not yet
+        # confirmed written (a checkpoint keeps them), by number, and the last number given.
+        self.pending: dict[int, list[ClosedWindow]] = {}
+        self.flushes = 0
         self.series: dict[str, dict[tuple, Series]] = {}  # channel -> identity -> series
         self.latest: dict[str, tuple] = {}  # channel -> identity of the newest series
         self.latest_at: dict[str, float] = {}  # channel -> when ``latest`` was last reported
@@ -127,14 +137,72 @@ class Ingestor:
 
     @classmethod
     def from_settings(cls, fleet: str, settings: AggregateSettings,
-                      limits: IngestLimits = IngestLimits()) -> Ingestor:
+                      limits: IngestLimits = IngestLimits(), *,
+                      recording: bool = False) -> Ingestor:
         """An empty ingestor with these aggregates settings."""
         return cls(fleet=fleet, bins=settings.bins, window_seconds=settings.window_seconds,
-                   keep_windows=settings.keep_windows, limits=limits)
+                   keep_windows=settings.keep_windows, coarser=settings.coarser,
+                   limits=limits, recording=recording)
 
     def settings(self) -> AggregateSettings:
         return AggregateSettings(bins=self.bins, window_seconds=self.window_seconds,
-                                 keep_windows=self.keep_windows)
+                                 keep_windows=self.keep_windows, coarser=self.coarser)
+
+    def _series_settings(self) -> dict:
+        return dict(bins=self.bins, window_seconds=self.window_seconds,
+                    keep_windows=self.keep_windows, coarser=self.coarser,
+                    recording=self.recording)
+
+    def adapt(self, settings: AggregateSettings) -> None:
+        """Take the configuration's resolutions and history length (a restored checkpoint's
+        may differ): see ``Series.relevel``.  Bins and the finest window cannot change under
+        sums already counted: those of the checkpoint stay (logged)."""
+        if (settings.bins, settings.window_seconds) != (self.bins, self.window_seconds):
+            log.warning("[aggregates] histogram_bins = %d and window_seconds = %g differ from "
+                        "the stored aggregates' (%d, %g), which stay: move the storage and "
+                        "results files away to start with the new ones", settings.bins,
+                        settings.window_seconds, self.bins, self.window_seconds)
+            return
+        if (settings.coarser, settings.keep_windows) == (self.coarser, self.keep_windows):
+            return
+        dropped = sum(series.relevel(settings.coarser, settings.keep_windows)
+                      for by_identity in self.series.values()
+                      for series in by_identity.values())
+        if settings.coarser != self.coarser:
+            log.warning("[aggregates] resolutions changed: a new resolution's first window "
+                        "counts the reports from now on; %d open window(s) of resolutions no "
+                        "longer configured dropped", dropped)
+        self.coarser, self.keep_windows = settings.coarser, settings.keep_windows
+
+    # -- the results store (collector.results) ----------------------------------------------
+    @property
+    def overfull(self) -> bool:
+        """Recording: some series holds more windows than ``keep_windows`` at a level (late
+        reports spread over many windows): windows should be closed now, not at the next
+        checkpoint."""
+        return any(series.overfull for by_identity in self.series.values()
+                   for series in by_identity.values())
+
+    def close_windows(self, now: float, grace: float) -> int | None:
+        """Recording: every window that ended ``grace`` seconds before ``now``, of every
+        series, as one numbered batch for the results store (``pending``, kept by
+        checkpoints until ``written``); its number, or None if none closed."""
+        closed = [window for by_identity in self.series.values()
+                  for series in by_identity.values() for window in series.close(now, grace)]
+        if not closed:
+            return None
+        self.flushes += 1
+        self.pending[self.flushes] = closed
+        return self.flushes
+
+    def written(self, upto: int, estimates: dict[int, list] | None = None) -> None:
+        """The results store holds every batch up to number ``upto``: they are no longer
+        pending.  ``estimates``: per batch, each window's (count, point) as the store
+        estimated it, which recent finest windows keep (``Series.recorded``)."""
+        for flush in [flush for flush in self.pending if flush <= upto]:
+            windows = self.pending.pop(flush)
+            for window, point in zip(windows, (estimates or {}).get(flush, ())):
+                window.series.recorded(window, point)
 
     @property
     def counters(self) -> collections.Counter:
@@ -296,9 +364,8 @@ class Ingestor:
             return None
         series = self.series.setdefault(message.channel, {})[identity] = new_series(
             channel=message.channel, kind=message.kind, description=message.mechanism,
-            bins=self.bins, window_seconds=self.window_seconds,
-            keep_windows=self.keep_windows, fields=message.fields, strategy=message.strategy,
-            unit=message.unit)
+            fields=message.fields, strategy=message.strategy, unit=message.unit,
+            **self._series_settings())
         return series
 
     def _reject(self, topic: str, payload: bytes, rejection: Rejected, now: float) -> str:
@@ -376,7 +443,8 @@ class Ingestor:
         and windows named in ``keys`` (per series identity, as ``Series.stale`` names
         them: what is to be computed from the copy); None: every sum.  Our own state:
         copied as it is, not checked as a state from elsewhere is (``from_state``)."""
-        twin = Ingestor.from_settings(self.fleet, self.settings(), self.limits)
+        twin = Ingestor.from_settings(self.fleet, self.settings(), self.limits,
+                                      recording=self.recording)
         twin.series = {
             channel: {identity: series.detach(None if keys is None else keys.get(identity, []))
                       for identity, series in by_identity.items()}
@@ -424,6 +492,10 @@ class Ingestor:
                 index[identity] = len(series)
                 state = one.to_state(computed=computed)
                 series.append(msgspec.Raw(encode(state)) if encoded else state)
+        pending = [PendingBatch(flush, [
+            PendingWindow(index[window.series.identity], window.span, window.start,
+                          window.delta, msgspec.Raw(window.series.blocks_state(window.blocks)))
+            for window in windows]) for flush, windows in sorted(self.pending.items())]
         return IngestorState(
             fleet=self.fleet, settings=self.settings(), rejects=dict(self.rejects),
             agents={name: AgentState(a.messages, a.values, a.duplicates, a.rejects,
@@ -432,10 +504,11 @@ class Ingestor:
             series=series,
             latest={channel: (index[identity], self.latest_at.get(channel))
                     for channel, identity in self.latest.items()},
-            dead_letters=[DeadLetter(**letter) for letter in self.dead_letters])
+            dead_letters=[DeadLetter(**letter) for letter in self.dead_letters],
+            pending=pending, flushes=self.flushes)
 
     @classmethod
-    def from_state(cls, state: IngestorState | dict) -> Ingestor:
+    def from_state(cls, state: IngestorState | dict, *, recording: bool = False) -> Ingestor:
         """An ingestor from ``to_state()`` (typed, or as plain JSON values, checked here),
         or ``StateError`` saying what is wrong.
 
@@ -447,7 +520,7 @@ class Ingestor:
             except msgspec.ValidationError as exc:
                 raise StateError(f"state: {exc}") from None
         settings = state.settings
-        ingestor = cls.from_settings(state.fleet, settings)
+        ingestor = cls.from_settings(state.fleet, settings, recording=recording)
         ingestor.rejects.update(state.rejects)
         for name, entry in state.agents.items():
             ingestor.agents[name] = AgentStats(entry.messages, entry.values, entry.duplicates,
@@ -455,9 +528,8 @@ class Ingestor:
                                                entry.status)
         loaded = []
         for i, series_state in enumerate(state.series):
-            series = Series.from_state(series_state, bins=settings.bins,
-                                       window_seconds=settings.window_seconds,
-                                       keep_windows=settings.keep_windows, where=f"series[{i}]")
+            series = Series.from_state(series_state, where=f"series[{i}]",
+                                       **ingestor._series_settings())
             by_identity = ingestor.series.setdefault(series.channel, {})
             if series.identity in by_identity:
                 raise StateError(f"series[{i}]: the same series twice")
@@ -476,7 +548,27 @@ class Ingestor:
         ingestor.status_only = {name for name, agent in ingestor.agents.items()
                                 if agent.last_seen is None}
         ingestor._check_totals(loaded)
+        ingestor._load_pending(state, loaded)
         return ingestor
+
+    def _load_pending(self, state: IngestorState, loaded: list[Series]) -> None:
+        if state.pending and not self.recording:
+            raise StateError("pending: closed windows for a results store, in a state read "
+                             "without one")
+        self.flushes = state.flushes
+        for i, batch in enumerate(state.pending):
+            where = f"pending[{i}]"
+            if not 0 < batch.flush <= state.flushes or batch.flush in self.pending:
+                raise StateError(f"{where}.flush: must be a new number up to flushes")
+            windows = []
+            for j, window in enumerate(batch.windows):
+                if not window.series < len(loaded):
+                    raise StateError(f"{where}.windows[{j}].series: not a series of the state")
+                series = loaded[window.series]
+                blocks = series.blocks_from(window.blocks, f"{where}.windows[{j}].blocks")
+                windows.append(ClosedWindow(series, window.span, window.start, blocks,
+                                            window.delta))
+            self.pending[batch.flush] = windows
 
     def _check_totals(self, series: list[Series]) -> None:
         totals = self.counters

@@ -11,12 +11,27 @@ kind's document:
   support counts;
 * polar: the radius (linear), the angle (circular) and their mean vector;
 * vector: one linear block per axis.
+
+Windows come at several resolutions (``[aggregates] resolutions``): level 0 is the
+finest (``window_seconds``) and each coarser level's window is a whole number of the
+level before's (``coarser``), counted from the finest window's number, so that an hour's
+sums are exactly the merge of its minutes'.  Every report's summary is added to the total
+and to its window at every level, once.
+
+Without a results store a series keeps the ``keep_windows`` most recent windows of each
+level (a scale-out member, an offline replay).  With one (``recording``) it keeps the
+windows still open: ``close`` hands every window whose end lies ``grace`` seconds in the
+past to the store (``collector.results``) and forgets its sums, and a report arriving for
+a window handed over already opens a *delta* window, which the store merges with what it
+holds.  The finest level's recent estimates stay (``points``, at most ``keep_windows``)
+for the live view.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgspec
@@ -46,6 +61,27 @@ from edge_agent.mechanisms.registry import VECTOR
 from edge_agent.protocol import as_dict, kind_problem, mechanism_of
 
 TOTAL = None  # what ``Series.stale`` calls the total, beside the windows' starts
+# A key (as ``Series.stale`` names what to compute): TOTAL, a finest window's start, or
+# (level, start) for a coarser level's window.
+Key = int | tuple[int, int] | None
+
+
+@dataclass
+class ClosedWindow:
+    """A window handed to the results store: its series, resolution (``span``, seconds) and
+    start, its sums, whether the store may hold earlier reports of it (``delta``), and its
+    estimates where they are of these sums ((count, point), else None)."""
+
+    series: Series
+    span: float
+    start: int
+    blocks: dict
+    delta: bool
+    point: tuple[int, Any] | None = None
+
+    @property
+    def count(self) -> int:
+        return self.series._count(self.blocks)
 
 
 def series_identity(channel: str, kind: str, description, fields: tuple | None,
@@ -70,26 +106,40 @@ class Series:
     def __init__(self, *, channel: str, description, bins: int = 50,
                  window_seconds: float = 60.0, keep_windows: int = 60,
                  fields: tuple[str, ...] | None = None, strategy=None,
-                 unit: str | None = None):
+                 unit: str | None = None, coarser: tuple[int, ...] = (),
+                 recording: bool = False):
         """``description``: the typed mechanism description its reports carry
         (``edge_agent.protocol``); ``fields`` and ``strategy``: a vector channel's;
-        ``unit``: the reports' (``Report.unit``)."""
+        ``unit``: the reports' (``Report.unit``); ``coarser``: each coarser level as a
+        multiple of the one before; ``recording``: its closed windows go to a results
+        store (``close``)."""
         self.channel = channel
         self.description = description
         self.bins, self.window_seconds, self.keep_windows = bins, window_seconds, keep_windows
         self.fields, self.strategy, self.unit = fields, strategy, unit
+        self.coarser, self.recording = tuple(coarser), recording
+        self.factors = tuple(math.prod(self.coarser[:level])
+                             for level in range(len(self.coarser) + 1))
         self.messages = 0
         self.agents: set[str] = set()
         self.total = self._new_blocks()
-        self.windows: dict[int, dict] = {}
+        # Each level's windows by start; level 0 (the finest) is also ``windows``.
+        self.levels: list[dict[int, dict]] = [{} for _ in self.factors]
+        self.windows: dict[int, dict] = self.levels[0]
+        # Recording: per level, the first start not yet handed to the store (every window
+        # before it was, so a window before it opened since holds only late reports).
+        self.sealed: dict[int, int] = {}
+        self.overfull = False  # recording: a level holds more than keep_windows windows
         # What the sums gave, kept until they count more (saved with them): the total's
         # estimates, and each window's history point, each with the count it is of.
         self.summary: tuple[int, dict] | None = None
         self.points: dict[int, tuple[int, Any]] = {}  # start -> (count, POINTS[kind])
+        self.coarse_points: dict[tuple[int, int], tuple[int, Any]] = {}  # (level, start) ->
         # What changed since it was computed (TOTAL, window starts): what to compute costs
         # what changed, not what the history holds.
         self.changed: set[int | None] = set()
         self._starts: list[int] | None = None  # a detached copy's: every window's start
+        self._level_starts: list[list[int]] | None = None  # the same, per level
         self._total_count: int | None = None  # a detached copy's, without the total's sums
 
     @property
@@ -158,7 +208,8 @@ class Series:
         Every statistic is a sum, so one summary of the messages' codes joined
         per window equals the messages one by one (integer sums exactly, float
         sums up to rounding order) at one numpy call per statistic and window
-        instead of one per message."""
+        instead of one per message.  The summary is added to the total and to the
+        window of every level."""
         by_window: dict[int, list] = {}
         for agent, t, codes in messages:
             by_window.setdefault(int(math.floor(t / self.window_seconds)), []).append(codes)
@@ -167,40 +218,143 @@ class Series:
         self.changed.add(TOTAL)
         for start, group in by_window.items():
             codes = group[0] if len(group) == 1 else self._join(group)
-            window = self._window_at(start)
-            if start in self.windows:  # not older than every kept window (then dropped)
-                self.changed.add(start)
+            windows = [self._window_at(level, start // factor)
+                       for level, factor in enumerate(self.factors)]
             for name, array in self._split(codes).items():
                 summary = self.total[name].summarize(array)
                 self.total[name].apply(summary)
-                window[name].apply(summary)
+                for window in windows:
+                    if window is not None:
+                        window[name].apply(summary)
 
-    def _window_at(self, start: int) -> dict:
-        window = self.windows.get(start)
+    def _window_at(self, level: int, start: int) -> dict | None:
+        """The level's window (made if new), marked changed; None where it is older than
+        every window a series without a store keeps (it counts in the total alone)."""
+        windows = self.levels[level]
+        window = windows.get(start)
         if window is None:
-            window = self.windows[start] = self._new_blocks()
-            self._forget_old_windows()
+            window = windows[start] = self._new_blocks()
+            self._forget_old_windows(level)
+            if start not in windows:
+                return None
+        self.changed.add(start if level == 0 else (level, start))
         return window
 
-    def _forget_old_windows(self) -> None:
-        while len(self.windows) > self.keep_windows:
-            oldest = min(self.windows)
-            del self.windows[oldest]
-            self.points.pop(oldest, None)
-            self.changed.discard(oldest)
+    def _forget_old_windows(self, level: int | None = None) -> None:
+        """Without a store: the ``keep_windows`` newest windows of each level.  Recording:
+        every window stays until ``close`` hands it over; ``overfull`` says one should."""
+        for number in range(len(self.levels)) if level is None else (level,):
+            windows = self.levels[number]
+            if self.recording:
+                self.overfull |= len(windows) > self.keep_windows
+                continue
+            while len(windows) > self.keep_windows:
+                oldest = min(windows)
+                del windows[oldest]
+                if number == 0:
+                    self.points.pop(oldest, None)
+                    self.changed.discard(oldest)
+                else:
+                    self.coarse_points.pop((number, oldest), None)
+                    self.changed.discard((number, oldest))
+
+    def close(self, now: float, grace: float) -> list[ClosedWindow]:
+        """Recording: hand over every window that ended ``grace`` seconds or more before
+        ``now`` (forgetting its sums), at every level, with its estimates where they are
+        of its sums.  A finest window's estimates stay among the recent ``points``."""
+        closed = []
+        finest = math.floor((now - grace) / self.window_seconds)
+        for level, windows in enumerate(self.levels):
+            limit = finest // self.factors[level]
+            before = self.sealed.get(level)
+            for start in sorted(start for start in windows if start < limit):
+                blocks = windows.pop(start)
+                key = start if level == 0 else (level, start)
+                delta = before is not None and start < before
+                done = self.points if level == 0 else self.coarse_points
+                point = done.get(key)
+                if delta or (point is not None and (key in self.changed
+                                                    or point[0] != self._count(blocks))):
+                    point = None  # a delta's estimate is of its late reports alone
+                if point is None and not (delta and level == 0):
+                    done.pop(key, None)
+                if level:
+                    done.pop(key, None)  # the store serves closed coarser windows
+                self.changed.discard(key)
+                closed.append(ClosedWindow(self, self.span(level), start, blocks, delta, point))
+            self.sealed[level] = limit if before is None else max(before, limit)
+        for start in sorted(self.points)[:-self.keep_windows]:
+            if start not in self.windows:
+                del self.points[start]
+        self.overfull = any(len(windows) > self.keep_windows for windows in self.levels)
+        return closed
+
+    def is_delta(self, level: int, start: int) -> bool:
+        """Whether the level's window ``start`` opened after it was handed to the store
+        (its sums are of late reports alone)."""
+        sealed = self.sealed.get(level)
+        return sealed is not None and start < sealed
+
+    def recorded(self, window: ClosedWindow, point: tuple[int, Any]) -> None:
+        """The store holds ``window`` now, estimated as ``point``: a finest window's
+        estimates join the recent ``points`` (where it is recent and not open again)."""
+        if window.span == self.window_seconds and window.start not in self.windows and (
+                window.start in self.points or len(self.points) < self.keep_windows
+                or window.start > min(self.points)):
+            self.points[window.start] = point
+            for start in sorted(self.points)[:-self.keep_windows]:
+                if start not in self.windows:
+                    del self.points[start]
+
+    def relevel(self, coarser: tuple[int, ...], keep_windows: int) -> int:
+        """Take other coarser resolutions (and ``keep_windows``), the finest staying: a
+        resolution kept keeps its windows, a new one starts empty; how many windows of the
+        resolutions no longer wanted were dropped."""
+        spans = {self.span(level): level for level in range(len(self.levels))}
+        old_levels, old_sealed = self.levels, self.sealed
+        old_points, old_changed = self.coarse_points, self.changed
+        self.coarser = tuple(coarser)
+        self.factors = tuple(math.prod(self.coarser[:level])
+                             for level in range(len(self.coarser) + 1))
+        moved = {}  # old level -> new level
+        for level in range(len(self.factors)):
+            if self.span(level) in spans:
+                moved[spans[self.span(level)]] = level
+        self.levels = [{} for _ in self.factors]
+        for old, new in moved.items():
+            self.levels[new] = old_levels[old]
+        self.windows = self.levels[0]
+        self.sealed = {moved[level]: start for level, start in old_sealed.items()
+                       if level in moved}
+        self.coarse_points = {(moved[level], start): point
+                              for (level, start), point in old_points.items() if level in moved}
+        self.changed = {key for key in old_changed if not isinstance(key, tuple)}
+        self.changed |= {(moved[key[0]], key[1]) for key in old_changed
+                         if isinstance(key, tuple) and key[0] in moved}
+        self.keep_windows = keep_windows
+        self._forget_old_windows()
+        return sum(len(windows) for level, windows in enumerate(old_levels)
+                   if level not in moved)
 
     def merge(self, other: Series) -> Series:
         if other.identity != self.identity:
             raise ValueError("cannot merge different series")
+        if other.factors != self.factors:
+            raise ValueError("cannot merge series of different resolutions")
         for name, block in self.total.items():
             block.merge(other.total[name])
-        for start, blocks in other.windows.items():
-            mine = self.windows.get(start)
-            if mine is None:
-                self.windows[start] = mine = self._new_blocks()
-            for name, block in mine.items():
-                block.merge(blocks[name])
-        self.changed |= {TOTAL, *other.windows}
+        for level, windows in enumerate(other.levels):
+            mine = self.levels[level]
+            for start, blocks in windows.items():
+                into = mine.get(start)
+                if into is None:
+                    mine[start] = into = self._new_blocks()
+                for name, block in into.items():
+                    block.merge(blocks[name])
+                self.changed.add(start if level == 0 else (level, start))
+        self.changed.add(TOTAL)
+        for level, start in other.sealed.items():
+            self.sealed[level] = max(start, self.sealed.get(level, start))
         self._forget_old_windows()
         self.messages += other.messages
         self.agents |= other.agents
@@ -213,17 +367,39 @@ class Series:
     # -- what the sums give, computed once --------------------------------------------------
     @property
     def starts(self) -> list[int]:
-        """The windows' starts, oldest first (a detached copy holds the sums of only some
-        of them)."""
-        return sorted(self.windows) if self._starts is None else self._starts
+        """The finest windows' starts, oldest first: the open ones and, recording, those
+        whose recent estimates are kept (a detached copy holds the sums of only some)."""
+        if self._starts is not None:
+            return self._starts
+        return sorted(self.windows.keys() | self.points.keys())
 
-    def window_count(self, start: int) -> int:
-        return self._count(self.windows[start])
+    def level_starts(self, level: int) -> list[int]:
+        """The level's open windows' starts, oldest first."""
+        if self._level_starts is not None:
+            return self._level_starts[level]
+        return sorted(self.levels[level])
 
-    def current(self, key: int | None) -> bool:
+    def span(self, level: int) -> float:
+        """A window's length at ``level``, in seconds."""
+        return self.window_seconds * self.factors[level]
+
+    def _blocks_of(self, key: Key) -> dict:
+        return self.windows[key] if isinstance(key, int) else self.levels[key[0]][key[1]]
+
+    def window_count(self, key: Key) -> int:
+        return self._count(self._blocks_of(key))
+
+    def _has(self, key: Key) -> bool:
+        return key in self.windows if isinstance(key, int) else key[1] in self.levels[key[0]]
+
+    def _done(self, key: Key) -> dict:
+        """Where the window's estimates are kept."""
+        return self.points if isinstance(key, int) else self.coarse_points
+
+    def current(self, key: Key) -> bool:
         """Whether the total's estimates (``TOTAL``) or the window's point are of its sums
         (a detached copy: they were, or were computed since)."""
-        computed = self.summary is not None if key is TOTAL else key in self.points
+        computed = self.summary is not None if key is TOTAL else key in self._done(key)
         return computed and key not in self.changed
 
     def entry(self) -> dict:
@@ -241,12 +417,18 @@ class Series:
     def _extra_entry(self) -> dict:
         return {}
 
-    def stale(self) -> list[int | None]:
+    def stale(self) -> list[Key]:
         """What to compute: ``TOTAL`` and the start of each window whose sums changed since
         they were computed (or were never computed), the total first, then the newest
-        window first.  Costs what changed (``changed``), not what the series holds."""
-        keys: list[int | None] = [TOTAL] if TOTAL in self.changed else []
-        return keys + sorted((key for key in self.changed if key is not TOTAL), reverse=True)
+        finest window first, then the coarser levels' (``(level, start)``).  Costs what
+        changed (``changed``), not what the series holds.  A delta window (of late reports
+        alone, ``is_delta``) is estimated by the store, with what it holds."""
+        keys: list[Key] = [TOTAL] if TOTAL in self.changed else []
+        finest = [key for key in self.changed if isinstance(key, int)
+                  and not self.is_delta(0, key)]
+        coarse = [key for key in self.changed if isinstance(key, tuple)
+                  and not self.is_delta(*key)]
+        return keys + sorted(finest, reverse=True) + sorted(coarse, reverse=True)
 
     def detach(self, keys: list[int | None] | None) -> Series:
         """A copy to compute from outside the collector's lock: the sums of the total and
@@ -259,24 +441,43 @@ class Series:
             twin.total = _copy_blocks(self.total)
         else:
             twin.total, twin._total_count = None, self.count()
-        wanted = self.windows if keys is None else [key for key in keys if key is not TOTAL]
-        twin.windows = {start: _copy_blocks(self.windows[start]) for start in wanted}
+        if keys is None:
+            wanted = [(level, start) for level, windows in enumerate(self.levels)
+                      for start in windows]
+        else:
+            wanted = [(0, key) if isinstance(key, int) else key
+                      for key in keys if key is not TOTAL]
+        twin.levels = [{} for _ in self.levels]
+        for level, start in wanted:
+            twin.levels[level][start] = _copy_blocks(self.levels[level][start])
+        twin.windows = twin.levels[0]
         twin._starts = self.starts
+        twin._level_starts = [self.level_starts(level) for level in range(len(self.levels))]
         twin.points = dict(self.points)
+        twin.coarse_points = dict(self.coarse_points)
+        twin.sealed = dict(self.sealed)
         twin.changed = set(self.changed)
         return twin
 
-    def compute(self, key: int | None) -> None:
+    def compute(self, key: Key) -> None:
         """Compute the total's estimates (``TOTAL``) or a window's point from the sums."""
         if key is TOTAL:
             self.summary = (self.count(), self._view(self.total))
         else:
-            view = self.window_view(key)
-            point = msgspec.convert(json_safe(self.history_point(view)), POINTS[self.kind])
-            self.points[key] = (view["count"], point)
+            level, start = (0, key) if isinstance(key, int) else key
+            self._done(key)[key] = self.estimate(self.levels[level][start], self.span(level),
+                                                 start)
         self.changed.discard(key)
 
-    def keep(self, computed: Series, keys: list[int | None]) -> None:
+    def estimate(self, blocks: dict, span: float, start: int) -> tuple[int, Any]:
+        """(count, point): the estimates of one window's sums (``blocks``) of ``span``
+        seconds, numbered ``start``."""
+        view = self._span_view(blocks, span, start)
+        point = self.history_point(view)
+        point["too_few"] = self.too_few(view)
+        return view["count"], msgspec.convert(json_safe(point), POINTS[self.kind])
+
+    def keep(self, computed: Series, keys: list[Key]) -> None:
         """Take what ``computed`` (a detached copy) computed for ``keys``, where these sums
         have not counted more since."""
         for key in keys:
@@ -284,21 +485,22 @@ class Series:
                 if computed.summary is not None and computed.summary[0] == self.count():
                     self.summary = computed.summary
                     self.changed.discard(TOTAL)
-            elif key in self.windows and key in computed.points \
-                    and computed.points[key][0] == self.window_count(key):
-                self.points[key] = computed.points[key]
+                continue
+            theirs = computed._done(key).get(key)
+            if self._has(key) and theirs is not None and theirs[0] == self.window_count(key):
+                self._done(key)[key] = theirs
                 self.changed.discard(key)
 
     def adopt(self, earlier: Series) -> None:
         """Take what ``earlier`` (the same series, e.g. merged from partitions before they
         changed) computed, where these sums count the same."""
         if earlier.identity == self.identity:
-            self.keep(earlier, [TOTAL, *earlier.points])
+            self.keep(earlier, [TOTAL, *earlier.points, *earlier.coarse_points])
 
     def __eq__(self, other):
         return (isinstance(other, Series) and other.identity == self.identity
                 and other.messages == self.messages and other.agents == self.agents
-                and other.total == self.total and other.windows == self.windows)
+                and other.total == self.total and other.levels == self.levels)
 
     # -- saved and exchanged state (collector.storage.states) ------------------------------
     def _blocks_state(self, blocks: dict):
@@ -313,16 +515,40 @@ class Series:
                       for start, (count, point) in sorted(self.points.items())]
         if computed and self.summary is not None:
             summary = (self.summary[0], msgspec.convert(self.summary[1], SUMMARIES[self.kind]))
+        coarse_points = []
+        if computed:
+            coarse_points = [(level, start, count, point) for (level, start), (count, point)
+                             in sorted(self.coarse_points.items())]
         return SERIES_STATES[self.kind](
             channel=self.channel, mechanism=self.description, fields=self.fields,
             strategy=self.strategy, unit=self.unit, messages=self.messages,
             agents=sorted(self.agents), total=self._blocks_state(self.total),
             windows=[(start, self._blocks_state(of)) for start, of in sorted(self.windows.items())],
-            summary=summary, points=points)
+            summary=summary, points=points,
+            coarse=[(level, start, self._blocks_state(of))
+                    for level, windows in enumerate(self.levels[1:], 1)
+                    for start, of in sorted(windows.items())],
+            coarse_points=coarse_points, sealed=sorted(self.sealed.items()))
+
+    def blocks_state(self, blocks: dict) -> bytes:
+        """A window's sums as JSON (what the results store keeps)."""
+        return msgspec.json.encode(self._blocks_state(blocks))
+
+    def blocks_from(self, payload: bytes, where: str = "blocks") -> dict:
+        """A window's sums from ``blocks_state`` (``StateError`` if they are not the kind's
+        or not sums these reports could have given)."""
+        try:
+            state = msgspec.json.decode(payload, type=SERIES_BLOCKS[self.kind])
+        except msgspec.ValidationError as exc:
+            raise StateError(f"{where}: {exc}") from None
+        blocks = self._new_blocks()
+        self._load_blocks(blocks, state, where)
+        return blocks
 
     @staticmethod
     def from_state(state: SeriesState | dict, *, bins: int, window_seconds: float,
-                   keep_windows: int, where: str = "series") -> Series:
+                   keep_windows: int, coarser: tuple[int, ...] = (),
+                   recording: bool = False, where: str = "series") -> Series:
         """A series from ``to_state()`` (typed, or as plain JSON values, which are checked
         here); ``StateError`` if it is not one these reports could have given."""
         if not isinstance(state, SeriesState.__args__):
@@ -341,26 +567,51 @@ class Series:
         series = SERIES_TYPES[kind](
             channel=state.channel, description=state.mechanism, bins=bins,
             window_seconds=window_seconds, keep_windows=keep_windows, fields=state.fields,
-            strategy=state.strategy, unit=state.unit)
+            strategy=state.strategy, unit=state.unit, coarser=coarser, recording=recording)
         series.messages = state.messages
         series.agents = set(state.agents)
         series._load_blocks(series.total, state.total, f"{where}.total")
-        if len(state.windows) > keep_windows:
-            raise StateError(f"{where}.windows: expected at most {keep_windows} windows")
-        for i, (start, blocks) in enumerate(state.windows):
-            if abs(start) > 2**1024 or start in series.windows:
-                raise StateError(f"{where}.windows[{i}]: start must be a new integer")
-            series.windows[start] = series._new_blocks()
-            series._load_blocks(series.windows[start], blocks, f"{where}.windows[{i}]")
+        # A recording series holds its open windows, which a late report's may join between
+        # closes; one without a store keeps keep_windows per level.
+        most = keep_windows if not recording else 2 * keep_windows + 8
+        windows = [(0, start, blocks) for start, blocks in state.windows] + list(state.coarse)
+        if len(state.windows) > most or len(state.points) > keep_windows:
+            raise StateError(f"{where}.windows: expected at most {most} windows")
+        for i, (level, start, blocks) in enumerate(windows):
+            within = f"{where}.windows[{i}]" if level == 0 else \
+                f"{where}.coarse[{i - len(state.windows)}]"
+            if level >= len(series.levels):
+                raise StateError(f"{within}: level {level} beyond the {len(series.levels)} "
+                                 f"resolutions")
+            if abs(start) > 2**1024 or start in series.levels[level]:
+                raise StateError(f"{within}: start must be a new integer")
+            if len(series.levels[level]) >= most:
+                raise StateError(f"{within}: expected at most {most} windows a level")
+            series.levels[level][start] = series._new_blocks()
+            series._load_blocks(series.levels[level][start], blocks, within)
+        for level, start in state.sealed:
+            if level < len(series.levels):
+                series.sealed[level] = start
         # What the sums gave, where it is of these sums (an estimate of other counts is
-        # computed again, and one of a window not kept is dropped).
+        # computed again, and one of a window not kept is dropped); recording, a closed
+        # window's recent estimates stay.
         if state.summary is not None and state.summary[0] == series.count():
             series.summary = (state.summary[0], msgspec.to_builtins(state.summary[1]))
         for start, count, point in state.points:
-            if start in series.windows and count == series.window_count(start):
+            if count == (series.window_count(start) if start in series.windows else count) \
+                    and (start in series.windows or recording):
                 series.points[start] = (count, point)
+        for level, start, count, point in state.coarse_points:
+            key = (level, start)
+            if level < len(series.levels) and series._has(key) \
+                    and count == series.window_count(key):
+                series.coarse_points[key] = (count, point)
         series.changed = {TOTAL} if series.summary is None else set()
         series.changed |= {start for start in series.windows if start not in series.points}
+        series.changed |= {(level, start) for level, windows in enumerate(series.levels)
+                           if level for start in windows
+                           if (level, start) not in series.coarse_points}
+        series._forget_old_windows()
         return series
 
     def _load_blocks(self, blocks: dict, state, where: str) -> None:
@@ -379,11 +630,48 @@ class Series:
             out["windows"] = [self.window_view(start) for start in sorted(self.windows)]
         return out
 
-    def window_view(self, start: int) -> dict:
-        """The window numbered ``start`` (its span in seconds, count and statistics)."""
-        blocks = self.windows[start]
-        return {"start": start * self.window_seconds, "end": (start + 1) * self.window_seconds,
+    def window_view(self, start: int, level: int = 0, blocks: dict | None = None) -> dict:
+        """The level's window numbered ``start`` (its span in seconds, count and
+        statistics), of ``blocks`` (default: the window's own)."""
+        blocks = self.levels[level][start] if blocks is None else blocks
+        return self._span_view(blocks, self.span(level), start)
+
+    def _span_view(self, blocks: dict, span: float, start: int) -> dict:
+        return {"start": start * span, "end": (start + 1) * span,
                 "count": self._count(blocks), **self._view(blocks)}
+
+    def too_few(self, view: dict) -> bool:
+        """Whether a window's estimates (``window_view``) are too uncertain to be read as a
+        measurement: some 95% interval spans more than ``TOO_FEW_SHARE`` of what the value
+        can be (the domain's width, half the circle, a share's [0, 1]), or is missing."""
+        return any(width is None or width > TOO_FEW_SHARE
+                   for width in self._interval_shares(view))
+
+    def _interval_shares(self, view: dict) -> list[float | None]:
+        """Each primary estimate's 95% interval as a share of what the value can span."""
+        raise NotImplementedError
+
+
+# A window whose interval spans more than this share of the domain has too few reports to
+# be read as a measurement (the dashboard marks it, the CSV says so).
+TOO_FEW_SHARE = 0.5
+
+
+def _linear_share(view: dict, low: float, high: float) -> float | None:
+    interval = (view.get("mean") or {}).get("ci95")
+    return None if interval is None else (interval[1] - interval[0]) / (high - low)
+
+
+def _unit_share(interval) -> float | None:
+    """An interval of a value in [0, 1] (a share, a resultant length), as its width."""
+    return None if interval is None else interval[1] - interval[0]
+
+
+def _circular_share(view: dict) -> float | None:
+    """An angle's information is its resultant length's: its interval, of [0, 1].  (The
+    direction's interval is missing wherever the directions are spread evenly, however
+    many reports there are.)"""
+    return _unit_share((view.get("resultant_length") or {}).get("ci95"))
 
 
 def _copy_blocks(blocks: dict) -> dict:
@@ -453,6 +741,9 @@ class LinearSeries(_OneBlockSeries):
     def history_point(window: dict) -> dict:
         return {**Series.history_point(window), **_mean_point(window)}
 
+    def _interval_shares(self, view: dict) -> list[float | None]:
+        return [_linear_share(view, *self.domain())]
+
 
 class CircularSeries(_OneBlockSeries):
     """A circular channel: mean direction and resultant length with their intervals
@@ -470,6 +761,9 @@ class CircularSeries(_OneBlockSeries):
     @staticmethod
     def history_point(window: dict) -> dict:
         return {**Series.history_point(window), **_direction_point(window)}
+
+    def _interval_shares(self, view: dict) -> list[float | None]:
+        return [_circular_share(view)]
 
 
 class CategoricalSeries(_OneBlockSeries):
@@ -526,6 +820,10 @@ class CategoricalSeries(_OneBlockSeries):
     def history_header(detail: dict) -> dict:
         return {"labels": (detail.get("frequencies") or {}).get("labels")}
 
+    def _interval_shares(self, view: dict) -> list[float | None]:
+        return [_unit_share(interval)
+                for interval in (view.get("frequencies") or {}).get("ci95") or [None]]
+
 
 class PolarSeries(Series):
     """A polar channel: the radius as a linear block, the angle as a circular one, and
@@ -565,6 +863,11 @@ class PolarSeries(Series):
     def history_point(window: dict) -> dict:
         return {**Series.history_point(window), "radius": _mean_point(window["radius"]),
                 "angle": _direction_point(window["angle"])}
+
+    def _interval_shares(self, view: dict) -> list[float | None]:
+        radius = self.mechanism.components[0]
+        return [_linear_share(view["radius"], radius.low, radius.high),
+                _circular_share(view["angle"])]
 
 
 class VectorSeries(Series):
@@ -614,6 +917,14 @@ class VectorSeries(Series):
         return {**Series.history_point(window),
                 "axes": {axis: {"count": view["count"], **_mean_point(view)}
                          for axis, view in window["axes"].items()}}
+
+    def _interval_shares(self, view: dict) -> list[float | None]:
+        low, high = self._axis_domain()
+        return [_linear_share(axis, low, high) for axis in view["axes"].values()]
+
+    def _axis_domain(self) -> tuple[float, float]:
+        block = next(iter(self._new_blocks().values()))
+        return block.mechanism.low, block.mechanism.high
 
 
 SERIES_TYPES: dict[str, type[Series]] = {

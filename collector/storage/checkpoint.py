@@ -53,7 +53,8 @@ def dump(ingestor: Ingestor) -> bytes:
     return encode_checkpoint(ingestor.to_state(encoded=True), tracker_states(ingestor), held=[])
 
 
-def load(payload: bytes) -> tuple[Ingestor, list[tuple[ValidReport, float]]]:
+def load(payload: bytes, *, recording: bool = False) \
+        -> tuple[Ingestor, list[tuple[ValidReport, float]]]:
     """(the ingestor with its trackers, the reports an old shard's checkpoint held, with
     their arrival; none in checkpoints written since)."""
     if payload[:1] == PICKLE_PROTOCOL:
@@ -62,7 +63,7 @@ def load(payload: bytes) -> tuple[Ingestor, list[tuple[ValidReport, float]]]:
     try:
         checkpoint = decode_checkpoint(payload)
         held = [(check_report(entry.report), entry.received) for entry in checkpoint.held]
-        ingestor = Ingestor.from_state(checkpoint.state)
+        ingestor = Ingestor.from_state(checkpoint.state, recording=recording)
     except Rejected as exc:
         raise CheckpointError(f"{exc.reason}: {exc.detail}") from None
     except StateError as exc:
@@ -81,17 +82,20 @@ def apply_held(ingestor: Ingestor, held: list[tuple[ValidReport, float]]) -> Non
             ingestor.accept(report, received)
 
 
-def restore(config: CollectorConfig, store: CollectorStore) -> tuple[Ingestor, int]:
+def restore(config: CollectorConfig, store: CollectorStore, *,
+            recording: bool = False) -> tuple[Ingestor, int]:
     """The checkpointed ingestor with the journal replayed on top, and its journal position;
-    it applies the configuration's limits (and reads the registry file)."""
+    it applies the configuration's limits (and reads the registry file) and its
+    resolutions (``Ingestor.adapt``).  ``recording``: closed windows go to a results store."""
     limits = ingest_limits(config)
     state, upto = store.load()
     held: list = []
     if state is None:
-        ingestor = Ingestor.from_settings(config.fleet, config.aggregate_settings, limits)
+        ingestor = Ingestor.from_settings(config.fleet, config.aggregate_settings, limits,
+                                          recording=recording)
     else:
         try:
-            ingestor, held = load(state)
+            ingestor, held = load(state, recording=recording)
         except CheckpointError as exc:
             raise CheckpointError(
                 f"{store.path}: the checkpoint cannot be read ({exc}); move the file away to "
@@ -100,6 +104,7 @@ def restore(config: CollectorConfig, store: CollectorStore) -> tuple[Ingestor, i
             raise ValueError(f"{store.path} holds fleet {ingestor.fleet!r}, the config says "
                              f"{config.fleet!r}: use another storage.path")
         ingestor.limits = limits
+        ingestor.adapt(config.aggregate_settings)
     apply_held(ingestor, held)
     position, replayed = upto, 0
     while True:

@@ -164,13 +164,16 @@ class MeanPoint(Struct, forbid_unknown_fields=True):
     ci95: tuple[Estimate, Estimate] | None
 
 
-class _Point(Struct, forbid_unknown_fields=True):
+class _Point(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
     """One window's estimates as a chart over time draws them (GET /api/channels/<name>/
-    history: docs/reference/API.md): its span in seconds, its count, and the kind's estimates."""
+    history: docs/reference/API.md): its span in seconds, its count, and the kind's estimates.
+    ``too_few``: its interval spans most of the domain (``collector.aggregation.series``,
+    ``too_few``): too few reports to be read as a measurement (absent: false)."""
 
     start: Finite
     end: Finite
     count: Count
+    too_few: bool = False
 
 
 class DirectionPoint(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -236,23 +239,41 @@ SUMMARIES: dict[str, type[Struct]] = {
 # Each kind's series: identity, counters, sums (``total``, ``windows``) and what they gave
 # (``summary``: the total's estimates, ``points``: each window's), each with the count it
 # was computed at (recomputed when the sums have counted more since).
+#
+# The coarser resolutions' open windows (``coarse``: level, start, sums), their estimates
+# (``coarse_points``) and, with a results store, how far each level has been handed to it
+# (``sealed``: level, first window start not handed over) are absent from states written
+# before resolutions.
+Level = Annotated[int, Meta(ge=0, le=8)]  # 0: the finest resolution
 SERIES_STATES: dict[str, type[Struct]] = {
     kind: define(__name__, f"{kind.title()}SeriesState", _SeriesState, kind,
                  [("total", blocks), ("windows", list[tuple[WindowStart, blocks]]),
                   ("summary", tuple[Count, SUMMARIES[kind]] | None, None),
-                  ("points", list[tuple[WindowStart, Count, POINTS[kind]]], [])])
+                  ("points", list[tuple[WindowStart, Count, POINTS[kind]]], []),
+                  ("coarse", list[tuple[Level, WindowStart, blocks]], []),
+                  ("coarse_points", list[tuple[Level, WindowStart, Count, POINTS[kind]]], []),
+                  ("sealed", list[tuple[Level, WindowStart]], [])])
     for kind, blocks in SERIES_BLOCKS.items()}
 SeriesState = Union[tuple(SERIES_STATES.values())]  # noqa: UP007
 
 
 # -- a whole collector (collector.aggregation.ingest.Ingestor) -------------------------------------
 
+MAX_LEVELS = 8  # resolutions ([aggregates] resolutions)
+
+
 class AggregateSettings(Struct, frozen=True, forbid_unknown_fields=True):
-    """What collectors must share to merge their aggregates ([aggregates] of the config)."""
+    """What collectors must share to merge their aggregates ([aggregates] of the config).
+
+    ``coarser``: each coarser resolution as a multiple of the one before (1m, 1h, 1d:
+    60 and 24), so that a coarser window is exactly the merge of its finer ones; absent
+    from states written before resolutions (the finest alone)."""
 
     bins: Annotated[int, Meta(ge=4, le=1000)]
     window_seconds: Annotated[float, Meta(ge=1.0, le=86400.0)]
     keep_windows: Annotated[int, Meta(ge=1, le=10_000)]
+    coarser: Annotated[tuple[Annotated[int, Meta(ge=2, le=100_000)], ...],
+                       Meta(max_length=MAX_LEVELS - 1)] = ()
 
 
 class StatusSummary(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -285,6 +306,24 @@ class DeadLetter(Struct, forbid_unknown_fields=True):
     payload: Text
 
 
+class PendingWindow(Struct, array_like=True, forbid_unknown_fields=True):
+    """A closed window on its way to the results store: its series (an index into the
+    state's ``series``), resolution, start, whether the store may hold earlier reports of it
+    (``delta``: a late report's window, merged with them there), and its sums (the
+    series kind's blocks, checked when loaded)."""
+
+    series: Count
+    span: Annotated[float, Meta(ge=1.0)]  # the window's length in seconds (its resolution)
+    start: WindowStart
+    delta: bool
+    blocks: msgspec.Raw
+
+
+class PendingBatch(Struct, array_like=True, forbid_unknown_fields=True):
+    flush: Count
+    windows: list[PendingWindow]
+
+
 class IngestorState(Struct, forbid_unknown_fields=True):
     fleet: Name
     settings: AggregateSettings
@@ -294,6 +333,10 @@ class IngestorState(Struct, forbid_unknown_fields=True):
     # channel -> (index of its newest series in ``series``, when it was last reported)
     latest: dict[Name, tuple[Count, Finite | None]]
     dead_letters: Annotated[list[DeadLetter], Meta(max_length=DEAD_LETTERS)]
+    # Windows closed and handed to the results store, not yet confirmed written there
+    # (collector.results): a checkpoint keeps them until it is.
+    pending: list[PendingBatch] = []
+    flushes: Count = 0  # the last batch number given (each batch is written once)
 
 
 # -- the checkpoint (collector.storage.checkpoint) -------------------------------------------------

@@ -1,0 +1,109 @@
+"""The results store on PostgreSQL (``[results] url``; the ``postgresql`` extra installs
+psycopg), for results that outgrow one file, or a scale-out merge view's.
+
+The same tables and SQL as SQLite (``collector.results.store``).  The writer holds one
+connection; each querying thread opens its own, so a long query never holds up a write.
+A lost connection is opened again at the next call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from collector.results.store import SCHEMA, SqlResultsStore, StoreError
+
+try:
+    import psycopg
+except ImportError:  # the postgresql extra is not installed
+    psycopg = None
+
+CONNECT_SECONDS = 10
+# A query may take this long at most (its windows are bounded; this bounds a sick server).
+STATEMENT_MILLISECONDS = 30_000
+
+
+def _sql(statement: str) -> str:
+    return statement.replace("?", "%s")
+
+
+class PostgresResultsStore(SqlResultsStore):
+    def __init__(self, url: str, *, password: str | None = None):
+        if psycopg is None:
+            raise StoreError("results.url: PostgreSQL needs psycopg: "
+                             "pip install 'edge-ldp[postgresql]'")
+        self.url, self._password = url, password
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._readers: list = []
+        self._db = None
+        with self._lock:
+            db = self._writer()
+            with db.transaction(), db.cursor() as cursor:
+                for statement in filter(str.strip, SCHEMA.format(blob="BYTEA").split(";")):
+                    cursor.execute(statement)
+
+    def _connect(self):
+        try:
+            return psycopg.connect(self.url, password=self._password, autocommit=True,
+                                   connect_timeout=CONNECT_SECONDS,
+                                   options=f"-c statement_timeout={STATEMENT_MILLISECONDS}")
+        except psycopg.Error as exc:
+            raise StoreError(f"results.url: cannot connect to PostgreSQL ({exc})") from None
+
+    def _writer(self):
+        if self._db is None or self._db.closed:
+            self._db = self._connect()
+        return self._db
+
+    @contextlib.contextmanager
+    def _write_transaction(self):
+        with self._lock:
+            db = self._writer()
+            try:
+                with db.transaction(), db.cursor() as cursor:
+                    yield _Cursor(cursor)
+            except psycopg.OperationalError:
+                db.close()  # opened again at the next call
+                raise
+
+    def _read(self, sql: str, parameters: tuple) -> list[tuple]:
+        db = getattr(self._local, "db", None)
+        if db is None or db.closed:
+            db = self._local.db = self._connect()
+            with self._lock:
+                self._readers.append(db)
+        try:
+            return db.execute(_sql(sql), parameters).fetchall()
+        except psycopg.OperationalError:
+            db.close()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            for db in [*self._readers, self._db]:
+                if db is not None:
+                    with contextlib.suppress(Exception):
+                        db.close()
+            self._readers, self._db = [], None
+
+
+class _Cursor:
+    """A psycopg cursor that takes the shared SQL's ``?`` placeholders."""
+
+    def __init__(self, cursor):
+        self._cursor = cursor
+
+    def execute(self, sql: str, parameters: tuple = ()):
+        return self._cursor.execute(_sql(sql), parameters)
+
+    def executemany(self, sql: str, rows: list):
+        if rows:
+            self._cursor.executemany(_sql(sql), rows)
+
+    def fetchone(self):
+        return self._cursor.fetchone()
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount

@@ -1,0 +1,209 @@
+"""Windows at several resolutions, closed into a real SQLite results store: a coarser window
+is the exact merge of its finer ones for every kind, late reports merge exactly into what
+the store holds, a batch is written once whatever crashes, retention drops exactly what it
+should."""
+
+from __future__ import annotations
+
+import threading
+
+import msgspec
+import numpy as np
+import pytest
+
+from collector.aggregation.ingest import Ingestor
+from collector.aggregation.series import new_series
+from collector.config import ConfigError, parse_collector_config
+from collector.results.recorder import ResultsRecorder
+from collector.results.sqlite import SqliteResultsStore
+from collector.results.store import SeriesRecord
+from collector.storage.checkpoint import dump, load
+from edge_agent import protocol
+from edge_agent.mechanisms import ClassicalOGPM
+from tests.collector.aggregation.test_stats import _message, _same_view, _series_cases
+
+WINDOW = 10.0
+COARSER = (3, 4)  # 10 s, 30 s, 120 s
+SPANS = (10.0, 30.0, 120.0)
+FLEET = "demo"
+
+
+def _series(spec, **settings):
+    spec = dict(spec)
+    mechanism = spec.pop("mechanism")
+    return new_series(channel="c", description=protocol.describe(mechanism),
+                      keep_windows=50, **{"window_seconds": WINDOW, **settings}, **spec)
+
+
+def _messages(case, mechanism, seed=5, n=40):
+    rng = np.random.default_rng(seed)
+    times = np.sort(rng.uniform(0.0, 480.0, n))
+    return [(f"agent-{i % 4}", float(t), _message(case, mechanism, rng, 30))
+            for i, t in enumerate(times)]
+
+
+@pytest.mark.parametrize("name", list(_series_cases()))
+def test_every_coarser_window_is_the_exact_merge_of_its_finer_ones(name):
+    """For every kind: each level's window counts what its finer windows count, its sums
+    are their merge, and its estimates are those of one window holding all its reports."""
+    spec, case = _series_cases()[name]
+    messages = _messages(case, spec["mechanism"])
+    series = _series(spec, coarser=COARSER, recording=True)
+    series.update_many(messages)
+    closed = series.close(now=10_000.0, grace=0.0)
+    by_span = {span: {w.start: w for w in closed if w.span == span} for span in SPANS}
+    assert sum(w.count for w in by_span[10.0].values()) == series.count()
+    for fine, coarse, factor in ((10.0, 30.0, 3), (30.0, 120.0, 4)):
+        for start, window in by_span[coarse].items():
+            parts = [w for s, w in by_span[fine].items() if s // factor == start]
+            assert window.count == sum(part.count for part in parts) > 0
+            merged = series._new_blocks()
+            for part in parts:
+                for block_name, block in merged.items():
+                    block.merge(part.blocks[block_name])
+            assert merged == window.blocks
+    # An hour (here 120 s) estimated from merged sums is one 120 s window's estimate.
+    whole = _series(spec, window_seconds=120.0)
+    whole.update_many(messages)
+    for start, window in by_span[120.0].items():
+        _, point = series.estimate(window.blocks, 120.0, start)
+        _, reference = whole.estimate(whole.windows[start], 120.0, start)
+        assert _same_view(msgspec.to_builtins(point), msgspec.to_builtins(reference))
+
+
+def _linear_report(rng, seq: int, t: float, n: int = 50, agent: str = "w1"):
+    mechanism = ClassicalOGPM(epsilon=2.0, low=0.0, high=1.0)
+    payload = protocol.report(agent=agent, channel="x", kind="linear", seq=seq, t=t, dt=1.0,
+                              codes=mechanism.perturb_codes(rng.uniform(0, 1, n), rng).tolist(),
+                              mechanism=mechanism.describe())
+    return protocol.data_topic(FLEET, agent, "x"), payload
+
+
+def _stored(store: SqliteResultsStore, ingestor: Ingestor) -> dict:
+    """Every stored window: (span, start) -> (count, sums)."""
+    series = next(iter(ingestor.series["x"].values()))
+    key = SeriesRecord.of(series).key
+    return {(row.span, row.start): (row.count, row.sums)
+            for span in SPANS for row in store.windows(key, span, -10**9, 10**9, 10**6)}
+
+
+def _recorder(store, ingestor, lock=None):
+    recorder = ResultsRecorder(store, source="test", aggregates=lambda: ingestor,
+                               lock=lock or threading.RLock(), retention={})
+    recorder.durable = 10**9
+    return recorder
+
+
+def test_late_reports_are_merged_exactly_into_the_stored_windows(tmp_path):
+    """Windows are closed and written while reports arrive, some of them for windows
+    written already: the store ends with exactly the windows of a collector that got every
+    report on time and kept every window."""
+    rng = np.random.default_rng(11)
+    reports = [_linear_report(rng, seq, 3.0 * seq) for seq in range(160)]  # 0 .. 480 s
+    late = [reports.pop(i) for i in (150, 90, 40, 7)]  # arrive at the end
+    store = SqliteResultsStore(tmp_path / "results.sqlite")
+    ingestor = Ingestor(fleet=FLEET, window_seconds=WINDOW, coarser=COARSER, keep_windows=50,
+                        recording=True)
+    recorder = _recorder(store, ingestor)
+    for i, (topic, payload) in enumerate(reports):
+        assert ingestor.ingest(topic, payload, now=1e9) == "accepted"
+        if i % 25 == 24:  # a checkpoint: what ended closes, and is written
+            ingestor.close_windows(now=3.0 * i, grace=5.0)
+            recorder.record()
+    for topic, payload in late:
+        assert ingestor.ingest(topic, payload, now=1e9) == "accepted"
+    assert ingestor.close_windows(now=10_000.0, grace=0.0) is not None
+    recorder.record()
+    assert not ingestor.pending
+    reference = Ingestor(fleet=FLEET, window_seconds=WINDOW, coarser=COARSER, keep_windows=100)
+    for topic, payload in [*reports, *late]:
+        reference.ingest(topic, payload, now=1e9)
+    series = next(iter(reference.series["x"].values()))
+    expected = {(series.span(level), start): (series._count(blocks), series.blocks_state(blocks))
+                for level, windows in enumerate(series.levels)
+                for start, blocks in windows.items()}
+    assert _stored(store, ingestor) == expected
+    # The late reports' windows were written twice: first without them, then merged.
+    assert recorder.written_windows > len(expected)
+
+
+def test_a_batch_is_written_once_whatever_stops_the_collector(tmp_path):
+    """A checkpoint keeps closed windows until the store has them; a collector that stopped
+    after the store wrote a batch but before a checkpoint said so writes it again after
+    the restart, and the store recognises it: no window counts twice."""
+    rng = np.random.default_rng(2)
+    store = SqliteResultsStore(tmp_path / "results.sqlite")
+    ingestor = Ingestor(fleet=FLEET, window_seconds=WINDOW, coarser=COARSER, keep_windows=50,
+                        recording=True)
+    for seq in range(40):
+        ingestor.ingest(*_linear_report(rng, seq, 5.0 * seq), now=1e9)
+    batch = ingestor.close_windows(now=150.0, grace=0.0)
+    saved = dump(ingestor)  # the checkpoint holds the batch, pending
+    _recorder(store, ingestor).record()
+    written = _stored(store, ingestor)
+    assert written and store.applied("test") == batch
+    restored, _ = load(saved, recording=True)
+    assert list(restored.pending) == [batch]
+    assert _recorder(store, restored).record() == 0  # skipped: written already
+    assert not restored.pending and _stored(store, restored) == written
+    with pytest.raises(Exception, match="pending: closed windows for a results store"):
+        load(saved)  # read by a collector without a store, the batch would be lost
+
+
+def test_retention_drops_exactly_the_windows_older_than_their_resolution_keeps(tmp_path):
+    rng = np.random.default_rng(4)
+    store = SqliteResultsStore(tmp_path / "results.sqlite")
+    ingestor = Ingestor(fleet=FLEET, window_seconds=WINDOW, coarser=COARSER, keep_windows=50,
+                        recording=True)
+    for seq in range(96):
+        ingestor.ingest(*_linear_report(rng, seq, 5.0 * seq), now=1e9)
+    ingestor.close_windows(now=10_000.0, grace=0.0)
+    recorder = _recorder(store, ingestor)
+    recorder.record()
+    before = _stored(store, ingestor)
+    recorder.retention = {10.0: 200.0, 30.0: 100.0, 120.0: float("inf")}
+    recorder._clock = lambda: 400.0
+    deleted = recorder.retain()
+    after = _stored(store, ingestor)
+    kept = {(span, start) for span, start in before
+            if span == 120.0 or (start + 1) * span > 400.0 - {10.0: 200.0, 30.0: 100.0}[span]}
+    assert set(after) == kept and deleted == len(before) - len(kept) > 0
+    assert all(after[key] == before[key] for key in kept)
+
+
+def _config(**sections):
+    return parse_collector_config({"fleet": FLEET, **sections})
+
+
+def test_resolutions_and_retention_are_configured_by_name():
+    config = _config()
+    assert config.aggregates.resolution_names == ["1m", "1h", "1d"]
+    assert config.aggregate_settings.coarser == (60, 24)
+    assert config.retention() == {60.0: 7 * 86400.0, 3600.0: 400 * 86400.0,
+                                  86400.0: float("inf")}
+    config = _config(aggregates={"resolutions": ["10s", "5m", "1h"]},
+                     results={"retention": {"5m": "30d", "1h": "forever"}})
+    assert config.aggregates.window_seconds == 10.0
+    assert config.aggregate_settings.coarser == (30, 12)
+    assert config.retention() == {10.0: 7 * 86400.0, 300.0: 30 * 86400.0,
+                                  3600.0: float("inf")}
+    assert _config(aggregates={"window_seconds": 7}).aggregates.spans == [7.0]
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"aggregates": {"resolutions": ["1m", "90s"]}},
+     r"aggregates.resolutions: 90s must be a whole number"),
+    ({"aggregates": {"resolutions": ["1 minute"]}},
+     r"aggregates.resolutions: expected a number and a unit"),
+    ({"aggregates": {"window_seconds": 10, "resolutions": ["1m"]}},
+     r"aggregates.resolutions: the finest \(1m\) must be window_seconds"),
+    ({"aggregates": {"resolutions": []}}, r"aggregates.resolutions"),
+    ({"results": {"retention": {"1w": "3d"}}}, r"results.retention.1w: not one of the"),
+    ({"results": {"retention": {"1h": "soon"}}}, r"results.retention.1h: \"forever\" or a"),
+    ({"results": {"url": "mysql://x"}}, r"results.url"),
+    ({"results": {"url": "postgresql://u@h/db", "path": "/tmp/r.sqlite"}},
+     r"results.url: give a PostgreSQL url or a SQLite path, not both"),
+])
+def test_bad_resolutions_and_retention_are_errors_naming_the_key(sections, message):
+    with pytest.raises(ConfigError, match=message):
+        _config(**sections)
