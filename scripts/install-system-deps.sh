@@ -8,6 +8,8 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || packages+=
 command -v systemd-analyze >/dev/null 2>&1 || packages+=(systemd)
 # The dashboard is tested in a real headless Chromium (driven by playwright).
 command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || packages+=(chromium)
+# The results store's PostgreSQL engine is tested against a server each test starts.
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || packages+=(postgresql)
 for extra in "$@"; do packages+=("$extra"); done
 [ ${#packages[@]} -eq 0 ] && exit 0
 
