@@ -4,8 +4,10 @@ recorded stream offline."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import sys
+import time
 from collections.abc import Iterator
 from typing import BinaryIO, NoReturn
 
@@ -299,6 +301,87 @@ def export(config_path: str, out: str) -> None:
     except OSError as exc:  # reading the journal raises sqlite3's errors: this is --out
         _fail(f"cannot write {out}: {exc.strerror or exc}")
     click.echo(export.summary(), err=True)
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="the collector's configuration (its [results] name the store)")
+@click.option("--channel", required=True, help="the channel's name")
+@click.option("--resolution", default=None, help="one of [aggregates] resolutions "
+              "(default: the finest)")
+@click.option("--start", default=None, metavar="TIME",
+              help="Unix seconds or an ISO 8601 time (UTC unless it says); default: 60 "
+                   "windows before --end")
+@click.option("--end", default=None, metavar="TIME", help="as --start; default: now")
+@click.option("--series", default=None, help="another series of the channel (a key the "
+              "JSON history lists); default: its newest")
+@click.option("--format", "output", default="csv", show_default=True,
+              type=click.Choice(["csv", "parquet"]))
+@click.option("--out", default="-", show_default=True,
+              type=click.Path(dir_okay=False, allow_dash=True),
+              help="write the table here; - = stdout (CSV only)")
+def results(config_path: str, channel: str, resolution: str | None, start: str | None,
+            end: str | None, series: str | None, output: str, out: str) -> None:
+    """Write a channel's stored windows at one resolution as a table (CSV or Parquet): one
+    row per window with start, end, count, too_few and every estimate with its 95%
+    interval (docs/reference/API.md).  Reads the results store, read-only: a running
+    collector goes on meanwhile.  Parquet needs the parquet extra (pyarrow).
+
+    Exit 0, 2 if the store cannot be read, the query is wrong or --out cannot be written,
+    78 if --config is invalid.
+    """
+    from collector.results import table
+    from collector.results.query import HistoryQuery, QueryError, parse_request, table_columns
+    from collector.results.store import StoreError, open_results_store
+
+    config = _load(config_path, EXIT_CONFIG)
+    params = {name: value for name, value in (("resolution", resolution), ("series", series),
+                                              ("start", _unix(start, "--start")),
+                                              ("end", _unix(end, "--end")))
+              if value is not None}
+    if output == "parquet" and out == "-":
+        _fail("--format parquet: give a file with --out")
+    try:
+        request = parse_request(params, spans=config.aggregates.spans, now=time.time())
+        store = open_results_store(config, read_only=True)
+    except QueryError as exc:
+        _fail(f"--{exc}")
+    except StoreError as exc:
+        _fail(str(exc))
+    try:
+        found = HistoryQuery(store, config.aggregates.spans).select(channel, request, None)
+    finally:
+        store.close()
+    if found is None:
+        _fail(f"no windows of a channel named {channel!r} in the results store")
+    header, points, _ = found
+    try:
+        if output == "parquet":
+            table.to_parquet(points, table_columns(header), out)
+        else:
+            with _output(out) as stream:
+                stream.write(table.to_csv(points, table_columns(header)).encode())
+    except (OSError, RuntimeError) as exc:
+        _fail(f"cannot write {out}: {getattr(exc, 'strerror', None) or exc}")
+    click.echo(f"{len(points)} window(s) of {request.resolution} of {channel}", err=True)
+
+
+def _unix(text: str | None, option: str) -> str | None:
+    """Unix seconds as text, from Unix seconds or an ISO 8601 time (UTC unless it says)."""
+    if text is None:
+        return None
+    try:
+        float(text)
+        return text
+    except ValueError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        _fail(f"{option}: expected Unix seconds or an ISO 8601 time, got {text[:40]!r}")
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return repr(moment.timestamp())
 
 
 def _fail(message: str) -> NoReturn:

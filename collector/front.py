@@ -29,6 +29,8 @@ from collector.api.snapshots import Snapshots
 from collector.broker.publisher import CollectorClient
 from collector.config import CollectorConfig
 from collector.range.results import RangeResults
+from collector.results.query import HistoryQuery
+from collector.results.store import ResultsStore
 from edge_agent import protocol
 
 log = logging.getLogger(__name__)
@@ -39,13 +41,14 @@ class ServingFront:
     ``broker_status`` is what ``/api/channels`` says of the broker (default: this
     client's connection); ``extra`` adds top-level fields to ``/api/channels``;
     ``web=False``: no web server and no snapshot thread (the retained snapshots are then
-    computed when published)."""
+    computed when published); ``results``: the results store history queries read."""
 
     def __init__(self, config: CollectorConfig, aggregates: Callable[[], Ingestor],
                  lock: threading.RLock, *, role: str, label: str,
                  clock: Callable[[], float] = time.time,
                  broker_status: Callable[[], dict] | None = None,
-                 extra: Callable[[], dict] | None = None, web: bool = True):
+                 extra: Callable[[], dict] | None = None, web: bool = True,
+                 results: ResultsStore | None = None):
         self.config = config
         self.range_results = RangeResults(
             config.fleet, coordinator=config.range_discovery.client_id,
@@ -60,7 +63,9 @@ class ServingFront:
         self.snapshots = self.web = None
         if web:
             self.snapshots = Snapshots(self.views, push_seconds=config.http.push_seconds)
-            self.web = WebServer.from_config(self.snapshots, config.http)
+            history = None if results is None else HistoryQuery(results,
+                                                                 config.aggregates.spans)
+            self.web = WebServer.from_config(self.snapshots, config.http, history)
         self._stop = threading.Event()
         self._publisher: threading.Thread | None = None
 

@@ -88,7 +88,8 @@ class CollectorService:
         self.recorder.durable = self.ingestor.flushes  # the restored batches are durable
         self.front = ServingFront(config, lambda: self.ingestor, self.lock, role="publisher",
                                   label="snapshot publisher", clock=clock,
-                                  broker_status=self.store.network, web=web)
+                                  broker_status=self.store.network, web=web,
+                                  results=self.results)
         self.network = NetworkProcess(network_settings(config))
         discovery = config.range_discovery
         self.range_schedule = RangeSchedule(config, channel_domain=self.channel_domain,

@@ -918,6 +918,10 @@ class VectorSeries(Series):
                 "axes": {axis: {"count": view["count"], **_mean_point(view)}
                          for axis, view in window["axes"].items()}}
 
+    @staticmethod
+    def history_header(detail: dict) -> dict:
+        return {"fields": list(detail.get("axes") or {})}
+
     def _interval_shares(self, view: dict) -> list[float | None]:
         low, high = self._axis_domain()
         return [_linear_share(axis, low, high) for axis in view["axes"].values()]

@@ -34,6 +34,8 @@ import msgspec
 
 from collector.aggregation.ingest import Ingestor
 from collector.aggregation.series import TOTAL, series_type
+from collector.results.durations import duration_name
+from collector.results.store import SeriesRecord
 from edge_agent.protocol import as_dict
 
 # An agent counts as online if its retained status says so, or, for agents
@@ -60,6 +62,10 @@ class Documents:
     range: dict  # GET /api/range
     dead_letters: list[dict]  # GET /api/rejects, as "recent"
     estimates: Estimates | None = None  # what computing them has cost so far (metrics)
+    # Per channel, per resolution (seconds): the points of its newest series' windows the
+    # live view has (the open ones; the finest level's recent ones), for history queries
+    # of the results store (collector.results.query), which has the closed ones.
+    open_windows: dict[str, dict[float, list]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -248,7 +254,22 @@ def channel_detail(ingestor: Ingestor, name: str) -> dict:
         if newest is not None and newest in series.points else None
     detail["windows"] = [series.points[start][1] for start in series.starts
                          if start in series.points]
+    detail["series"] = SeriesRecord.of(series).key
+    detail["resolutions"] = [duration_name(series.span(level))
+                             for level in range(len(series.levels))]
     return detail
+
+
+def open_windows(series) -> dict[float, list]:
+    """The points of a series' windows the live view holds, by resolution: the finest
+    level's recent ones, and the coarser levels' open ones computed so far."""
+    found = {series.span(0): [series.points[start][1] for start in series.starts
+                              if start in series.points]}
+    for level in range(1, len(series.levels)):
+        found[series.span(level)] = [series.coarse_points[(level, start)][1]
+                                     for start in series.level_starts(level)
+                                     if (level, start) in series.coarse_points]
+    return found
 
 
 def history_document(name: str, detail: dict, window_seconds: float, windows_kept: int,
@@ -262,7 +283,7 @@ def history_document(name: str, detail: dict, window_seconds: float, windows_kep
     units = {key: detail[key] for key in ("unit", "angle_unit") if key in detail}
     return {"channel": name, "kind": detail["kind"], **units, **kind.history_header(detail),
             "t": t, "window_seconds": window_seconds, "windows_kept": windows_kept,
-            "state": detail["state"], "points": detail["windows"]}
+            "state": detail["state"], "series": detail["series"], "points": detail["windows"]}
 
 
 class Views:
@@ -359,6 +380,8 @@ class Views:
         histories = {name: history_document(name, detail, ingestor.window_seconds,
                                             ingestor.keep_windows, t)
                      for name, detail in details.items()}
+        windows = {name: open_windows(ingestor.series[name][ingestor.latest[name]])
+                   for name in details}
         # An entry of /api/channels is its detail without the windows.
         entries = {name: {key: value for key, value in detail.items() if key != "windows"}
                    for name, detail in details.items()}
@@ -366,7 +389,7 @@ class Views:
             channels=self._document(ingestor, t, broker, ranges, extra, entries),
             channel_details=details, histories=histories,
             range=range_document(*ranges, t), dead_letters=list(ingestor.dead_letters),
-            estimates=estimates)
+            estimates=estimates, open_windows=windows)
 
     def _document(self, ingestor: Ingestor, now: float, broker: dict,
                   ranges: tuple[dict, dict], extra: dict, entries: dict) -> dict:

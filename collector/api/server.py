@@ -32,6 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.registry import Collector, CollectorRegistry
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -39,6 +40,7 @@ from starlette.routing import Route
 
 from collector.api.documents import SnapshotSource
 from collector.api.snapshots import Snapshot, Snapshots
+from collector.results.query import HistoryQuery, QueryError, parse_request
 from edge_agent.common.asgi import (
     JSON_TYPE,
     RETRY_AFTER,
@@ -81,6 +83,9 @@ SSE_RETRY_MS = 2000       # tells EventSource how soon to reconnect
 FIRST_SNAPSHOT_WAIT_SECONDS = 10.0  # a request before the first snapshot waits this long for it
 STOP_JOIN_SECONDS = 3.0   # how long start() and stop() wait for the server thread
 GRACEFUL_SHUTDOWN_SECONDS = 1.0  # uvicorn then cancels what is still running
+# History queries of the results store running at once (each in a worker thread); beyond,
+# 503: a burst of queries waits on no one else's requests, event streams or ingestion.
+MAX_HISTORY_QUERIES = 4
 
 SOURCE_ERROR_EVENT = (b"event: source-error\ndata: "
                       + json_error("the aggregates could not be computed") + b"\n\n")
@@ -206,7 +211,9 @@ class WebServer:
 
     def __init__(self, source: SnapshotSource | None = None, *, host: str, port: int,
                  snapshots: Snapshots | None = None, push_seconds: float = 1.0,
-                 limits: HttpLimits = HttpLimits()):
+                 limits: HttpLimits = HttpLimits(), history: HistoryQuery | None = None):
+        """``history``: answers history requests with parameters from the results store
+        (without one, such requests get 404)."""
         if (source is None) == (snapshots is None):
             raise TypeError("WebServer serves a source or snapshots: give one of them")
         self.host = host
@@ -217,6 +224,7 @@ class WebServer:
         self.snapshots.subscribe(self._snapshot_published)
         self.guard = ConnectionGuard(limits.connections())
         self.guard.refused["event_streams"] = 0
+        self.guard.refused["history_queries"] = 0
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(ServerMetrics(self))
         self._static = _static_files()
@@ -228,10 +236,13 @@ class WebServer:
         self._closing = False
         self._streams = 0
         self._channels_event: bytes | None = None  # the latest snapshot's SSE event
+        self.history = history
+        self._history_queries = 0  # running now (MAX_HISTORY_QUERIES)
 
     @classmethod
-    def from_config(cls, snapshots: Snapshots, http: HttpConfig) -> WebServer:
-        return cls(snapshots=snapshots, host=http.host, port=http.port,
+    def from_config(cls, snapshots: Snapshots, http: HttpConfig,
+                    history: HistoryQuery | None = None) -> WebServer:
+        return cls(snapshots=snapshots, host=http.host, port=http.port, history=history,
                    limits=HttpLimits(max_connections=http.max_connections,
                                      max_event_streams=http.max_event_streams,
                                      idle_timeout_seconds=http.idle_timeout_seconds,
@@ -392,7 +403,39 @@ class WebServer:
         return await self._of_channel(request, "channel_details")
 
     async def _history(self, request: Request) -> Response:
-        return await self._of_channel(request, "histories")
+        """Without parameters: the live view's recent windows.  With any (resolution,
+        start, end, format, series): the results store's windows in that range, with the
+        open ones from the live view (collector.results.query)."""
+        if not request.query_params:
+            return await self._of_channel(request, "histories")
+        name = request.path_params["name"]
+        if self.history is None:
+            raise HTTPException(404, "no results store: history is the live view's only")
+        snapshot = await self._snapshot()
+        try:
+            query = parse_request(request.query_params, spans=self.history.spans,
+                                  now=snapshot.t)
+        except QueryError as exc:
+            raise HTTPException(400, str(exc)) from None
+        if self._history_queries >= MAX_HISTORY_QUERIES:
+            self.guard.count("history_queries")
+            raise HTTPException(503, "too many history queries at once",
+                                headers={"Retry-After": RETRY_AFTER})
+        live = None
+        if name in snapshot.documents.histories:
+            live = {**snapshot.documents.histories[name],
+                    "open": snapshot.documents.open_windows.get(name, {})}
+        self._history_queries += 1
+        try:
+            found = await run_in_threadpool(self.history.run, name, query, live)
+        except QueryError as exc:
+            raise HTTPException(400, str(exc)) from None
+        finally:
+            self._history_queries -= 1
+        if found is None:
+            raise HTTPException(404, f"no channel named {name!r}")
+        body, media_type = found
+        return Response(body, media_type=media_type, headers=NO_STORE)
 
     async def _of_channel(self, request: Request, documents: str) -> Response:
         """The snapshot's document of the channel the path names (``documents``: which)."""

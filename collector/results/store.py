@@ -215,9 +215,9 @@ class SqlResultsStore(ResultsStore):
                 in self._read(SELECT_WINDOWS, (series, span, first, last, limit))]
 
 
-def open_results_store(config) -> ResultsStore:
+def open_results_store(config, *, read_only: bool = False) -> ResultsStore:
     """The results store a ``collector.config.CollectorConfig`` names (``StoreError`` if it
-    cannot be opened)."""
+    cannot be opened); ``read_only``: to query it only (an analyst's export)."""
     results = config.results
     if results.url is not None:
         from collector.results.postgres import PostgresResultsStore
@@ -231,4 +231,4 @@ def open_results_store(config) -> ResultsStore:
         return PostgresResultsStore(results.url, password=password)
     from collector.results.sqlite import SqliteResultsStore
 
-    return SqliteResultsStore(config.results_path)
+    return SqliteResultsStore(config.results_path, read_only=read_only)

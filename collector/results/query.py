@@ -1,0 +1,174 @@
+"""GET /api/channels/<name>/history?resolution=&start=&end=[&format=csv][&series=]: a
+channel's windows at one resolution over a time range, from the results store and, for
+the windows still open, from the live view (docs/reference/API.md).
+
+Every parameter is checked before anything is read, and a bad one is named in the error
+(``QueryError``: the server answers 400).  A query returns at most ``MAX_POINTS`` windows,
+read through the store's index: its cost follows the windows returned, never the study's
+length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import msgspec
+
+from collector.results import table
+from collector.results.durations import duration_name
+from collector.results.store import ResultsStore
+from edge_agent.protocol import mechanism_of
+from edge_agent.protocol.descriptions import MechanismDescription
+
+MAX_POINTS = 10_000  # windows one query may span
+DEFAULT_WINDOWS = 60  # without a start: this many windows before the end
+PARAMETERS = ("resolution", "start", "end", "format", "series")
+FORMATS = ("json", "csv")
+MAX_TIME = 1e11  # Unix seconds: about the year 5000
+CSV_TYPE = "text/csv; charset=utf-8"
+
+
+class QueryError(ValueError):
+    """A parameter that cannot be answered: ``parameter`` names it."""
+
+    def __init__(self, parameter: str, message: str):
+        super().__init__(f"{parameter}: {message}")
+        self.parameter = parameter
+
+
+@dataclass(frozen=True)
+class HistoryRequest:
+    resolution: str
+    span: float
+    start: float
+    end: float
+    format: str
+    series: str | None
+
+    @property
+    def first(self) -> int:
+        """The number of the first window that overlaps [start, end)."""
+        return math.floor(self.start / self.span)
+
+    @property
+    def last(self) -> int:
+        return math.ceil(self.end / self.span) - 1
+
+
+def parse_request(params: Mapping[str, str], *, spans: list[float], now: float) \
+        -> HistoryRequest:
+    """The request's parameters, checked (``QueryError`` naming the first bad one)."""
+    for name in params:
+        if name not in PARAMETERS:
+            raise QueryError(name[:64], f"unknown parameter (expected {', '.join(PARAMETERS)})")
+    names = {duration_name(span): span for span in spans}
+    resolution = params.get("resolution", duration_name(spans[0]))
+    if resolution not in names:
+        raise QueryError("resolution", f"expected one of {', '.join(names)}, got "
+                                       f"{resolution[:32]!r}")
+    span = names[resolution]
+    end = _time(params, "end", now)
+    start = _time(params, "start", end - DEFAULT_WINDOWS * span)
+    if not start < end:
+        raise QueryError("start", "must be before end")
+    if (end - start) / span > MAX_POINTS:
+        raise QueryError("end", f"at most {MAX_POINTS} windows of {resolution} at once: "
+                                f"narrow start .. end, or ask a coarser resolution")
+    output = params.get("format", "json")
+    if output not in FORMATS:
+        raise QueryError("format", f"expected one of {', '.join(FORMATS)}")
+    series = params.get("series")
+    if series is not None and not (len(series) == 32 and all(c in "0123456789abcdef"
+                                                             for c in series)):
+        raise QueryError("series", "expected a series key as the history lists them")
+    return HistoryRequest(resolution, span, start, end, output, series)
+
+
+def _time(params: Mapping[str, str], name: str, default: float) -> float:
+    text = params.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 <= value <= MAX_TIME):
+        raise QueryError(name, f"expected Unix seconds (0 .. {MAX_TIME:.0f}), got "
+                               f"{text[:32]!r}")
+    return value
+
+
+class HistoryQuery:
+    """Answers history requests from ``store`` and the live view."""
+
+    def __init__(self, store: ResultsStore, spans: list[float]):
+        self.store, self.spans = store, spans
+
+    def run(self, channel: str, request: HistoryRequest, live: dict | None) \
+            -> tuple[bytes, str] | None:
+        """(body, media type), or None if no series of the channel is known.  ``live``: the
+        live history document of the channel (its series key, kind, units, labels and
+        open windows' points by span), if the collector has the channel."""
+        found = self.select(channel, request, live)
+        if found is None:
+            return None
+        header, points, others = found
+        if request.format == "csv":
+            return table.to_csv(points, table_columns(header)).encode(), CSV_TYPE
+        document = {"channel": channel, **header, "resolution": request.resolution,
+                    "window_seconds": request.span, "start": request.start,
+                    "end": request.end, "other_series": others, "points": points}
+        return msgspec.json.encode(document), "application/json"
+
+    def select(self, channel: str, request: HistoryRequest, live: dict | None) \
+            -> tuple[dict, list[dict], list[dict]] | None:
+        """(the series' header: kind, units, labels, fields and key; its windows' points,
+        oldest first; the channel's other series), or None if it has none."""
+        known = self.store.series_of(channel)
+        key = request.series or (live or {}).get("series") or \
+            (known[0][0].key if known else None)
+        record = next((record for record, _ in known if record.key == key), None)
+        if key is None or (record is None and (live is None or live.get("series") != key)):
+            if request.series is not None:
+                raise QueryError("series", "not a series of the channel")
+            return None
+        points = {row.start: msgspec.json.decode(row.point)
+                  for row in self.store.windows(key, request.span, request.first,
+                                                request.last, MAX_POINTS + 1)}
+        is_live = live is not None and live.get("series") == key
+        if is_live:  # the windows still open (the store has the closed ones)
+            for point in live.get("open", {}).get(request.span, []):
+                point = msgspec.to_builtins(point)
+                start = round(point["start"] / request.span)
+                if request.first <= start <= request.last:
+                    points.setdefault(start, point)
+        others = [{"series": other.key,
+                   "mechanism": msgspec.json.decode(other.description)["mechanism"],
+                   "newest_end": newest} for other, newest in known if other.key != key]
+        header = {**_header(live if is_live else None, record), "series": key}
+        return header, [points[start] for start in sorted(points)], others
+
+
+def table_columns(header: dict) -> list[table.Column]:
+    """The table's columns for a series (``HistoryQuery.select``'s header)."""
+    return table.columns(header["kind"], fields=header.get("fields"),
+                         labels=header.get("labels"))
+
+
+def _header(live: dict | None, record) -> dict:
+    """The kind, units, labels and fields of the series (from the live document, or from
+    the store's description of it)."""
+    if live is not None:
+        return {name: live[name] for name in ("kind", "unit", "angle_unit", "labels", "fields")
+                if name in live}
+    description = msgspec.json.decode(record.description)
+    header = {"kind": record.kind, "unit": description.get("unit")}
+    if description.get("fields"):
+        header["fields"] = description["fields"]
+    if record.kind == "categorical":
+        oracle = mechanism_of(msgspec.convert(description["mechanism"],
+                                              type=MechanismDescription))
+        header["labels"] = [oracle.label(v) for v in range(oracle.categories)]
+    return header
