@@ -29,6 +29,7 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 from collector.api.documents import Views
@@ -81,8 +82,10 @@ class CollectorService:
         self.store = CollectorStore(config.storage.path)
         self.results = open_results_store(config)
         self.ingestor, self.position = restore(config, self.store, recording=True)
+        if self.ingestor.source is None:  # batches are numbered per checkpoint: its name
+            self.ingestor.source = uuid.uuid4().hex
         self.recorder = ResultsRecorder(
-            self.results, source=f"{config.fleet}/{config.broker.client_id}",
+            self.results, source=self.ingestor.source,
             aggregates=lambda: self.ingestor, lock=self.lock, retention=config.retention(),
             clock=clock)
         self.recorder.durable = self.ingestor.flushes  # the restored batches are durable

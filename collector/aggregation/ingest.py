@@ -121,6 +121,7 @@ class Ingestor:
         # confirmed written (a checkpoint keeps them), by number, and the last number given.
         self.pending: dict[int, list[ClosedWindow]] = {}
         self.flushes = 0
+        self.source: str | None = None  # the name its batches are written under
         self.series: dict[str, dict[tuple, Series]] = {}  # channel -> identity -> series
         self.latest: dict[str, tuple] = {}  # channel -> identity of the newest series
         self.latest_at: dict[str, float] = {}  # channel -> when ``latest`` was last reported
@@ -505,7 +506,7 @@ class Ingestor:
             latest={channel: (index[identity], self.latest_at.get(channel))
                     for channel, identity in self.latest.items()},
             dead_letters=[DeadLetter(**letter) for letter in self.dead_letters],
-            pending=pending, flushes=self.flushes)
+            pending=pending, flushes=self.flushes, source=self.source)
 
     @classmethod
     def from_state(cls, state: IngestorState | dict, *, recording: bool = False) -> Ingestor:
@@ -555,7 +556,7 @@ class Ingestor:
         if state.pending and not self.recording:
             raise StateError("pending: closed windows for a results store, in a state read "
                              "without one")
-        self.flushes = state.flushes
+        self.flushes, self.source = state.flushes, state.source
         for i, batch in enumerate(state.pending):
             where = f"pending[{i}]"
             if not 0 < batch.flush <= state.flushes or batch.flush in self.pending:

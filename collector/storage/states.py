@@ -337,6 +337,9 @@ class IngestorState(Struct, forbid_unknown_fields=True):
     # (collector.results): a checkpoint keeps them until it is.
     pending: list[PendingBatch] = []
     flushes: Count = 0  # the last batch number given (each batch is written once)
+    # The name its batches are written under (the store keeps the last one per name): made
+    # once, and kept with the checkpoint that numbers them.
+    source: Name | None = None
 
 
 # -- the checkpoint (collector.storage.checkpoint) -------------------------------------------------
