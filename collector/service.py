@@ -93,6 +93,8 @@ class CollectorService:
                                   label="snapshot publisher", clock=clock,
                                   broker_status=self.store.network, web=web,
                                   results=self.results)
+        if self.front.web is not None:
+            self.front.web.register(self.recorder)
         self.network = NetworkProcess(network_settings(config))
         discovery = config.range_discovery
         self.range_schedule = RangeSchedule(config, channel_domain=self.channel_domain,

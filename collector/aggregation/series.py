@@ -61,6 +61,9 @@ from edge_agent.mechanisms.registry import VECTOR
 from edge_agent.protocol import as_dict, kind_problem, mechanism_of
 
 TOTAL = None  # what ``Series.stale`` calls the total, beside the windows' starts
+# Without a store, the coarser levels' windows kept (the finest: ``keep_windows``): the open
+# one and the two before, which a scale-out merge view writes once they close.
+COARSE_KEPT = 3
 # A key (as ``Series.stale`` names what to compute): TOTAL, a finest window's start, or
 # (level, start) for a coarser level's window.
 Key = int | tuple[int, int] | None
@@ -241,14 +244,16 @@ class Series:
         return window
 
     def _forget_old_windows(self, level: int | None = None) -> None:
-        """Without a store: the ``keep_windows`` newest windows of each level.  Recording:
+        """Without a store: the ``keep_windows`` newest windows of the finest level and the
+        ``COARSE_KEPT`` newest of the others.  Recording:
         every window stays until ``close`` hands it over; ``overfull`` says one should."""
         for number in range(len(self.levels)) if level is None else (level,):
             windows = self.levels[number]
             if self.recording:
                 self.overfull |= len(windows) > self.keep_windows
                 continue
-            while len(windows) > self.keep_windows:
+            while len(windows) > (self.keep_windows if number == 0
+                                  else min(self.keep_windows, COARSE_KEPT)):
                 oldest = min(windows)
                 del windows[oldest]
                 if number == 0:

@@ -283,7 +283,7 @@ def history_document(name: str, detail: dict, window_seconds: float, windows_kep
     units = {key: detail[key] for key in ("unit", "angle_unit") if key in detail}
     return {"channel": name, "kind": detail["kind"], **units, **kind.history_header(detail),
             "t": t, "window_seconds": window_seconds, "windows_kept": windows_kept,
-            "state": detail["state"], "series": detail["series"], "points": detail["windows"]}
+            "state": detail["state"], "series": detail.get("series"), "points": detail["windows"]}
 
 
 class Views:

@@ -239,6 +239,10 @@ class WebServer:
         self.history = history
         self._history_queries = 0  # running now (MAX_HISTORY_QUERIES)
 
+    def register(self, collector: Collector) -> None:
+        """Add a prometheus_client collector's families to /metrics."""
+        self._registry.register(collector)
+
     @classmethod
     def from_config(cls, snapshots: Snapshots, http: HttpConfig,
                     history: HistoryQuery | None = None) -> WebServer:

@@ -17,11 +17,13 @@ lock, so ingestion goes on meanwhile).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 
 import msgspec
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from collector.aggregation.ingest import Ingestor
 from collector.aggregation.series import ClosedWindow
@@ -51,6 +53,7 @@ class ResultsRecorder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._retained_at = -float("inf")
+        self.period: float | None = None  # passes without a wake-up this often (None: never)
         # The batches up to this number are in a committed checkpoint: only those are
         # written (a batch written before its checkpoint could be closed differently after
         # a crash, under the same number).
@@ -107,6 +110,23 @@ class ResultsRecorder:
         self.deleted += deleted
         return deleted
 
+    def collect(self):
+        """Its families for /metrics (a prometheus_client collector)."""
+        with self._lock:
+            pending = self._aggregates().pending
+            batches, windows = len(pending), sum(len(w) for w in pending.values())
+        yield GaugeMetricFamily("ldp_results_pending_windows", "Closed windows not yet "
+                                "written to the results store (kept by the checkpoint).",
+                                value=windows)
+        yield GaugeMetricFamily("ldp_results_pending_batches", "Batches of closed windows "
+                                "not yet written to the results store.", value=batches)
+        yield CounterMetricFamily("ldp_results_windows_written_total", "Windows written to "
+                                  "the results store.", value=self.written_windows)
+        yield CounterMetricFamily("ldp_results_write_failures_total", "Failed writes to the "
+                                  "results store (retried).", value=self.failures)
+        yield CounterMetricFamily("ldp_results_windows_deleted_total", "Windows deleted by "
+                                  "retention.", value=self.deleted)
+
     # -- the thread --------------------------------------------------------------------------
     def wake(self, durable: int) -> None:
         """Write now: a checkpoint keeps every batch up to number ``durable``."""
@@ -143,5 +163,55 @@ class ResultsRecorder:
                 delay = RETRY_SECONDS
             if stopping:
                 return
-            self._wake.wait(delay)
+            self._wake.wait(delay if delay is not None else self.period)
             self._wake.clear()
+
+
+class MergedResultsRecorder(ResultsRecorder):
+    """The scale-out merge view's recorder (``collector.scaleout.merge``): its aggregates
+    are merged afresh from the partitions' states, which keep each level's recent windows
+    (``keep_windows``), so it writes every window of them that has closed (``grace``
+    seconds after its end) and whose count it has not written yet, whole (no batches: a
+    whole window written again is the same row).  A window the members stopped keeping
+    before the merge view saw it closed (a merge view down longer than the history) is
+    not written."""
+
+    PERIOD = 5.0  # seconds between passes
+
+    def __init__(self, store: ResultsStore, *, source: str,
+                 aggregates: Callable[[], Ingestor], grace: float,
+                 retention: dict[float, float], clock: Callable[[], float] = time.time):
+        super().__init__(store, source=source, aggregates=aggregates, lock=threading.RLock(),
+                         retention=retention, clock=clock)
+        self.grace, self.period = grace, self.PERIOD
+        self.recorded: dict[tuple, int] = {}  # (series key, span, start) -> count written
+
+    def record(self) -> int:
+        ingestor, now = self._aggregates(), self._clock()
+        closed, seen = [], set()
+        for by_identity in list(ingestor.series.values()):
+            for series in list(by_identity.values()):
+                key = SeriesRecord.of(series).key
+                finest = math.floor((now - self.grace) / series.window_seconds)
+                for level, windows in enumerate(series.levels):
+                    limit, span = finest // series.factors[level], series.span(level)
+                    done = series.points if level == 0 else series.coarse_points
+                    for start, blocks in list(windows.items()):
+                        if start >= limit:
+                            continue
+                        seen.add((key, span, start))
+                        count = series._count(blocks)
+                        if self.recorded.get((key, span, start)) == count:
+                            continue
+                        point = done.get(start if level == 0 else (level, start))
+                        closed.append(ClosedWindow(series, span, start, blocks, False,
+                                                   point if point and point[0] == count
+                                                   else None))
+        if closed:
+            self._write(None, closed)
+            for window in closed:
+                self.recorded[(SeriesRecord.of(window.series).key, window.span,
+                               window.start)] = window.count
+        self.recorded = {key: count for key, count in self.recorded.items() if key in seen}
+        self.written_windows += len(closed)
+        return len(closed)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from collector.aggregation.ingest import Ingestor
 from collector.config import CollectorConfig
 from collector.front import ServingFront
+from collector.results.recorder import MergedResultsRecorder
+from collector.results.store import open_results_store
 from collector.scaleout.feed import PartitionFeed
 from collector.scaleout.partition_state import (
     PartitionStateRejected,
@@ -145,7 +147,9 @@ class MergeView:
 class MergeService:
     """Watches every partition's state and serves the merged aggregates (``[scale_out]``)
     through the same serving front as a single collector (``collector.front``); members
-    publish no partial snapshots.
+    publish no partial snapshots.  Every closed window of the merged aggregates is written
+    to the results store (``[results]``: PostgreSQL for a fleet this size), which history
+    queries read.
 
     Stateless: a restart reads every partition's latest state again."""
 
@@ -154,9 +158,15 @@ class MergeService:
             raise ValueError("scale_out: the merge view needs the [scale_out] table")
         self.config = config
         self.view = MergeView(config.fleet, config.aggregate_settings)
+        self.results = open_results_store(config)
+        self.recorder = MergedResultsRecorder(
+            self.results, source=f"merge/{config.fleet}", aggregates=self.view.ingestor,
+            grace=config.results.close_after_seconds, retention=config.retention())
         self.front = ServingFront(config, self.view.ingestor, threading.RLock(), role="merge",
                                   label="merge view", extra=self.view.partitions_json,
-                                  web=web)
+                                  web=web, results=self.results)
+        if self.front.web is not None:
+            self.front.web.register(self.recorder)
         self.feed = PartitionFeed(config.scale_out, self.view.update_partition,
                                   on_rejected=self.view.reject_partition,
                                   name=f"{config.broker.client_id}-merge")
@@ -164,10 +174,13 @@ class MergeService:
     def start(self) -> None:
         self.front.start()
         self.feed.start()
+        self.recorder.start()
 
     def stop(self) -> None:
         self.feed.stop()
+        self.recorder.stop()
         self.front.stop()
+        self.results.close()
 
     def run_forever(self) -> int:
         stop = threading.Event()

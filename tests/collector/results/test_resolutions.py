@@ -115,7 +115,8 @@ def test_late_reports_are_merged_exactly_into_the_stored_windows(tmp_path):
     assert ingestor.close_windows(now=10_000.0, grace=0.0) is not None
     recorder.record()
     assert not ingestor.pending
-    reference = Ingestor(fleet=FLEET, window_seconds=WINDOW, coarser=COARSER, keep_windows=100)
+    reference = Ingestor(fleet=FLEET, window_seconds=WINDOW, coarser=COARSER, keep_windows=100,
+                         recording=True)  # never closed: every window stays
     for topic, payload in [*reports, *late]:
         reference.ingest(topic, payload, now=1e9)
     series = next(iter(reference.series["x"].values()))

@@ -124,7 +124,7 @@ def same_aggregates(live: dict, replayed: dict, *, same_windows: bool = True) ->
 def test_the_document_is_the_one_the_live_collector_serves():
     messages = stream()
     result = replay_lines(lines_of(messages))
-    ingestor = Ingestor(fleet=FLEET)
+    ingestor = Ingestor.from_settings(FLEET, result.settings)  # the defaults: 1m, 1h, 1d
     for topic, payload, received in messages:
         assert ingestor.ingest(topic, payload, received) == "accepted"
     t = max(received for _, _, received in messages)
