@@ -208,3 +208,37 @@ def test_resolutions_and_retention_are_configured_by_name():
 def test_bad_resolutions_and_retention_are_errors_naming_the_key(sections, message):
     with pytest.raises(ConfigError, match=message):
         _config(**sections)
+
+
+def test_a_checkpoint_written_before_resolutions_gains_the_hour_and_the_day(tmp_path):
+    """A 0.2.0 checkpoint (no coarser levels, none of the results fields) is restored as it
+    is, with its minutes; the configured hour and day count the reports from then on."""
+    import json
+
+    from collector.storage.checkpoint import restore
+    from collector.storage.store import CollectorStore
+
+    rng = np.random.default_rng(9)
+    old = Ingestor(fleet=FLEET, window_seconds=60.0, keep_windows=61)
+    for seq in range(20):
+        old.ingest(*_linear_report(rng, seq, 30.0 * seq), now=1e9)
+    document = json.loads(dump(old))
+    state = document["state"]
+    for name in ("pending", "flushes", "source"):
+        del state[name]
+    del state["settings"]["coarser"]
+    for series in state["series"]:
+        for name in ("coarse", "coarse_points", "sealed"):
+            series.pop(name, None)
+    store = CollectorStore(tmp_path / "state.sqlite")
+    store.checkpoint(json.dumps(document).encode(), 0)
+    config = _config(storage={"path": str(tmp_path / "state.sqlite")})
+    ingestor, _ = restore(config, store, recording=True)
+    series = next(iter(ingestor.series["x"].values()))
+    before = next(iter(old.series["x"].values()))
+    assert series.factors == (1, 60, 1440) and series.windows == before.windows
+    assert series.count() == before.count() and not any(series.levels[1:])
+    assert ingestor.ingest(*_linear_report(rng, 20, 600.0), now=700.0) == "accepted"
+    assert [len(level) for level in series.levels] == [len(before.windows) + 1, 1, 1]
+    assert series._count(series.levels[1][0]) == 50  # the hour: from the restart on
+    store.close()
