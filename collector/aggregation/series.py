@@ -138,6 +138,9 @@ class Series:
         self.summary: tuple[int, dict] | None = None
         self.points: dict[int, tuple[int, Any]] = {}  # start -> (count, POINTS[kind])
         self.coarse_points: dict[tuple[int, int], tuple[int, Any]] = {}  # (level, start) ->
+        # The newest finest window when each coarser window's estimates were last kept: an
+        # open hour is estimated again at most once per finest window, not at every push.
+        self._coarse_at: dict[tuple[int, int], int | None] = {}
         # What changed since it was computed (TOTAL, window starts): what to compute costs
         # what changed, not what the history holds.
         self.changed: set[int | None] = set()
@@ -261,6 +264,7 @@ class Series:
                     self.changed.discard(oldest)
                 else:
                     self.coarse_points.pop((number, oldest), None)
+                    self._coarse_at.pop((number, oldest), None)
                     self.changed.discard((number, oldest))
 
     def close(self, now: float, grace: float) -> list[ClosedWindow]:
@@ -285,6 +289,7 @@ class Series:
                     done.pop(key, None)
                 if level:
                     done.pop(key, None)  # the store serves closed coarser windows
+                    self._coarse_at.pop(key, None)
                 self.changed.discard(key)
                 closed.append(ClosedWindow(self, self.span(level), start, blocks, delta, point))
             self.sealed[level] = limit if before is None else max(before, limit)
@@ -333,6 +338,7 @@ class Series:
                        if level in moved}
         self.coarse_points = {(moved[level], start): point
                               for (level, start), point in old_points.items() if level in moved}
+        self._coarse_at = {}
         self.changed = {key for key in old_changed if not isinstance(key, tuple)}
         self.changed |= {(moved[key[0]], key[1]) for key in old_changed
                          if isinstance(key, tuple) and key[0] in moved}
@@ -431,8 +437,10 @@ class Series:
         keys: list[Key] = [TOTAL] if TOTAL in self.changed else []
         finest = [key for key in self.changed if isinstance(key, int)
                   and not self.is_delta(0, key)]
+        newest = max(self.windows, default=None)
         coarse = [key for key in self.changed if isinstance(key, tuple)
-                  and not self.is_delta(*key)]
+                  and not self.is_delta(*key) and (key not in self.coarse_points
+                                                    or self._coarse_at.get(key) != newest)]
         return keys + sorted(finest, reverse=True) + sorted(coarse, reverse=True)
 
     def detach(self, keys: list[int | None] | None) -> Series:
@@ -492,9 +500,14 @@ class Series:
                     self.changed.discard(TOTAL)
                 continue
             theirs = computed._done(key).get(key)
-            if self._has(key) and theirs is not None and theirs[0] == self.window_count(key):
+            if not self._has(key) or theirs is None:
+                continue
+            if theirs[0] == self.window_count(key):
                 self._done(key)[key] = theirs
                 self.changed.discard(key)
+            if isinstance(key, tuple):  # an open coarser window's, as of now (stale())
+                self.coarse_points[key] = theirs
+                self._coarse_at[key] = max(self.windows, default=None)
 
     def adopt(self, earlier: Series) -> None:
         """Take what ``earlier`` (the same series, e.g. merged from partitions before they

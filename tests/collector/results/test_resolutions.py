@@ -242,3 +242,30 @@ def test_a_checkpoint_written_before_resolutions_gains_the_hour_and_the_day(tmp_
     assert [len(level) for level in series.levels] == [len(before.windows) + 1, 1, 1]
     assert series._count(series.levels[1][0]) == 50  # the hour: from the restart on
     store.close()
+
+
+def test_an_open_hour_is_estimated_again_once_per_finest_window_not_per_report():
+    """The live view estimates a coarser window while it is open, but only when a new
+    finest window has begun since (every push would cost an estimate per channel and
+    level); the finest window and the total, as ever, at every change."""
+    from collector.aggregation.series import TOTAL
+    from collector.api.documents import Views
+
+    rng = np.random.default_rng(3)
+    ingestor = Ingestor(fleet=FLEET, window_seconds=WINDOW, coarser=COARSER, keep_windows=50,
+                        recording=True)
+    views = Views(lambda: ingestor, budget_seconds=None)
+    series = None
+    for seq, t in enumerate((0.0, 3.0, 6.0, 12.0)):
+        ingestor.ingest(*_linear_report(rng, seq, t), now=1e9)
+        series = next(iter(ingestor.series["x"].values()))
+        if seq == 0:
+            assert set(series.stale()) == {TOTAL, 0, (1, 0), (2, 0)}
+        elif seq < 3:  # the same finest window: the hour waits
+            assert set(series.stale()) == {TOTAL, 0}
+        else:  # a new finest window: the hour is estimated again
+            assert set(series.stale()) == {TOTAL, 1, (1, 0), (2, 0)}
+        views.documents(views.capture())
+        assert series.stale() == []
+    count = series.coarse_points[(1, 0)][0]
+    assert count == series.window_count((1, 0)) == 4 * 50
