@@ -269,3 +269,60 @@ def test_an_open_hour_is_estimated_again_once_per_finest_window_not_per_report()
         assert series.stale() == []
     count = series.coarse_points[(1, 0)][0]
     assert count == series.window_count((1, 0)) == 4 * 50
+
+
+def test_the_merge_view_writes_the_merged_closed_windows_once_each_count(tmp_path):
+    """Two members' partition states merged as they come: every closed window at every
+    level is written whole, as a single collector counting every report has it; a late
+    report in a member's state writes its windows again with the new count, and nothing
+    else."""
+    from collector.results.recorder import MergedResultsRecorder
+    from collector.scaleout.merge import MergeView
+    from collector.storage.checkpoint import tracker_states
+    from collector.storage.states import encode_partition_state
+
+    rng = np.random.default_rng(12)
+    settings = dict(fleet=FLEET, window_seconds=WINDOW, coarser=COARSER, keep_windows=50)
+    members = [Ingestor(**settings), Ingestor(**settings)]
+    reference = Ingestor(**settings, recording=True)  # never closed: every window
+    view = MergeView(FLEET, members[0].settings())
+    now = [0.0]
+    store = SqliteResultsStore(tmp_path / "results.sqlite")
+    recorder = MergedResultsRecorder(store, source="merge", aggregates=view.ingestor,
+                                     grace=0.0, retention={}, clock=lambda: now[0])
+
+    def publish(number: int) -> None:
+        member = members[number]
+        state = encode_partition_state(member.to_state(), tracker_states(member),
+                                       partition=number, partitions=2, owner="m", now=1.0,
+                                       every=5.0, sequence=1)
+        assert view.update_partition(f"p.{number}", state) == "accepted"
+
+    written = 0
+    for seq in range(60):  # a report every 4 s; the states and the recorder every 20 s
+        report = _linear_report(rng, seq, 4.0 * seq, agent=f"w{seq % 2}")
+        members[seq % 2].ingest(*report, now=1e9)
+        reference.ingest(*report, now=1e9)
+        if seq % 5 == 4:
+            now[0] = 4.0 * seq
+            publish(0)
+            publish(1)
+            written += recorder.record()
+    now[0] = 240.0
+    written += recorder.record()
+    series = next(iter(reference.series["x"].values()))
+    closed = {(series.span(level), start): (series._count(blocks), series.blocks_state(blocks))
+              for level, windows in enumerate(series.levels)
+              for start, blocks in windows.items() if (start + 1) * series.span(level) <= 240}
+    assert _stored(store, view.ingestor()) == closed
+    assert written == len(closed)  # each once
+    assert recorder.record() == 0  # nothing changed: nothing written
+    late = _linear_report(rng, 61, 215.0, agent="w1")  # in a closed 10 s and 30 s window
+    members[1].ingest(*late, now=1e9)
+    reference.ingest(*late, now=1e9)
+    publish(1)
+    assert recorder.record() == 3  # its 10 s, 30 s and 120 s windows
+    stored = _stored(store, view.ingestor())
+    for level, start in ((0, 21), (1, 7), (2, 1)):
+        assert stored[(series.span(level), start)][0] == \
+            series._count(series.levels[level][start])
