@@ -280,22 +280,20 @@ class Series:
                 blocks = windows.pop(start)
                 key = start if level == 0 else (level, start)
                 delta = before is not None and start < before
-                done = self.points if level == 0 else self.coarse_points
-                point = done.get(key)
-                if delta or (point is not None and (key in self.changed
-                                                    or point[0] != self._count(blocks))):
-                    point = None  # a delta's estimate is of its late reports alone
-                if point is None and not (delta and level == 0):
-                    done.pop(key, None)
-                if level:
-                    done.pop(key, None)  # the store serves closed coarser windows
+                point = self._done(key).get(key)
+                # A delta's estimates would be of its late reports alone.
+                if delta or point is None or key in self.changed \
+                        or point[0] != self._count(blocks):
+                    point = None
+                if level:  # the store serves closed coarser windows
+                    self.coarse_points.pop(key, None)
                     self._coarse_at.pop(key, None)
+                elif point is None and not delta:  # estimates of fewer reports
+                    self.points.pop(key, None)
                 self.changed.discard(key)
                 closed.append(ClosedWindow(self, self.span(level), start, blocks, delta, point))
             self.sealed[level] = limit if before is None else max(before, limit)
-        for start in sorted(self.points)[:-self.keep_windows]:
-            if start not in self.windows:
-                del self.points[start]
+        self._trim_points()
         self.overfull = any(len(windows) > self.keep_windows for windows in self.levels)
         return closed
 
@@ -308,13 +306,15 @@ class Series:
     def recorded(self, window: ClosedWindow, point: tuple[int, Any]) -> None:
         """The store holds ``window`` now, estimated as ``point``: a finest window's
         estimates join the recent ``points`` (where it is recent and not open again)."""
-        if window.span == self.window_seconds and window.start not in self.windows and (
-                window.start in self.points or len(self.points) < self.keep_windows
-                or window.start > min(self.points)):
+        if window.span == self.window_seconds and window.start not in self.windows:
             self.points[window.start] = point
-            for start in sorted(self.points)[:-self.keep_windows]:
-                if start not in self.windows:
-                    del self.points[start]
+            self._trim_points()
+
+    def _trim_points(self) -> None:
+        """The ``keep_windows`` newest closed finest windows' estimates (and the open ones')."""
+        for start in sorted(self.points)[:-self.keep_windows]:
+            if start not in self.windows:
+                del self.points[start]
 
     def relevel(self, coarser: tuple[int, ...], keep_windows: int) -> int:
         """Take other coarser resolutions (and ``keep_windows``), the finest staying: a
