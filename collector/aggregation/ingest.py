@@ -196,14 +196,12 @@ class Ingestor:
         self.pending[self.flushes] = closed
         return self.flushes
 
-    def written(self, upto: int, estimates: dict[int, list] | None = None) -> None:
-        """The results store holds every batch up to number ``upto``: they are no longer
-        pending.  ``estimates``: per batch, each window's (count, point) as the store
-        estimated it, which recent finest windows keep (``Series.recorded``)."""
-        for flush in [flush for flush in self.pending if flush <= upto]:
-            windows = self.pending.pop(flush)
-            for window, point in zip(windows, (estimates or {}).get(flush, ())):
-                window.series.recorded(window, point)
+    def written(self, batch: int, estimates: list | None = None) -> None:
+        """The results store holds batch number ``batch``: it is no longer pending.
+        ``estimates``: each of its windows' (count, point) as the store estimated them,
+        which recent finest windows keep (``Series.recorded``)."""
+        for window, point in zip(self.pending.pop(batch, ()), estimates or ()):
+            window.series.recorded(window, point)
 
     @property
     def counters(self) -> collections.Counter:

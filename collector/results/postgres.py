@@ -3,7 +3,9 @@ psycopg), for results that outgrow one file, or a scale-out merge view's.
 
 The same tables and SQL as SQLite (``collector.results.store``).  The writer holds one
 connection; each querying thread opens its own, so a long query never holds up a write.
-A lost connection is opened again at the next call.
+A lost connection is opened again at the next call: a connection the server dropped while
+it was idle (the server restarted, or failed over) is found lost when a call first uses it,
+before that call has changed anything, and that call goes on over a new connection.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ class PostgresResultsStore(SqlResultsStore):
         self._local = threading.local()
         self._readers: list = []
         self._db = None
-        with self._lock:
-            db = self._writer()
-            with db.transaction(), db.cursor() as cursor:
+        try:
+            with self._write_transaction() as cursor:
                 for statement in filter(str.strip, SCHEMA.format(blob="BYTEA").split(";")):
                     cursor.execute(statement)
+        except psycopg.Error as exc:  # no right to create the tables, say
+            self.close()
+            raise StoreError(f"results.url: cannot create the results tables ({exc})") from None
 
     def _connect(self):
         try:
@@ -56,28 +60,55 @@ class PostgresResultsStore(SqlResultsStore):
             self._db = self._connect()
         return self._db
 
+    def _begin(self, transaction: contextlib.ExitStack):
+        """The writer's connection, with a transaction begun on it (entered on
+        ``transaction``).  A connection found lost at BEGIN (nothing of the transaction
+        was sent) is opened again, once."""
+        for last in (False, True):
+            db = self._writer()
+            try:
+                transaction.enter_context(db.transaction())
+                return db
+            except psycopg.OperationalError:
+                lost = db.broken
+                db.close()
+                if last or not lost:
+                    raise
+
     @contextlib.contextmanager
     def _write_transaction(self):
         with self._lock:
-            db = self._writer()
             try:
-                with db.transaction(), db.cursor() as cursor:
-                    yield _Cursor(cursor)
+                with contextlib.ExitStack() as transaction:  # rolled back on an exception
+                    db = self._begin(transaction)
+                    with db.cursor() as cursor:
+                        yield _Cursor(cursor)
             except psycopg.OperationalError:
-                db.close()  # opened again at the next call
+                if self._db is not None:
+                    self._db.close()  # opened again at the next call
                 raise
 
-    def _read(self, sql: str, parameters: tuple) -> list[tuple]:
+    def _reader(self):
+        """This thread's connection for queries (a new one if it has none, or lost it)."""
         db = getattr(self._local, "db", None)
         if db is None or db.closed:
-            db = self._local.db = self._connect()
+            old, db = db, self._connect()
+            self._local.db = db
             with self._lock:
+                self._readers = [reader for reader in self._readers if reader is not old]
                 self._readers.append(db)
-        try:
-            return db.execute(_sql(sql), parameters).fetchall()
-        except psycopg.OperationalError:
-            db.close()
-            raise
+        return db
+
+    def _read(self, sql: str, parameters: tuple) -> list[tuple]:
+        for last in (False, True):
+            db = self._reader()
+            try:
+                return db.execute(_sql(sql), parameters).fetchall()
+            except psycopg.OperationalError:
+                lost = db.broken
+                db.close()
+                if last or not lost:  # not a lost connection: a query that failed
+                    raise
 
     def close(self) -> None:
         with self._lock:

@@ -75,7 +75,7 @@ class ResultsRecorder:
                 estimates = self._write(batch, windows)
                 written += len(windows)
             with self._lock:
-                self._aggregates().written(batch, {batch: estimates} if estimates else None)
+                self._aggregates().written(batch, estimates)
         self.written_windows += written
         return written
 

@@ -11,6 +11,14 @@
 // `?static=1`: a static view (printing, screenshots, tests): /api/channels and
 // each channel's history are fetched once, no event stream is opened and no
 // timer is left running; <html data-state> says "ready" (or "error") when done.
+//
+// The view controls (one for the page: the collector's resolutions and the
+// results store are the same for every channel, and channels compare best over
+// the same time) choose a resolution and a time range.  The finest resolution
+// and "live" is the live view above; anything else asks each channel's history
+// of the results store (?resolution=&start=&end=), again every REFRESH_MS while
+// the range reaches the present.  The view is also in the page's URL (resolution,
+// range, from, to), so the static view and a bookmark show the same.
 (() => {
   "use strict";
 
@@ -22,6 +30,16 @@
   const MINUS = "−";            // U+2212, for every negative number shown
   const TAU = 2 * Math.PI;
   const MAX_BARS = 64;          // categories drawn at most (the largest shares)
+  const MAX_CHOICES = 256;      // categories offered for the share-over-time chart at most
+  const REFRESH_MS = 30000;     // a query of the results store is asked again this often
+  const QUERIES_AT_ONCE = 2;    // results store queries in flight at most (the server takes 4)
+  // The time ranges of the view controls: seconds before the collector's latest time.
+  const RANGES = { hour: 3600, day: 86400, week: 7 * 86400, month: 30 * 86400 };
+  const RANGE_WORDS = { hour: "last hour", day: "last day", week: "last week",
+    month: "last 30 days" };
+  // Hover text of every chart over time (each point's own replaces it under the pointer).
+  const LEGEND = "line: the estimate per window; shaded band: its 95% interval; "
+    + "hollow grey markers: too few reports (not a measurement)";
   const STATIC = (() => {
     const value = new URLSearchParams(window.location.search).get("static");
     return value !== null && value !== "0" && value !== "false";
@@ -64,6 +82,29 @@
     const pad = (n) => String(n).padStart(2, "0");
     return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} `
       + `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+
+  // To the minute, for the ends of a time range: "2025-11-22 03:53".
+  const fmtMinute = (t) => (isNum(t) ? fmtDateTime(t).slice(0, 16) : DASH);
+
+  // A datetime-local input's value (local time, "2025-11-22T03:53") and back.
+  function toLocalInput(t) {
+    const d = new Date(t * 1000);
+    const pad = (n) => String(n).padStart(2, "0");
+    return `${String(d.getFullYear()).padStart(4, "0")}-${pad(d.getMonth() + 1)}-`
+      + `${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+  }
+  function fromLocalInput(text) {
+    if (!text) return null;
+    const ms = new Date(text).getTime();  // no offset in the text: local time
+    return Number.isFinite(ms) ? ms / 1000 : null;
+  }
+
+  // A resolution's name as the collector writes it ("1m", "1h", "1d") in seconds.
+  const DURATION_UNITS = { s: 1, m: 60, h: 3600, d: 86400, w: 604800 };
+  function durationSeconds(name) {
+    const match = /^(\d+(?:\.\d+)?)([smhdw])$/.exec(String(name));
+    return match ? Number(match[1]) * DURATION_UNITS[match[2]] : NaN;
   }
 
   // A duration in the largest unit that keeps it readable: 40 s, 59 min, 3 h, 2 d.
@@ -218,85 +259,161 @@
 
   // An estimate over time, one point per window of the channel's history, with
   // its 95% interval as a band.  `set` takes samples {start, end, value, y, lo,
-  // hi}: `value` the estimate as served, `y` where it is drawn (a circular mean
-  // may be unwrapped), `lo`/`hi` the interval's ends.  The canvas carries what
-  // it shows for tests and tools: data-points (windows), data-first/data-last
-  // (their starts), data-last-value, data-y-low/data-y-high; its label says the
-  // span covered.
+  // hi, tooFew}: `value` the estimate as served, `y` where it is drawn (a circular
+  // mean may be unwrapped), `lo`/`hi` the interval's ends, `tooFew` a window with
+  // too few reports to be a measurement: no line through it and no band, a hollow
+  // grey marker instead (and the label says how many).  The canvas carries what it
+  // shows for tests and tools: data-points (windows), data-first/data-last (their
+  // starts), data-last-value, data-y-low/data-y-high, data-too-few (windows with
+  // too few reports), data-band-points (windows in the band) and data-bands (the
+  // band's polygons, as last drawn); its label says the span covered.
+  // `options`: format (of the y values, e.g. a share as a percentage) and clamp
+  // (the values' domain, [lo, hi]: the band is cut to it).
   class SeriesChart {
-    constructor(chart, title, unit) {
-      this.canvas = el("canvas", { class: "trend", "data-chart": chart, "data-points": "0" });
+    constructor(chart, title, unit, { format = fmt, clamp = null, titleNodes = null } = {}) {
+      this.canvas = el("canvas", { class: "trend", "data-chart": chart, "data-points": "0",
+        "data-too-few": "0", "data-band-points": "0", "data-bands": "0", role: "img",
+        "aria-label": title, title: LEGEND });
+      this.title = title;
       this.unit = unit;
+      this.format = format;
+      this.clamp = clamp;
       this.samples = [];
+      this.info = {};
+      this.geometry = null;  // where the last drawing put the samples (for the hover text)
       this.span = el("span", { class: "span", "data-span": "0" }, "");
-      this.label = el("div", { class: "chart-label", "data-label": chart }, [title, this.span]);
+      this.few = el("span", { class: "too-few-note", "data-too-few-note": "0" }, "");
+      this.label = el("div", { class: "chart-label", "data-label": chart },
+        [].concat(titleNodes || title, [this.span, this.few]));
+      this.canvas.addEventListener("mousemove", (ev) => this.hover(ev));
+      this.canvas.addEventListener("mouseleave", () => setAttr(this.canvas, "title", LEGEND));
     }
 
-    // `info`: {windowSeconds, loading, error} of the history.
+    // `info`: {windowSeconds, loading, error, range} of the history; `range`: the
+    // [start, end] of a query of the results store (none: the live view).
     set(samples, info) {
       this.samples = samples;
+      this.info = info;
       const n = samples.length;
       const first = samples[0];
       const last = samples[n - 1];
       const span = n ? last.end - first.start : 0;
+      let few = 0;
+      let band = 0;
+      for (const p of samples) {
+        if (p.tooFew) few += 1;
+        else if (isNum(p.lo) && isNum(p.hi)) band += 1;
+      }
       setAttr(this.canvas, "data-points", String(n));
       setAttr(this.canvas, "data-first", n ? String(first.start) : "");
       setAttr(this.canvas, "data-last", n ? String(last.start) : "");
       setAttr(this.canvas, "data-last-value", n && isNum(last.value) ? String(last.value) : "");
+      setAttr(this.canvas, "data-too-few", String(few));
+      setAttr(this.canvas, "data-band-points", String(band));
       // What the y axis spans (before its margins): a circular mean's, unwrapped.
-      const range = finiteRange(samples.flatMap((p) => [p.y, p.lo, p.hi]));
+      const range = this.yRange();
       setAttr(this.canvas, "data-y-low", range ? String(range[0]) : "");
       setAttr(this.canvas, "data-y-high", range ? String(range[1]) : "");
       setAttr(this.span, "data-span", String(span));
+      const windows = `${fmtCount(n)} window${n === 1 ? "" : "s"}`;
+      const of = isNum(info.windowSeconds) ? ` of ${fmtDuration(info.windowSeconds)}` : "";
       let text;
-      if (n) {
-        const windows = `${fmtCount(n)} window${n === 1 ? "" : "s"}`;
-        text = isNum(info.windowSeconds)
-          ? `, last ${fmtDuration(span)} (${windows} of ${fmtDuration(info.windowSeconds)})`
-          : `, last ${fmtDuration(span)} (${windows})`;
+      if (info.range) {
+        text = `, ${fmtMinute(info.range[0])} – ${fmtMinute(info.range[1])} `
+          + `(${n ? windows + of : "no window with reports"})`;
+      } else if (n) {
+        text = `, last ${fmtDuration(span)} (${windows}${of})`;
       } else {
         text = info.loading ? " (loading the history…)" : "";
       }
-      if (info.error) text += ` (${info.error})`;
       setText(this.span, text);
+      let note = "";
+      if (few && few === n) {
+        note = "; too few reports in every window: no measurement to draw";
+      } else if (few) {
+        note = `; ○ ${fmtCount(few)} window${few === 1 ? "" : "s"} with too few reports `
+          + "(hollow markers, not measurements)";
+      }
+      setText(this.few, note);
+      setAttr(this.few, "data-too-few-note", String(few));
+      setAttr(this.canvas, "aria-label", `${this.title}: ${windows}`
+        + (few ? `, ${fmtCount(few)} with too few reports` : ""));
+    }
+
+    // The values' range: the measurements' estimates and intervals; if every window
+    // has too few reports, their estimates.
+    yRange() {
+      const measured = this.samples.filter((p) => !p.tooFew);
+      let range = finiteRange(measured.flatMap((p) => [p.y, p.lo, p.hi]))
+        || finiteRange(this.samples.map((p) => p.y));
+      if (range && this.clamp) {
+        range = [Math.max(range[0], this.clamp[0]), Math.min(range[1], this.clamp[1])];
+        if (!(range[0] <= range[1])) range = this.clamp.slice();
+      }
+      return range;
     }
 
     draw() {
       const { ctx, w, h } = prepare(this.canvas);
       const pts = this.samples;
-      const yr = finiteRange(pts.flatMap((p) => [p.y, p.lo, p.hi]));
-      if (!yr) return noData(ctx, w, h);
+      const info = this.info || {};
+      this.geometry = null;
+      const yr = this.yRange();
+      if (!yr) {
+        setAttr(this.canvas, "data-bands", "0");
+        const text = info.error ? "no data: the history could not be read"
+          : pts.length ? "too few reports" : info.loading ? "loading…" : "no data yet";
+        return noData(ctx, w, h, text);
+      }
       let [y0, y1] = yr;
       const pad = (y1 - y0) * 0.1 || Math.abs(y0) * 0.1 || 1;
       y0 -= pad;
       y1 += pad;
+      if (this.clamp) {
+        y0 = Math.max(y0, this.clamp[0]);
+        y1 = Math.min(y1, this.clamp[1]);
+      }
       const left = 4;
       const right = w - 4;
       const top = 12;
       const bottom = h - 12;
       const mid = (p) => (p.start + p.end) / 2;
-      const t0 = mid(pts[0]);
-      const width = mid(pts[pts.length - 1]) - t0;
+      // A query's range spans the axis (empty stretches show as such); else the windows.
+      let t0 = mid(pts[0]);
+      let t1 = mid(pts[pts.length - 1]);
+      if (info.range) {
+        t0 = Math.min(info.range[0], t0);
+        t1 = Math.max(info.range[1], t1);
+      }
+      const width = t1 - t0;
       const x = (p) => (width > 0 ? left + ((mid(p) - t0) / width) * (right - left) : right);
-      const y = (v) => bottom - ((v - y0) / (y1 - y0)) * (bottom - top);
+      const y = (v) => bottom - ((Math.min(Math.max(v, y0), y1) - y0) / (y1 - y0)) * (bottom - top);
 
-      // Interval band, one polygon per run of points that have both ends.
+      // Interval band, one polygon per run of measured points that have both ends.
+      let bands = 0;
       ctx.fillStyle = theme.accent;
-      ctx.globalAlpha = 0.18;
-      for (const run of runs(pts, (p) => isNum(p.lo) && isNum(p.hi))) {
+      ctx.globalAlpha = 0.2;
+      for (const run of runs(pts, (p) => !p.tooFew && isNum(p.lo) && isNum(p.hi))) {
+        bands += 1;
+        if (run.length === 1) {
+          ctx.fillRect(x(run[0]) - 2, y(run[0].hi), 4, y(run[0].lo) - y(run[0].hi));
+          continue;
+        }
         ctx.beginPath();
         run.forEach((p, i) => (i ? ctx.lineTo(x(p), y(p.hi)) : ctx.moveTo(x(p), y(p.hi))));
         for (let i = run.length - 1; i >= 0; i--) ctx.lineTo(x(run[i]), y(run[i].lo));
         ctx.closePath();
-        if (run.length === 1) ctx.fillRect(x(run[0]) - 2, y(run[0].hi), 4, y(run[0].lo) - y(run[0].hi));
-        else ctx.fill();
+        ctx.fill();
       }
       ctx.globalAlpha = 1;
+      setAttr(this.canvas, "data-bands", String(bands));
 
+      // The estimates: a line through each run of measurements (a window with too
+      // few reports, a missing estimate or a gap in time breaks it).
       ctx.strokeStyle = theme.accent;
       ctx.fillStyle = theme.accent;
       ctx.lineWidth = 1.5;
-      for (const run of runs(pts, (p) => isNum(p.y))) {
+      for (const run of runs(pts, (p) => !p.tooFew && isNum(p.y))) {
         if (run.length === 1) {
           ctx.beginPath();
           ctx.arc(x(run[0]), y(run[0].y), 2.5, 0, TAU);
@@ -308,15 +425,57 @@
         ctx.stroke();
       }
 
+      // Too few reports: a hollow grey marker where the estimate would be (on the
+      // chart's edge when it is beyond the measurements' range).
+      ctx.strokeStyle = theme.muted;
+      ctx.lineWidth = 1.2;
+      let few = 0;
+      for (const p of pts) {
+        if (!p.tooFew) continue;
+        few += 1;
+        if (!isNum(p.y)) continue;
+        ctx.beginPath();
+        ctx.arc(x(p), y(p.y), 3, 0, TAU);
+        ctx.stroke();
+      }
+
       ctx.fillStyle = theme.muted;
       ctx.textAlign = "left";
       ctx.textBaseline = "top";
-      ctx.fillText(withUnit(fmt(y1, 3), this.unit), left, 0);
+      ctx.fillText(withUnit(this.format(y1, 3), this.unit), left, 0);
       ctx.textBaseline = "bottom";
-      ctx.fillText(withUnit(fmt(y0, 3), this.unit), left, h);
+      ctx.fillText(withUnit(this.format(y0, 3), this.unit), left, h);
       ctx.textAlign = "right";
-      const span = pts[pts.length - 1].end - pts[0].start;
-      ctx.fillText(`last ${fmtDuration(span)}`, right, h);
+      ctx.fillText(info.range ? `${fmtMinute(info.range[0])} – ${fmtMinute(info.range[1])}`
+        : `last ${fmtDuration(pts[pts.length - 1].end - pts[0].start)}`, right, h);
+      if (few === pts.length) {
+        ctx.textAlign = "center";
+        ctx.textBaseline = "middle";
+        ctx.fillText("too few reports", w / 2, h / 2);
+      }
+      this.geometry = { x, pts };
+    }
+
+    // The point under the pointer, as a tooltip: when, the estimate and its interval,
+    // and whether it has too few reports.
+    hover(ev) {
+      const g = this.geometry;
+      if (!g || !g.pts.length) return;
+      const mx = ev.clientX - this.canvas.getBoundingClientRect().left;
+      let best = g.pts[0];
+      for (const p of g.pts) if (Math.abs(g.x(p) - mx) < Math.abs(g.x(best) - mx)) best = p;
+      setAttr(this.canvas, "title", this.describe(best));
+    }
+
+    describe(p) {
+      const f = (v) => this.format(v);
+      // An unwrapped interval is told around the estimate as served.
+      const shift = isNum(p.value) && isNum(p.y) ? p.value - p.y : 0;
+      const interval = isNum(p.lo) && isNum(p.hi)
+        ? `, 95% interval [${f(p.lo + shift)}, ${f(p.hi + shift)}]` : ", no interval";
+      return `${fmtDateTime(p.start)} – ${fmtDateTime(p.end)}\n`
+        + `${withUnit(f(p.value), this.unit)}${interval}`
+        + (p.tooFew ? "\ntoo few reports: not a measurement" : "");
     }
   }
 
@@ -341,12 +500,29 @@
     return out;
   }
 
+  // A window whose interval spans most of what the value can be (the server's
+  // `too_few`, on the whole window: every block of it).
+  const tooFew = (p) => p.too_few === true;
+
   // Linear samples: a history point's mean estimate and its 95% interval.
   function meanSamples(points, pick) {
     return points.map((p) => {
       const m = ((pick(p) || {}).mean) || {};
       const ci = Array.isArray(m.ci95) ? m.ci95 : [];
-      return { start: p.start, end: p.end, value: m.estimate, y: m.estimate, lo: ci[0], hi: ci[1] };
+      return { start: p.start, end: p.end, value: m.estimate, y: m.estimate, lo: ci[0], hi: ci[1],
+        tooFew: tooFew(p) };
+    });
+  }
+
+  // Categorical samples: category i's consistent share and the 95% interval of its
+  // unbiased share (as the bars and their whiskers show the totals).
+  function shareSamples(points, i) {
+    return points.map((p) => {
+      const f = p.frequencies || {};
+      const share = Array.isArray(f.shares) ? f.shares[i] : null;
+      const ci = Array.isArray(f.ci95) && Array.isArray(f.ci95[i]) ? f.ci95[i] : [];
+      return { start: p.start, end: p.end, value: share, y: share, lo: ci[0], hi: ci[1],
+        tooFew: tooFew(p) };
     });
   }
 
@@ -355,7 +531,11 @@
   // moving across the domain's ends is not drawn as a jump across the chart.
   function directionSamples(points, pick, period) {
     const views = points.map((p) => pick(p) || {});
+    // The latest measured mean, else the latest of any.
     let ref = null;
+    for (let i = views.length - 1; i >= 0 && ref === null; i--) {
+      if (isNum(views[i].circular_mean) && !tooFew(points[i])) ref = views[i].circular_mean;
+    }
     for (let i = views.length - 1; i >= 0 && ref === null; i--) {
       if (isNum(views[i].circular_mean)) ref = views[i].circular_mean;
     }
@@ -366,7 +546,7 @@
       const y = isNum(mean) ? mean - P * Math.round((mean - ref) / P) : null;
       const band = isNum(y) && isNum(half);
       return { start: p.start, end: p.end, value: mean, y,
-        lo: band ? y - half : null, hi: band ? y + half : null };
+        lo: band ? y - half : null, hi: band ? y + half : null, tooFew: tooFew(p) };
     });
   }
 
@@ -730,12 +910,18 @@
   // interval of the unbiased share.  DOM, not canvas: labels come from the
   // network and are only ever text nodes, and each bar carries its tooltip.
   // The rows are built once; at most MAX_BARS, the largest shares, when there
-  // are more categories.
+  // are more categories.  `withTrend` (a collector that keeps windows): one
+  // category's share over time too, the category chosen beside the chart (the
+  // largest share at first, among the first MAX_CHOICES categories).
   class CategoricalBlock {
-    constructor(name, labels, unit) {
+    constructor(name, labels, unit, withTrend = false) {
       this.labels = labels;
       this.fields = {};
       this.rows = [];
+      this.trend = null;
+      this.category = 0;
+      this.chosen = false;     // by the first shares, or by the reader
+      this.history = null;     // the last setHistory's (points, info)
       const f = this.fields;
       for (let i = 0; i < Math.min(labels.length, MAX_BARS); i++) {
         const row = {
@@ -759,6 +945,35 @@
         ]),
         this.chart,
       ]);
+      if (withTrend) this.addTrend(name);
+    }
+
+    addTrend(name) {
+      const choices = this.labels.slice(0, MAX_CHOICES);
+      this.choice = el("select", { "data-control": "category" },
+        choices.map((label, i) => el("option", { value: String(i) }, label)));
+      this.choice.addEventListener("change", () => {
+        this.chosen = true;
+        this.choose(Number(this.choice.value));
+      });
+      const title = "share over time and 95% interval per window";
+      this.trend = new SeriesChart("share-trend", title, "", { format: fmtShare, clamp: [0, 1],
+        titleNodes: [el("label", {}, ["share of ", this.choice]),
+          " (consistent share: line; 95% interval of the unbiased share: band) per window"] });
+      this.root.append(this.trend.label, this.trend.canvas);
+    }
+
+    choose(i) {
+      this.category = i;
+      if (this.choice.value !== String(i)) this.choice.value = String(i);
+      if (this.history) this.setHistory(...this.history);
+      if (!document.hidden) this.trend.draw();
+    }
+
+    setHistory(points, info) {
+      if (!this.trend) return;
+      this.history = [points, info];
+      this.trend.set(shareSamples(points, this.category), info);
     }
 
     update(block) {
@@ -806,10 +1021,22 @@
             `95% interval [${fmt(lo)}, ${fmt(hi)}]\nraw reports ${fmtShare(raw[i])}`
           : `${label}: no data yet`);
       });
+      // Over time: the largest share's category once there are shares (then it
+      // stays, not to jump between close shares), unless the reader chose one.
+      if (this.trend && !this.chosen) {
+        let best = -1;
+        for (let i = 0; i < Math.min(n, MAX_CHOICES); i++) {
+          if (isNum(shares[i]) && (best < 0 || shares[i] > shares[best])) best = i;
+        }
+        if (best >= 0) {
+          this.chosen = true;
+          if (best !== this.category) this.choose(best);
+        }
+      }
     }
 
     charts() {
-      return [];
+      return this.trend ? [this.trend] : [];
     }
   }
 
@@ -865,7 +1092,7 @@
 
     info() {
       return { windowSeconds: this.windowSeconds, loading: this.loading !== null,
-        error: this.error };
+        error: this.error, range: null };
     }
 
     load() {
@@ -914,6 +1141,89 @@
     }
   }
 
+  // At most QUERIES_AT_ONCE results store queries in flight (the server answers
+  // 503 beyond a few at once): the others wait their turn.
+  const queryQueue = { running: 0, waiting: [] };
+  function limited(task) {
+    return new Promise((resolve, reject) => {
+      const run = () => {
+        queryQueue.running += 1;
+        Promise.resolve().then(task).then(resolve, reject).finally(() => {
+          queryQueue.running -= 1;
+          const next = queryQueue.waiting.shift();
+          if (next) next();
+        });
+      };
+      if (queryQueue.running < QUERIES_AT_ONCE) run();
+      else queryQueue.waiting.push(run);
+    });
+  }
+
+  const STALE = {};  // a query's answer that another query has replaced meanwhile
+
+  // A channel's windows at one resolution over a time range, from the results
+  // store (GET .../history?resolution=&start=&end=).  `key` names the view asked
+  // for: a new one clears what was shown (state "loading"), the same one asked
+  // again (a refresh) keeps it until the answer.  An answer to an older request
+  // than the latest is dropped.  A failed query shows no points, and the server's
+  // message as `error`.
+  class RangeQuery {
+    constructor(name) {
+      this.url = `api/channels/${encodeURIComponent(name)}/history`;
+      this.key = null;
+      this.doc = null;
+      this.points = [];
+      this.error = "";
+      this.state = "idle";     // "loading" (nothing for the key yet), "ready" or "error"
+      this.generation = 0;
+      this.onChange = () => {};
+    }
+
+    info() {
+      const doc = this.doc || {};
+      return { windowSeconds: isNum(doc.window_seconds) ? doc.window_seconds : null,
+        loading: this.state === "loading", error: this.error,
+        range: isNum(doc.start) && isNum(doc.end) ? [doc.start, doc.end] : null };
+    }
+
+    load(params, key) {
+      const generation = ++this.generation;
+      if (key !== this.key) {
+        this.key = key;
+        this.doc = null;
+        this.points = [];
+        this.error = "";
+        this.state = "loading";
+      }
+      const url = `${this.url}?${params}`;
+      return limited(() => (generation === this.generation ? getJSON(url) : STALE))
+        .then((doc) => {
+          if (doc === STALE || generation !== this.generation) return;
+          this.doc = doc && typeof doc === "object" ? doc : {};
+          const points = Array.isArray(this.doc.points) ? this.doc.points.filter(validPoint) : [];
+          this.points = points.slice(-MAX_POINTS);
+          this.error = "";
+          this.state = "ready";
+        }, (err) => {
+          if (generation !== this.generation) return;
+          this.doc = null;
+          this.points = [];
+          this.error = `history query failed: ${err && err.message ? err.message : err}`;
+          this.state = "error";
+        })
+        .finally(() => {
+          if (generation === this.generation) this.onChange();
+        });
+    }
+
+    // Back to the live view: an answer still on its way is dropped, and the next
+    // query starts afresh.
+    cancel() {
+      this.generation += 1;
+      this.key = null;
+    }
+  }
+
   // ---- channel cards ----------------------------------------------------------
 
   // Cards are rebuilt only when this changes (kind, mechanism, units, a vector's
@@ -944,18 +1254,49 @@
         el("header", { class: "card-head" }, [el("h2", {}, name), value(f, "kind", "badge")]),
         meta,
       ]);
+      // Why the charts over time show nothing: the server's message.
+      f["history-error"] = el("p", { class: "history-error", "data-stat": "history-error",
+        role: "status", hidden: "" });
+      this.root.append(f["history-error"]);
       this.addBlocks(ch, meta);
       f["other-series"] = el("p", { class: "other", "data-stat": "other-series" });
       this.root.append(f["other-series"]);
+      this.resolutions = resolutionsOf(ch);
+      this.mode = "live";  // what the charts over time show: "live", or "query" (the store's)
       this.history = new History(name);
-      this.history.onChange = () => {
+      this.query = new RangeQuery(name);
+      const changed = () => {
         if (this.removed) return;
         this.showHistory();
         if (!document.hidden) this.draw();
       };
-      // Channels with charts over time draw the past from the server's history.
-      this.historyLoaded = this.blocks.some((b) => b.point)
-        ? this.history.load() : Promise.resolve();
+      this.history.onChange = changed;
+      this.query.onChange = changed;
+      // Channels with charts over time draw the past from the server's history (the
+      // live view's, or the results store's at the view's resolution and range).
+      this.charted = this.blocks.some((b) => b.point);
+      this.historyLoaded = this.follow();
+    }
+
+    // Shows the page's view (the controls): the live history, or a query of the
+    // results store (asked again when called again: the periodic refresh).  The
+    // live history is asked again on the way back to it (the page kept extending
+    // it meanwhile, but windows may have closed since).
+    follow() {
+      if (!this.charted) return Promise.resolve();
+      const live = viewIsLive(this.resolutions);
+      const was = this.mode;
+      this.mode = live ? "live" : "query";
+      let loading;
+      if (live) {
+        this.query.cancel();
+        loading = was === "live" && this.history.points.length ? Promise.resolve()
+          : this.history.load();
+      } else {
+        loading = this.query.load(queryParams(this.resolutions), viewKey());
+      }
+      this.showHistory();
+      return loading;
     }
 
     addBlocks(ch, meta) {
@@ -994,7 +1335,11 @@
           const labels = categoryLabels(ch);
           meta.append(term("categories", value(f, "categories")));
           setText(f.categories, fmtCount(labels.length));
-          add(new CategoricalBlock("frequencies", labels, unit), (c) => c);
+          // Shares over time where the collector keeps windows (its entries carry the
+          // latest, or the resolutions it keeps).
+          const windowed = "window" in ch || Array.isArray(ch.resolutions);
+          add(new CategoricalBlock("frequencies", labels, unit, windowed), (c) => c,
+            windowed ? (p) => p : null);
           break;
         }
         case "vector":
@@ -1034,17 +1379,29 @@
         setText(f["mean-vector-direction"], fmt(v.direction));
       }
       setText(f["other-series"], otherSeries(ch.other_series));
+      this.resolutions = resolutionsOf(ch);
       for (const { block, pick } of this.blocks) block.update(pick(ch));
+      // The live history follows every event, also while a query is shown (it is
+      // shown again on the way back); a query's points change only with its answers.
       if (ch.window) this.history.extend(ch.window);
-      this.showHistory();
+      if (this.mode === "live") this.showHistory();
     }
 
     showHistory() {
-      const points = this.history.points;
-      const info = this.history.info();
+      if (!this.charted) return;
+      const live = this.mode === "live";
+      const source = live ? this.history : this.query;
+      const points = source.points;
+      const info = source.info();
       for (const { block, point } of this.blocks) {
         if (point) block.setHistory(points, info, point);
       }
+      const state = live ? (this.history.error ? "error" : "live") : this.query.state;
+      setAttr(this.root, "data-history", state);
+      setAttr(this.root, "data-mode", this.mode);
+      const error = this.fields["history-error"];
+      setText(error, source.error || "");
+      if (error.hidden !== !source.error) error.hidden = !source.error;
     }
 
     remove() {
@@ -1064,6 +1421,210 @@
     return `Earlier series with other mechanism parameters (kept apart): ${parts.join("; ")}`;
   }
 
+  // ---- the view: resolution and time range of the charts over time ---------------
+
+  // resolution: "" (each channel's finest) or a resolution's name; range: "live",
+  // a key of RANGES or "custom" (from .. to, Unix seconds).
+  const view = { resolution: "", range: "live", from: null, to: null };
+  let latestT = null;        // the collector's time as of the latest document
+  let refreshTimer = 0;
+  let refreshDue = false;    // a refresh came while the tab was hidden: done when shown
+  const controls = {};
+
+  // A channel's resolutions, finest first (none from an older collector).
+  function resolutionsOf(ch) {
+    return Array.isArray(ch.resolutions)
+      ? ch.resolutions.filter((r) => typeof r === "string" && r) : [];
+  }
+
+  // The live view: the finest resolution (a channel's first), no range.  A channel
+  // from a collector without resolutions has only that.
+  function viewIsLive(resolutions) {
+    return !resolutions.length
+      || (view.range === "live" && (!view.resolution || view.resolution === resolutions[0]));
+  }
+
+  const viewKey = () => JSON.stringify([view.resolution, view.range, view.from, view.to]);
+  const collectorNow = () => (isNum(latestT) ? latestT : Date.now() / 1000);
+
+  // The query of the view for a channel: its resolution, and a range ending at the
+  // collector's latest time ("live" at a coarser resolution: the server's recent
+  // windows).
+  function queryParams(resolutions) {
+    const params = new URLSearchParams();
+    params.set("resolution", view.resolution || resolutions[0]);
+    if (view.range in RANGES) {
+      const end = collectorNow();
+      params.set("start", String(Math.max(0, end - RANGES[view.range])));
+      params.set("end", String(end));
+    } else if (view.range === "custom") {
+      params.set("start", String(view.from));
+      params.set("end", String(view.to));
+    }
+    return params;
+  }
+
+  // Whether the view's windows may still change: its range reaches the present.
+  function viewReachesNow() {
+    if (view.range !== "custom") return true;
+    const span = durationSeconds(view.resolution) || 0;
+    return isNum(view.to) && view.to >= collectorNow() - span;
+  }
+
+  // The view as URL parameters (none for the live view).
+  function viewParams() {
+    const params = new URLSearchParams();
+    if (view.resolution) params.set("resolution", view.resolution);
+    if (view.range !== "live") params.set("range", view.range);
+    if (view.range === "custom") {
+      if (isNum(view.from)) params.set("from", String(view.from));
+      if (isNum(view.to)) params.set("to", String(view.to));
+    }
+    return params;
+  }
+
+  function readViewFromURL() {
+    const params = new URLSearchParams(window.location.search);
+    const resolution = params.get("resolution");
+    if (resolution && Number.isFinite(durationSeconds(resolution))) view.resolution = resolution;
+    const range = params.get("range");
+    if (range === "custom") {
+      const from = Number(params.get("from"));
+      const to = Number(params.get("to"));
+      if (params.get("from") !== null && params.get("to") !== null
+          && Number.isFinite(from) && Number.isFinite(to)) {
+        Object.assign(view, { range, from, to });
+      }
+    } else if (range in RANGES) {
+      view.range = range;
+    }
+  }
+
+  function initControls() {
+    const root = qs("#view");
+    if (!root) return;
+    const control = (name) => root.querySelector(`[data-control="${name}"]`);
+    Object.assign(controls, { root, resolution: control("resolution"), range: control("range"),
+      custom: control("custom"), from: control("from"), to: control("to"),
+      state: root.querySelector('[data-stat="view"]'), names: "" });
+    controls.range.value = view.range;
+    if (view.range === "custom") {
+      controls.from.value = toLocalInput(view.from);
+      controls.to.value = toLocalInput(view.to);
+    }
+    controls.resolution.addEventListener("change", () => {
+      view.resolution = controls.resolution.selectedIndex <= 0 ? "" : controls.resolution.value;
+      applyView();
+    });
+    controls.range.addEventListener("change", () => {
+      view.range = controls.range.value;
+      if (view.range === "custom") {
+        // From a day before the collector's time to it (to the minute), to edit.
+        if (!controls.to.value) controls.to.value = toLocalInput(Math.ceil(collectorNow() / 60) * 60);
+        if (!controls.from.value) {
+          controls.from.value = toLocalInput(fromLocalInput(controls.to.value) - 86400);
+        }
+        readCustom();
+      }
+      applyView();
+    });
+    for (const input of [controls.from, controls.to]) {
+      input.addEventListener("change", () => {
+        readCustom();
+        applyView();
+      });
+    }
+    syncControls();
+  }
+
+  function readCustom() {
+    view.from = fromLocalInput(controls.from.value);
+    view.to = fromLocalInput(controls.to.value);
+  }
+
+  // The resolution options: every channel's, finest first (the first stands for each
+  // channel's finest, the live view's).  The controls show once a channel has any.
+  function updateResolutions() {
+    if (!controls.root) return;
+    const found = new Set();
+    for (const card of cards.values()) for (const r of card.resolutions) found.add(r);
+    if (view.resolution) found.add(view.resolution);  // from the URL: the server judges it
+    const names = [...found].sort((a, b) => durationSeconds(a) - durationSeconds(b));
+    const key = names.join(",");
+    if (key !== controls.names) {
+      controls.names = key;
+      controls.resolution.replaceChildren(...names.map((name, i) => el("option", { value: name },
+        i === 0 ? `${name} (finest)` : name)));
+      syncControls();
+    }
+    const hidden = names.length === 0;
+    if (controls.root.hidden !== hidden) controls.root.hidden = hidden;
+  }
+
+  // The controls, the URL and the view link say what the view is.
+  function syncControls() {
+    if (!controls.root) return;
+    const select = controls.resolution;
+    if (view.resolution) select.value = view.resolution;
+    else if (select.options.length) select.selectedIndex = 0;
+    if (controls.range.value !== view.range) controls.range.value = view.range;
+    const custom = view.range === "custom";
+    if (controls.custom.hidden === custom) controls.custom.hidden = !custom;
+    const backwards = custom && isNum(view.from) && isNum(view.to) && view.from >= view.to;
+    setAttr(controls.to, "aria-invalid", backwards ? "true" : "false");
+    const resolution = view.resolution || (select.options.length ? select.options[0].value : "");
+    const live = view.range === "live" && (!view.resolution || select.selectedIndex === 0);
+    let text;
+    if (live) {
+      text = "live: each channel's recent windows, extended as they come";
+    } else {
+      const range = custom ? `${fmtMinute(view.from)} to ${fmtMinute(view.to)}`
+        : view.range === "live" ? "the most recent" : RANGE_WORDS[view.range];
+      text = `${resolution} windows, ${range}`
+        + (STATIC || !viewReachesNow() ? "" : `, asked again every ${REFRESH_MS / 1000} s`);
+    }
+    setText(controls.state, text);
+    setAttr(controls.root, "data-live", String(live));
+    const own = viewParams().toString();
+    if (!STATIC) {
+      const url = own ? `?${own}` : window.location.pathname;
+      if (window.location.search !== (own ? `?${own}` : "")) window.history.replaceState(null, "", url);
+    }
+    viewLink(own);
+  }
+
+  // A new view: every card follows it; a query is asked again every REFRESH_MS while
+  // its range reaches the present (not in the static view).
+  function applyView() {
+    if (view.range === "custom" && !(isNum(view.from) && isNum(view.to))) {
+      setText(controls.state, "custom range: choose both from and to");
+      return;
+    }
+    syncControls();
+    refreshDue = false;
+    for (const card of cards.values()) card.follow();
+    if (!document.hidden) drawAll();
+    scheduleRefresh();
+  }
+
+  function scheduleRefresh() {
+    clearTimeout(refreshTimer);
+    refreshTimer = 0;
+    const querying = [...cards.values()].some((card) => card.mode === "query");
+    if (STATIC || !querying || !viewReachesNow()) return;
+    refreshTimer = setTimeout(refresh, REFRESH_MS);
+  }
+
+  function refresh() {
+    refreshTimer = 0;
+    if (document.hidden) {  // a background tab asks nothing; it does when shown again
+      refreshDue = true;
+      return;
+    }
+    for (const card of cards.values()) if (card.mode === "query") card.follow();
+    scheduleRefresh();
+  }
+
   // ---- applying a document --------------------------------------------------------
 
   const cards = new Map();
@@ -1073,7 +1634,11 @@
     if (!doc || typeof doc !== "object" || typeof doc.channels !== "object" || !doc.channels) return;
     renderHeader(doc);
     renderRange(doc.range, doc.channels);
+    if (isNum(doc.t)) latestT = doc.t;
     renderChannels(doc);
+    updateResolutions();
+    // New cards of a view from the URL, or the first query card: the refresh starts.
+    if (!refreshTimer && !refreshDue) scheduleRefresh();
     updates += 1;
     document.body.dataset.updated = String(updates);
   }
@@ -1345,11 +1910,13 @@
     root.dataset.state = "ready";
   }
 
-  // The footer's link to the other view (relative: works under a proxy's sub-path).
-  function viewLink() {
+  // The footer's link to the other view (relative: works under a proxy's sub-path),
+  // with the view's resolution and range (`own`: as URL parameters).
+  function viewLink(own = "") {
     const link = qs('[data-link="view"]');
     if (!link) return;
-    link.setAttribute("href", STATIC ? "." : "?static=1");
+    const href = STATIC ? (own ? `?${own}` : ".") : `?static=1${own ? `&${own}` : ""}`;
+    setAttr(link, "href", href);
     setText(link, STATIC ? "live view" : "static view (for printing)");
   }
 
@@ -1362,10 +1929,19 @@
       scheduleRedraw();
     });
     window.addEventListener("resize", scheduleRedraw);
-    document.addEventListener("visibilitychange", () => document.hidden || scheduleRedraw());
+    document.addEventListener("visibilitychange", () => {
+      if (document.hidden) return;
+      scheduleRedraw();
+      if (refreshDue) {
+        refreshDue = false;
+        refresh();
+      }
+    });
     // Column widths also change without a window resize (a scrollbar appears).
     if (typeof ResizeObserver === "function") new ResizeObserver(scheduleRedraw).observe(qs("#channels"));
-    viewLink();
+    readViewFromURL();
+    viewLink(viewParams().toString());
+    initControls();
     if (STATIC) staticView();
     else startStream();
   }
