@@ -108,6 +108,7 @@ bench: $(STAMP) $(RUNTIME_VENV)/.installed-stamp system-deps
 	$(PY) -m benchmarks.bench_collector --messages 20000
 	$(PY) -m benchmarks.bench_collector_load --messages 40000 --runs 3
 	$(PY) -m benchmarks.bench_collector_scale --channels 32 256 --flood --limits
+	$(PY) -m benchmarks.bench_results --markdown docs/benchmarks/bench_results.md
 	$(PY) -m benchmarks.bench_scale_out --messages 40000
 	$(PY) -m benchmarks.bench_failover --runs 3
 	$(PY) -m benchmarks.bench_estimation --out docs/benchmarks

@@ -27,13 +27,14 @@ def _load(path: str, exit_code: int = 2) -> CollectorConfig:
     return load_or_exit(load_collector_config, path, exit_code)
 
 
-def _load_service(path: str, *, storage: bool = False) -> CollectorConfig:
+def _load_service(path: str, *, writes: tuple[str, ...] = ()) -> CollectorConfig:
     """The configuration of a service (exit 78 when it cannot work), with the files it
-    names readable and, for a role that keeps a journal (``storage``), its directory
-    writable."""
+    names readable and the directories it writes (``writes``: keys of
+    ``CollectorConfig.dirs_written``: the journal's, the results store's) writable."""
     config = _load(path, EXIT_CONFIG)
+    dirs = config.dirs_written()
     require_paths(path, read=config.files_read(),
-                  write=config.dirs_written() if storage else {},
+                  write={key: dirs[key] for key in writes if key in dirs},
                   hints={"storage.path": "set it to a file in a directory this user can "
                                          "write (e.g. path = \"~/.local/state/edge-collector/"
                                          "state.sqlite\" under [storage])"})
@@ -59,7 +60,7 @@ def run(config_path: str) -> None:
     """Ingest reports, keep aggregates, serve the dashboard and API until SIGTERM."""
     from collector.service import CollectorService
 
-    config = _load_service(config_path, storage=True)
+    config = _load_service(config_path, writes=("storage.path", "results.path"))
     if config.broker.shared_group is not None:
         _refuse(config_path, "broker.shared_group: only ingresses share a subscription "
                              "(docs/guides/SCALE_OUT.md); a collector with it would count only "
@@ -74,7 +75,7 @@ def merge(config_path: str) -> None:
     (docs/guides/SCALE_OUT.md)."""
     from collector.scaleout.merge import MergeService
 
-    config = _load_service(config_path)
+    config = _load_service(config_path, writes=("results.path",))
     if config.scale_out is None:
         _refuse(config_path, "scale_out: the merge view needs a [scale_out] table "
                              "(docs/guides/SCALE_OUT.md)")
@@ -332,7 +333,8 @@ def results(config_path: str, channel: str, resolution: str | None, start: str |
     """
     from collector.results import table
     from collector.results.query import HistoryQuery, QueryError, parse_request, table_columns
-    from collector.results.store import StoreError, open_results_store
+    from collector.results.backends import open_results_store
+    from collector.results.store import StoreError
 
     config = _load(config_path, EXIT_CONFIG)
     params = {name: value for name, value in (("resolution", resolution), ("series", series),

@@ -406,7 +406,7 @@ class CollectorConfig(Model):
         return files
 
     def dirs_written(self) -> dict[str, Path]:
-        """The directories of the journal and checkpoint, and of the results (``run``)."""
+        """The directories of the journal and checkpoint, and of the SQLite results store."""
         dirs = {"storage.path": self.storage.path.parent}
         if self.results.url is None:
             dirs["results.path"] = self.results_path.parent

@@ -62,7 +62,7 @@ LONG_FIRST = ("tests/deploy/test_install_agent.py", "tests/collector/range/test_
 # What makes a test end-to-end (``-m e2e``; make check runs the others): a real broker,
 # cluster or browser among its fixtures, or a process it starts, itself, through a
 # fixture or through a function of its module (these calls in their code).
-E2E_FIXTURES = {"mosquitto", "nats_cluster", "browser"}
+E2E_FIXTURES = {"mosquitto", "nats_cluster", "browser", "postgres"}
 E2E_CALLS = re.compile(r"\b(Mosquitto|SecureBroker|NatsCluster|AgentProcess|CollectorProcess|"
                        r"FleetProcess|run_module|python_module|replaying_agents|Popen|"
                        r"sync_playwright)\(|\bsubprocess\.")

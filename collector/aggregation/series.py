@@ -54,6 +54,7 @@ from collector.storage.states import (
     SERIES_STATES,
     SUMMARIES,
     SeriesState,
+    decode_window_sums,
 )
 from edge_agent.mechanisms import Mechanism
 from edge_agent.mechanisms.categorical import LONGITUDINAL
@@ -433,14 +434,19 @@ class Series:
         they were computed (or were never computed), the total first, then the newest
         finest window first, then the coarser levels' (``(level, start)``).  Costs what
         changed (``changed``), not what the series holds.  A delta window (of late reports
-        alone, ``is_delta``) is estimated by the store, with what it holds."""
+        alone, ``is_delta``) is estimated by the store, with what it holds.
+
+        An open coarser window that was estimated already waits, while finest windows
+        change, for the next finest window to begin: a steady stream re-estimates the open
+        hour once a minute, not at every push, and it catches up once the stream pauses."""
         keys: list[Key] = [TOTAL] if TOTAL in self.changed else []
         finest = [key for key in self.changed if isinstance(key, int)
                   and not self.is_delta(0, key)]
         newest = max(self.windows, default=None)
         coarse = [key for key in self.changed if isinstance(key, tuple)
-                  and not self.is_delta(*key) and (key not in self.coarse_points
-                                                    or self._coarse_at.get(key) != newest)]
+                  and not self.is_delta(*key)
+                  and (not finest or key not in self.coarse_points
+                       or self._coarse_at.get(key) != newest)]
         return keys + sorted(finest, reverse=True) + sorted(coarse, reverse=True)
 
     def detach(self, keys: list[int | None] | None) -> Series:
@@ -556,8 +562,8 @@ class Series:
         """A window's sums from ``blocks_state`` (``StateError`` if they are not the kind's
         or not sums these reports could have given)."""
         try:
-            state = msgspec.json.decode(payload, type=SERIES_BLOCKS[self.kind])
-        except msgspec.ValidationError as exc:
+            state = decode_window_sums(self.kind, payload)
+        except msgspec.DecodeError as exc:
             raise StateError(f"{where}: {exc}") from None
         blocks = self._new_blocks()
         self._load_blocks(blocks, state, where)

@@ -18,9 +18,9 @@ import msgspec
 
 from collector.results import table
 from collector.results.durations import duration_name
-from collector.results.store import ResultsStore
-from edge_agent.protocol import mechanism_of
-from edge_agent.protocol.descriptions import MechanismDescription
+from collector.results.store import ResultsStore, StoreError
+from collector.storage.states import StoredSeries, decode_stored_series, decode_window_point
+from edge_agent.protocol import as_dict, mechanism_of
 
 MAX_POINTS = 10_000  # windows one query may span
 DEFAULT_WINDOWS = 60  # without a start: this many windows before the end
@@ -134,9 +134,10 @@ class HistoryQuery:
             if request.series is not None:
                 raise QueryError("series", "not a series of the channel")
             return None
-        points = {row.start: msgspec.json.decode(row.point)
-                  for row in self.store.windows(key, request.span, request.first,
-                                                request.last, MAX_POINTS + 1)}
+        points = {} if record is None else {
+            row.start: _stored_point(record.kind, row.point)
+            for row in self.store.windows(key, request.span, request.first, request.last,
+                                          MAX_POINTS + 1)}
         is_live = live is not None and live.get("series") == key
         if is_live:  # the windows still open (the store has the closed ones)
             for point in live.get("open", {}).get(request.span, []):
@@ -145,7 +146,7 @@ class HistoryQuery:
                 if request.first <= start <= request.last:
                     points.setdefault(start, point)
         others = [{"series": other.key,
-                   "mechanism": msgspec.json.decode(other.description)["mechanism"],
+                   "mechanism": as_dict(_stored_series(other).mechanism),
                    "newest_end": newest} for other, newest in known if other.key != key]
         header = {**_header(live if is_live else None, record), "series": key}
         return header, [points[start] for start in sorted(points)], others
@@ -163,12 +164,25 @@ def _header(live: dict | None, record) -> dict:
     if live is not None:
         return {name: live[name] for name in ("kind", "unit", "angle_unit", "labels", "fields")
                 if name in live}
-    description = msgspec.json.decode(record.description)
-    header = {"kind": record.kind, "unit": description.get("unit")}
-    if description.get("fields"):
-        header["fields"] = description["fields"]
+    description = _stored_series(record)
+    header = {"kind": record.kind, "unit": description.unit}
+    if description.fields:
+        header["fields"] = list(description.fields)
     if record.kind == "categorical":
-        oracle = mechanism_of(msgspec.convert(description["mechanism"],
-                                              type=MechanismDescription))
+        oracle = mechanism_of(description.mechanism)
         header["labels"] = [oracle.label(v) for v in range(oracle.categories)]
     return header
+
+
+def _stored_series(record) -> StoredSeries:
+    try:
+        return decode_stored_series(record.description)
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"series {record.key}: {exc}") from None
+
+
+def _stored_point(kind: str, payload: bytes) -> dict:
+    try:
+        return msgspec.to_builtins(decode_window_point(kind, payload))
+    except msgspec.DecodeError as exc:
+        raise StoreError(f"a {kind} window's estimates: {exc}") from None

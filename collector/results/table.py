@@ -21,7 +21,8 @@ def _at(*path) -> Callable[[dict], object]:
         value = point
         for part in path:
             if isinstance(part, int):
-                value = value[part] if isinstance(value, list) and part < len(value) else None
+                value = value[part] if isinstance(value, (list, tuple)) and part < len(value) \
+                    else None
             else:
                 value = value.get(part) if isinstance(value, dict) else None
         return value

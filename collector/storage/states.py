@@ -257,6 +257,37 @@ SERIES_STATES: dict[str, type[Struct]] = {
 SeriesState = Union[tuple(SERIES_STATES.values())]  # noqa: UP007
 
 
+# -- what the results store keeps of a series and its closed windows (collector.results) -------
+
+class StoredSeries(Struct, forbid_unknown_fields=True):
+    """A series' description in the results store (``collector.results.store.SeriesRecord``)."""
+    mechanism: MechanismDescription
+    fields: Fields | None
+    strategy: Strategy | None
+    unit: Unit | None
+
+
+_stored_series_decoder = msgspec.json.Decoder(StoredSeries)
+_window_sums_decoders = {kind: msgspec.json.Decoder(blocks)
+                         for kind, blocks in SERIES_BLOCKS.items()}
+_window_point_decoders = {kind: msgspec.json.Decoder(point) for kind, point in POINTS.items()}
+
+
+def decode_stored_series(payload: bytes) -> StoredSeries:
+    """A stored series' description (``msgspec.DecodeError`` if it is not one)."""
+    return _stored_series_decoder.decode(payload)
+
+
+def decode_window_sums(kind: str, payload: bytes):
+    """A stored window's sums, the kind's ``SERIES_BLOCKS`` (``msgspec.DecodeError``)."""
+    return _window_sums_decoders[kind].decode(payload)
+
+
+def decode_window_point(kind: str, payload: bytes):
+    """A stored window's estimates, the kind's ``POINTS`` (``msgspec.DecodeError``)."""
+    return _window_point_decoders[kind].decode(payload)
+
+
 # -- a whole collector (collector.aggregation.ingest.Ingestor) -------------------------------------
 
 MAX_LEVELS = 8  # resolutions ([aggregates] resolutions)

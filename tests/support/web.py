@@ -160,9 +160,15 @@ class Dashboard:
     failed request and HTTP error."""
 
     def __init__(self, browser, server: WebServer, *, init_script: str | None = None,
-                 block_events: bool = False, path: str = "/", wait: bool = True):
-        """``wait``: until the first document is shown."""
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+                 block_events: bool = False, path: str = "/", wait: bool = True,
+                 context_options: dict | None = None, fake_clock: bool = False):
+        """``wait``: until the first document is shown.  ``context_options``: more options
+        of the browser context (e.g. ``timezone_id``); ``fake_clock``: the page's timers
+        run on Playwright's clock (``page.clock.fast_forward``), from now."""
+        self.context = browser.new_context(
+            **{"viewport": {"width": 1280, "height": 900}, **(context_options or {})})
+        if fake_clock:
+            self.context.clock.install()
         if init_script:
             self.context.add_init_script(init_script)
         self.page = self.context.new_page()

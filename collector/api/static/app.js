@@ -289,8 +289,8 @@
       this.canvas.addEventListener("mouseleave", () => setAttr(this.canvas, "title", LEGEND));
     }
 
-    // `info`: {windowSeconds, loading, error, range} of the history; `range`: the
-    // [start, end] of a query of the results store (none: the live view).
+    // `info`: {windowSeconds, loading, error, resolution, range} of the history;
+    // `range`: the [start, end] of a query of the results store (none: the live view).
     set(samples, info) {
       this.samples = samples;
       this.info = info;
@@ -316,7 +316,8 @@
       setAttr(this.canvas, "data-y-high", range ? String(range[1]) : "");
       setAttr(this.span, "data-span", String(span));
       const windows = `${fmtCount(n)} window${n === 1 ? "" : "s"}`;
-      const of = isNum(info.windowSeconds) ? ` of ${fmtDuration(info.windowSeconds)}` : "";
+      const of = info.resolution ? ` of ${info.resolution}`
+        : isNum(info.windowSeconds) ? ` of ${fmtDuration(info.windowSeconds)}` : "";
       let text;
       if (info.range) {
         text = `, ${fmtMinute(info.range[0])} – ${fmtMinute(info.range[1])} `
@@ -1183,6 +1184,7 @@
       const doc = this.doc || {};
       return { windowSeconds: isNum(doc.window_seconds) ? doc.window_seconds : null,
         loading: this.state === "loading", error: this.error,
+        resolution: typeof doc.resolution === "string" ? doc.resolution : "",
         range: isNum(doc.start) && isNum(doc.end) ? [doc.start, doc.end] : null };
     }
 

@@ -214,8 +214,9 @@ def test_a_command_refuses_a_configuration_it_cannot_serve(tmp_path, command, ta
 
 @pytest.mark.parametrize("command", ["run", "ingress", "member", "merge"])
 def test_paths_the_service_cannot_use_are_named_at_start_up(tmp_path, command):
-    """An unwritable [storage] path (run only) and unreadable password or CA files: one
-    line per key, exit 78, no traceback, nothing started."""
+    """An unwritable [storage] path (run only), results store's directory (run and merge,
+    which record results) and unreadable password or CA files: one line per key, exit 78,
+    no traceback, nothing started."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     config = write_toml(tmp_path / "collector.toml", {
@@ -232,7 +233,7 @@ def test_paths_the_service_cannot_use_are_named_at_start_up(tmp_path, command):
     assert all(line.startswith(f"{config}: invalid configuration: ") for line in lines)
     keys = [line.split(": ")[2] for line in lines]
     assert keys == ["broker.password_file", "scale_out.tls_ca"] + \
-        (["storage.path"] if command == "run" else [])
+        {"run": ["storage.path", "results.path"], "merge": ["results.path"]}.get(command, [])
     assert f"cannot read {tmp_path / 'no-password'} (No such file or directory)" in lines[0]
 
 
