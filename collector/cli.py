@@ -332,8 +332,8 @@ def results(config_path: str, channel: str, resolution: str | None, start: str |
     78 if --config is invalid.
     """
     from collector.results import table
-    from collector.results.query import HistoryQuery, QueryError, parse_request, table_columns
     from collector.results.backends import open_results_store
+    from collector.results.query import HistoryQuery, QueryError, parse_request, table_columns
     from collector.results.store import StoreError
 
     config = _load(config_path, EXIT_CONFIG)

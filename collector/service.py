@@ -38,8 +38,8 @@ from collector.broker.settings import network_settings
 from collector.config import CollectorConfig, ConfigError, load_registry
 from collector.front import ServingFront
 from collector.range.schedule import RangeSchedule
-from collector.results.recorder import ResultsRecorder
 from collector.results.backends import open_results_store
+from collector.results.recorder import ResultsRecorder
 from collector.storage import checkpoint
 from collector.storage.checkpoint import restore
 from collector.storage.store import CollectorStore

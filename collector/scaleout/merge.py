@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from collector.aggregation.ingest import Ingestor
 from collector.config import CollectorConfig
 from collector.front import ServingFront
-from collector.results.recorder import MergedResultsRecorder
 from collector.results.backends import open_results_store
+from collector.results.recorder import MergedResultsRecorder
 from collector.scaleout.feed import PartitionFeed
 from collector.scaleout.partition_state import (
     PartitionStateRejected,

@@ -16,9 +16,9 @@ import pytest
 
 from collector.aggregation.ingest import Ingestor
 from collector.config import parse_collector_config
+from collector.results.backends import open_results_store
 from collector.results.postgres import PostgresResultsStore
 from collector.results.sqlite import SqliteResultsStore
-from collector.results.backends import open_results_store
 from collector.results.store import SeriesRecord, StoreError, WindowRow
 from collector.storage.checkpoint import dump, load
 from tests.collector.aggregation.test_stats import _series_cases
