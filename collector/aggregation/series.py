@@ -277,7 +277,9 @@ class Series:
         for level, windows in enumerate(self.levels):
             limit = finest // self.factors[level]
             before = self.sealed.get(level)
-            for start in sorted(start for start in windows if start < limit):
+            due = [start for start in windows if start < limit]
+            due.sort()
+            for start in due:
                 blocks = windows.pop(start)
                 key = start if level == 0 else (level, start)
                 delta = before is not None and start < before
@@ -294,7 +296,6 @@ class Series:
                 self.changed.discard(key)
                 closed.append(ClosedWindow(self, self.span(level), start, blocks, delta, point))
             self.sealed[level] = limit if before is None else max(before, limit)
-        self._trim_points()
         self.overfull = any(len(windows) > self.keep_windows for windows in self.levels)
         return closed
 
@@ -313,6 +314,8 @@ class Series:
 
     def _trim_points(self) -> None:
         """The ``keep_windows`` newest closed finest windows' estimates (and the open ones')."""
+        if len(self.points) <= self.keep_windows:
+            return
         for start in sorted(self.points)[:-self.keep_windows]:
             if start not in self.windows:
                 del self.points[start]

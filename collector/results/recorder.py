@@ -49,6 +49,7 @@ class ResultsRecorder:
         self.written_windows = 0  # windows written since start (metrics)
         self.failures = 0
         self.deleted = 0
+        self._series_written: set[str] = set()  # keys the store holds (never deleted)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -80,12 +81,14 @@ class ResultsRecorder:
         return written
 
     def _write(self, batch: int, windows: list[ClosedWindow]) -> list[tuple[int, object]]:
-        records = {id(window.series): SeriesRecord.of(window.series) for window in windows}
-        stored = self.store.read_sums([(records[id(window.series)].key, window.span,
-                                        window.start) for window in windows if window.delta])
-        rows, estimates = [], []
-        for window in windows:
-            series, key = window.series, records[id(window.series)].key
+        keys = [SeriesRecord.of(window.series).key for window in windows]
+        stored = self.store.read_sums([(key, window.span, window.start)
+                                       for key, window in zip(keys, windows) if window.delta])
+        rows, estimates, series_records = [], [], {}
+        for key, window in zip(keys, windows):
+            series = window.series
+            if key not in self._series_written:
+                series_records[key] = SeriesRecord.of(series)
             blocks, point = window.blocks, window.point
             earlier = stored.get((key, window.span, window.start))
             if earlier is not None:
@@ -98,7 +101,8 @@ class ResultsRecorder:
             estimates.append(point)
             rows.append(WindowRow(key, window.span, window.start, point[0],
                                   series.blocks_state(blocks), msgspec.json.encode(point[1])))
-        self.store.write(self.source, batch, list(records.values()), rows, self._clock())
+        self.store.write(self.source, batch, list(series_records.values()), rows, self._clock())
+        self._series_written.update(series_records)
         return estimates
 
     def retain(self) -> int:

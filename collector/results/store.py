@@ -20,6 +20,7 @@ index: its cost follows the windows returned, never the study's length.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -42,14 +43,23 @@ class SeriesRecord:
 
     @classmethod
     def of(cls, series) -> SeriesRecord:
-        """The record of a ``collector.aggregation.series.Series``."""
-        description = msgspec.json.encode({
-            "mechanism": as_dict(series.description), "fields": series.fields,
-            "strategy": as_dict(series.strategy) if series.strategy is not None else None,
-            "unit": series.unit})
-        key = hashlib.sha256(series.channel.encode() + b"\0" + series.kind.encode() + b"\0"
-                             + description).hexdigest()[:32]
-        return cls(key, series.channel, series.kind, description)
+        """The record of a ``collector.aggregation.series.Series`` (made once per identity:
+        it is asked for every window closed and at every push)."""
+        return _record(series.identity)
+
+
+# Bounded: [limits] channels x series_per_channel at their defaults, 256 x 16.
+@functools.lru_cache(maxsize=4096)
+def _record(identity: tuple) -> SeriesRecord:
+    """The record of a series of this identity (channel, kind, description, fields,
+    strategy, unit: ``collector.aggregation.series.series_identity``)."""
+    channel, kind, description, fields, strategy, unit = identity
+    described = msgspec.json.encode({
+        "mechanism": as_dict(description), "fields": fields,
+        "strategy": as_dict(strategy) if strategy is not None else None, "unit": unit})
+    key = hashlib.sha256(channel.encode() + b"\0" + kind.encode() + b"\0"
+                         + described).hexdigest()[:32]
+    return SeriesRecord(key, channel, kind, described)
 
 
 @dataclass(frozen=True)
