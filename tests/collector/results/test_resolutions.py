@@ -126,6 +126,16 @@ def test_late_reports_are_merged_exactly_into_the_stored_windows(tmp_path):
     assert _stored(store, ingestor) == expected
     # The late reports' windows were written twice: first without them, then merged.
     assert recorder.written_windows > len(expected)
+    # A window's estimates are a function of its sums alone: the windows merged in the
+    # store (their earlier sums, then the late reports') are estimated as the reference's,
+    # which counted every report in order, to the last bit.
+    key = SeriesRecord.of(series).key
+    for level, windows in enumerate(series.levels):
+        span = series.span(level)
+        stored = {row.start: row.point for row in store.windows(key, span, -10**9, 10**9, 10**6)}
+        for start, blocks in windows.items():
+            count, point = series.estimate(blocks, span, start)
+            assert stored[start] == msgspec.json.encode(point), (span, start)
 
 
 def test_a_batch_is_written_once_whatever_stops_the_collector(tmp_path):
