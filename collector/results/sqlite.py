@@ -16,6 +16,9 @@ from pathlib import Path
 from collector.results.store import SCHEMA, SqlResultsStore, StoreError
 
 BUSY_MILLISECONDS = 10_000
+# The write-ahead log is cut back to this once checkpointed: a day's retention deletes
+# (92,160 windows at 64 channels) grew it to 62 MB, which SQLite otherwise keeps.
+WAL_LIMIT_BYTES = 8 * 2**20
 
 
 class SqliteResultsStore(SqlResultsStore):
@@ -33,6 +36,7 @@ class SqliteResultsStore(SqlResultsStore):
                                            check_same_thread=False)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
+                self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
                 self._db.execute(f"PRAGMA busy_timeout={BUSY_MILLISECONDS}")
                 self._db.executescript(SCHEMA.format(blob="BLOB"))
             elif not self.path.exists():

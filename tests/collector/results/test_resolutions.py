@@ -182,6 +182,28 @@ def test_retention_drops_exactly_the_windows_older_than_their_resolution_keeps(t
     assert all(after[key] == before[key] for key in kept)
 
 
+def test_the_write_ahead_log_is_cut_back_after_a_large_retention_delete(tmp_path, monkeypatch):
+    """A retention pass deletes a day of windows in one transaction, which grows SQLite's
+    write-ahead log; once checkpointed, the next write cuts it back to the limit."""
+    from collector.results import sqlite
+    from collector.results.store import WindowRow
+
+    monkeypatch.setattr(sqlite, "WAL_LIMIT_BYTES", 2**20)
+    store = SqliteResultsStore(tmp_path / "results.sqlite")
+    wal = tmp_path / "results.sqlite-wal"
+    record = SeriesRecord("k" * 32, "x", "linear", b"{}")
+    sums = bytes(600)  # about a window's sums and estimates
+    for batch in range(1, 21):
+        rows = [WindowRow(record.key, 60.0, 1000 * batch + i, 1, sums, b"{}")
+                for i in range(1000)]
+        assert store.write("test", batch, [record], rows, now=0.0)
+    assert store.retain(60.0, 60.0 * 10**6) == 20_000
+    grown = wal.stat().st_size
+    store.write("test", 21, [record], [WindowRow(record.key, 60.0, 0, 1, sums, b"{}")], 0.0)
+    assert grown > 4 * 2**20 and wal.stat().st_size <= 2**20
+    assert [row.start for row in store.windows(record.key, 60.0, -1, 10**9, 10)] == [0]
+
+
 def _config(**sections):
     return parse_collector_config({"fleet": FLEET, **sections})
 
