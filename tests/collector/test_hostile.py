@@ -15,6 +15,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import msgspec
 from paho.mqtt.client import topic_matches_sub
 
 from collector.aggregation.ingest import IngestLimits, Ingestor
@@ -97,7 +98,8 @@ def channel_document(ingestor: Ingestor, name: str) -> dict:
     estimates and each window's history point."""
     series = ingestor.series[name][ingestor.latest[name]]
     document = series.get()
-    document["windows"] = [series.history_point(series.window_view(start))
+    document["windows"] = [msgspec.to_builtins(series.estimate(series.windows[start],
+                                                               series.window_seconds, start)[1])
                            for start in sorted(series.windows)]
     return json.loads(json.dumps(json_safe(document)))
 
