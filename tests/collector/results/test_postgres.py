@@ -32,6 +32,7 @@ from tests.collector.results.test_resolutions import (
     _recorder,
     _series,
     _stored,
+    late_reports_study,
 )
 from tests.support.ports import free_port
 from tests.support.postgres import (  # noqa: F401 (fixtures)
@@ -117,26 +118,11 @@ def test_every_kind_reads_back_from_postgres_as_from_sqlite(stores):
                        if row[0] == key and row[1] == span) == total > 0, (key, span)
 
 
-def _late_reports_study(store) -> tuple[dict, dict, int]:
+def _late_reports_stored(store) -> tuple[dict, dict, int]:
     """tests/collector/results/test_resolutions.py's late reports, into ``store``: what it
     holds, what a collector that got every report on time and kept every window holds,
     and how many windows were written."""
-    rng = np.random.default_rng(11)
-    reports = [_linear_report(rng, seq, 3.0 * seq) for seq in range(160)]  # 0 .. 480 s
-    late = [reports.pop(i) for i in (150, 90, 40, 7)]  # arrive at the end
-    ingestor = Ingestor(fleet=FLEET, window_seconds=WINDOW, coarser=COARSER, keep_windows=50,
-                        recording=True)
-    recorder = _recorder(store, ingestor)
-    for i, (topic, payload) in enumerate(reports):
-        assert ingestor.ingest(topic, payload, now=1e9) == "accepted"
-        if i % 25 == 24:  # a checkpoint: what ended closes, and is written
-            ingestor.close_windows(now=3.0 * i, grace=5.0)
-            recorder.record()
-    for topic, payload in late:
-        assert ingestor.ingest(topic, payload, now=1e9) == "accepted"
-    assert ingestor.close_windows(now=10_000.0, grace=0.0) is not None
-    recorder.record()
-    assert not ingestor.pending
+    ingestor, recorder, reports, late = late_reports_study(store)
     return _stored(store, ingestor), _reference(reports + late), recorder.written_windows
 
 
@@ -153,7 +139,7 @@ def _reference(reports) -> dict:
 
 
 def test_late_reports_are_merged_exactly_on_both_engines(stores):
-    found = {engine: _late_reports_study(store) for engine, store in stores.items()}
+    found = {engine: _late_reports_stored(store) for engine, store in stores.items()}
     for engine, (stored, expected, written) in found.items():
         assert stored == expected, engine
         # The late reports' windows were written twice: first without them, then merged.

@@ -94,14 +94,12 @@ def _recorder(store, ingestor, lock=None):
     return recorder
 
 
-def test_late_reports_are_merged_exactly_into_the_stored_windows(tmp_path):
-    """Windows are closed and written while reports arrive, some of them for windows
-    written already: the store ends with exactly the windows of a collector that got every
-    report on time and kept every window."""
+def late_reports_study(store):
+    """160 reports over 480 s, 4 of them late, into ``store`` at a checkpoint every 25:
+    (the ingestor, its recorder, the reports on time, the late ones)."""
     rng = np.random.default_rng(11)
     reports = [_linear_report(rng, seq, 3.0 * seq) for seq in range(160)]  # 0 .. 480 s
     late = [reports.pop(i) for i in (150, 90, 40, 7)]  # arrive at the end
-    store = SqliteResultsStore(tmp_path / "results.sqlite")
     ingestor = Ingestor(fleet=FLEET, window_seconds=WINDOW, coarser=COARSER, keep_windows=50,
                         recording=True)
     recorder = _recorder(store, ingestor)
@@ -115,6 +113,15 @@ def test_late_reports_are_merged_exactly_into_the_stored_windows(tmp_path):
     assert ingestor.close_windows(now=10_000.0, grace=0.0) is not None
     recorder.record()
     assert not ingestor.pending
+    return ingestor, recorder, reports, late
+
+
+def test_late_reports_are_merged_exactly_into_the_stored_windows(tmp_path):
+    """Windows are closed and written while reports arrive, some of them for windows
+    written already: the store ends with exactly the windows of a collector that got every
+    report on time and kept every window."""
+    store = SqliteResultsStore(tmp_path / "results.sqlite")
+    ingestor, recorder, reports, late = late_reports_study(store)
     reference = Ingestor(fleet=FLEET, window_seconds=WINDOW, coarser=COARSER, keep_windows=100,
                          recording=True)  # never closed: every window stays
     for topic, payload in [*reports, *late]:
