@@ -38,6 +38,10 @@ SMOOTHING_CHOICES = (1.0, 0.3, 0.1, 0.03, 0.01)
 # smoothing's fit, and the choice needs no tight convergence (50 picked the same smoothing
 # as 300 in 99% of splits tried, at a third of the cost; docs/benchmarks/BENCHMARKS.md).
 CROSS_VALIDATION_STEPS = 50
+# ... and stop where they move less than this (L1) in a step: 1e-7 before, the same
+# smoothing in 60 of 60 windows tried (the scale benchmark's mechanism, means across its
+# domain, N = 500-20,000) at 82% of the cost; 1e-4 changed one of them (2026-12-05).
+CROSS_VALIDATION_TOLERANCE = 1e-5
 # A fit to a tight tolerance is taken by SQUAREM to POLISH_FROM, then by Newton steps on
 # its fixed point (``_polish``): SQUAREM converges linearly, slowly where M blurs much (an
 # EMS fit at eps = 1 took 100-230 accelerated steps to 1e-6), while Newton converges
@@ -150,13 +154,11 @@ def _em_step_predicted(weights, transposed, p, smoothing, circular, out, ratio, 
 
 
 @njit(cache=True, nogil=True)
-def _squarem(weights, matrix, transposed, p, smoothing, circular, tolerance, max_steps,
-             watched, vanished):
+def _squarem(weights, matrix, transposed, p, smoothing, circular, tolerance, max_steps):
     """SQUAREM (S3) iterations of ``_em_step`` from p, in place; returns the steps taken.
 
     Stops when the log-likelihood gains less than ``tolerance`` per report and
-    p moves by less than ``tolerance`` in L1 over one accelerated step, or when p's
-    mass on the ``watched`` bins is below ``vanished``.  M p of the point each step
+    p moves by less than ``tolerance`` in L1 over one accelerated step.  M p of the point each step
     moves to is kept from its likelihood for the next step's EM step (7 products
     with M an iteration instead of 8)."""
     k_out, k_in = matrix.shape
@@ -206,12 +208,6 @@ def _squarem(weights, matrix, transposed, p, smoothing, circular, tolerance, max
         current = extrapolated
         if gain < tolerance and moved < tolerance:
             return step + 1
-        mass = 0.0
-        for i in range(k_in):
-            if watched[i]:
-                mass += p[i]
-        if mass < vanished:
-            return step + 1
     return max_steps
 
 
@@ -219,17 +215,16 @@ def _squarem(weights, matrix, transposed, p, smoothing, circular, tolerance, max
 
 def reconstruct(counts, matrix: np.ndarray, *, smoothing: float = 1.0, circular: bool = False,
                 start: np.ndarray | None = None, tolerance: float = 1e-9,
-                max_steps: int = 2_000, watched: np.ndarray | None = None,
-                vanished: float = 0.0, polish: bool = True) -> np.ndarray:
+                max_steps: int = 2_000, polish: bool = True) -> np.ndarray:
     """Reconstructed probabilities of the input bins (sum 1); uniform with no data.
 
     ``smoothing`` in [0, 1] (1: EMS, 0: maximum likelihood); ``start``: where
-    the iterations begin (a previous fit converges in a few steps); ``watched``
-    (a mask of input bins) and ``vanished``: stop as soon as the fit's mass on those
-    bins is below ``vanished`` (where only that mass matters to the caller).
-    ``polish``: a smoothed fit to a tolerance below POLISH_FROM ends with Newton steps
-    on its fixed point (``_polish``); False keeps to accelerated EM steps, for fits
-    whose step budget is part of their meaning (the bootstrap's refits)."""
+    the iterations begin (a previous fit converges in a few steps).  ``polish``: a
+    smoothed fit to a tolerance below POLISH_FROM ends with Newton steps on its fixed point
+    (``_polish``); False keeps to accelerated EM steps, for fits whose step budget is part
+    of their meaning (the bootstrap's refits).  The maximum likelihood itself is
+    ``maximum_likelihood``'s: smoothing 0 here is plain (accelerated) EM, which converges
+    slowly where that fit lies on the simplex's boundary."""
     if not 0.0 <= smoothing <= 1.0:
         raise ValueError(f"smoothing must be in [0, 1], got {smoothing!r}")
     counts = np.asarray(counts, dtype=np.float64)
@@ -242,17 +237,12 @@ def reconstruct(counts, matrix: np.ndarray, *, smoothing: float = 1.0, circular:
     if total <= 0:
         return p
     p /= p.sum()
-    if watched is None:
-        watched = np.zeros(k_in, dtype=np.bool_)
-    elif watched.shape != (k_in,):
-        raise ValueError(f"watched must have {k_in} entries, got {watched.shape}")
     # The maximum likelihood (smoothing 0) is not polished: its fixed point lies on the
     # simplex's boundary, where Newton steps leave it.
-    polish = polish and smoothing > 0.0 and tolerance < POLISH_FROM and not vanished
+    polish = polish and smoothing > 0.0 and tolerance < POLISH_FROM
     weights, transposed = counts / total, np.ascontiguousarray(matrix.T)
-    watched = np.asarray(watched, dtype=np.bool_)
     steps = _squarem(weights, matrix, transposed, p, float(smoothing), bool(circular),
-                     POLISH_FROM if polish else tolerance, max_steps, watched, float(vanished))
+                     POLISH_FROM if polish else tolerance, max_steps)
     if polish and steps < max_steps:
         polished = _polish(weights, matrix, transposed, p, float(smoothing), bool(circular),
                            tolerance)
@@ -260,7 +250,7 @@ def reconstruct(counts, matrix: np.ndarray, *, smoothing: float = 1.0, circular:
             return polished
         # Newton left the simplex, or did not converge: accelerated EM steps from there.
         _squarem(weights, matrix, transposed, p, float(smoothing), bool(circular),
-                 tolerance, max_steps - steps, watched, float(vanished))
+                 tolerance, max_steps - steps)
     return p
 
 
@@ -297,6 +287,214 @@ def _polish(weights, matrix, transposed, p, smoothing, circular, tolerance):
             return None
         p, current, size = moved, following, following_size
     return p if size <= tolerance else None
+
+
+# -- the maximum likelihood -------------------------------------------------------------------
+# The distribution over the input bins that makes the reports most likely is on the simplex's
+# boundary wherever M blurs (a mixture's maximum likelihood has few support points), where
+# EM converges sublinearly: near a domain's end it ran to its 2,000-step cap.  It is the
+# minimum over p >= 0 of the convex
+#     phi(p) = -sum_j w_j log (M p)_j + sum_i p_i,
+# whose minimum has sum p = 1 (at a stationary point sum_i p_i dphi/dp_i = 0 gives
+# sum p = sum w), so the simplex is only the bounds p >= 0 (the support reduction of
+# Groeneboom, Jongbloed and Wellner, "The support reduction algorithm for computing
+# non-parametric function estimates in mixture models", Scand. J. Statistics 2008).
+# Those bounds are handled by projected Newton steps (Bertsekas, "Projected Newton methods
+# for optimization problems with simple constraints", SIAM J. Control Optim. 1982): a
+# Newton step on the bins not held at 0, a gradient step on the others, projected on
+# p >= 0, with Armijo backtracking along the projection.  It identifies the support in a
+# few steps and then converges quadratically.
+ML_TOLERANCE = 1e-10  # max_i |p_i - max(p_i - dphi/dp_i, 0)|: the optimality conditions
+ML_MAX_STEPS = 100
+_ARMIJO = 1e-4
+_HOLD_BELOW = 1e-3  # bins closer to 0 than this (and the residual) whose gradient is positive
+
+
+@njit(cache=True, nogil=True, fastmath=REASSOCIATE)
+def _objective(weights, matrix, p, q):
+    """phi(p) (see above), with q = M p written; +inf where a report gets probability 0."""
+    k_out, k = matrix.shape
+    value = 0.0
+    for i in range(k):
+        value += p[i]
+    for j in range(k_out):
+        total = 0.0
+        for i in range(k):
+            total += matrix[j, i] * p[i]
+        q[j] = total
+        if weights[j] > 0.0:
+            if total <= 0.0:
+                return np.inf
+            value -= weights[j] * np.log(total)
+    return value
+
+
+@njit(cache=True, nogil=True, fastmath=REASSOCIATE)
+def _free_hessian(weights, matrix, q, free, nf, hessian):
+    """hessian[:nf, :nf] = d2 phi / dp_a dp_b over the free bins: M_F^T diag(w / q^2) M_F."""
+    hessian[:nf, :nf] = 0.0
+    for j in range(matrix.shape[0]):
+        if weights[j] > 0.0:
+            c = weights[j] / (q[j] * q[j])
+            for a in range(nf):
+                ma = c * matrix[j, free[a]]
+                for b in range(a + 1):
+                    hessian[a, b] += ma * matrix[j, free[b]]
+    for a in range(nf):
+        for b in range(a):
+            hessian[b, a] = hessian[a, b]
+
+
+@njit(cache=True, nogil=True)
+def _cholesky(hessian, nf, factor):
+    """factor[:nf, :nf] lower triangular with L L^T = hessian[:nf, :nf] + ridge I, the
+    ridge the smallest of 0, 1e-12, 1e-10, ... times the largest diagonal entry that
+    keeps every pivot positive (bins whose columns of M nearly coincide make the
+    Hessian nearly singular)."""
+    scale = 0.0
+    for a in range(nf):
+        scale = max(scale, hessian[a, a])
+    ridge = 0.0
+    while True:
+        positive = True
+        for a in range(nf):
+            for b in range(a + 1):
+                s = hessian[a, b] + (ridge if a == b else 0.0)
+                for c in range(b):
+                    s -= factor[a, c] * factor[b, c]
+                if a == b:
+                    if not s > 0.0:
+                        positive = False
+                        break
+                    factor[a, a] = np.sqrt(s)
+                else:
+                    factor[a, b] = s / factor[b, b]
+            if not positive:
+                break
+        if positive:
+            return
+        ridge = 1e-12 * scale if ridge == 0.0 else ridge * 100.0
+
+
+@njit(cache=True, nogil=True)
+def _solve_cholesky(factor, nf, rhs, out, scratch):
+    """out[:nf] = (L L^T)^-1 rhs[:nf]."""
+    for a in range(nf):
+        s = rhs[a]
+        for b in range(a):
+            s -= factor[a, b] * scratch[b]
+        scratch[a] = s / factor[a, a]
+    for a in range(nf - 1, -1, -1):
+        s = scratch[a]
+        for b in range(a + 1, nf):
+            s -= factor[b, a] * out[b]
+        out[a] = s / factor[a, a]
+
+
+@njit(cache=True, nogil=True, fastmath=REASSOCIATE)
+def _projected_newton(weights, matrix, transposed, p, tolerance, max_steps):
+    """Projected Newton steps on phi from p (p >= 0), in place; returns the steps taken
+    (max_steps if the optimality conditions did not reach ``tolerance``).  ``transposed``
+    is M.T, contiguous."""
+    k_out, k = matrix.shape
+    q, trial_q, ratio = np.empty(k_out), np.empty(k_out), np.empty(k_out)
+    gradient, trial, direction = np.empty(k), np.empty(k), np.empty(k)
+    rhs, solved, scratch = np.empty(k), np.empty(k), np.empty(k)
+    hessian, factor = np.empty((k, k)), np.empty((k, k))
+    free = np.empty(k, dtype=np.int64)
+    value = _objective(weights, matrix, p, q)
+    for step in range(max_steps):
+        for j in range(k_out):
+            ratio[j] = weights[j] / q[j] if weights[j] > 0.0 else 0.0
+        for i in range(k):
+            acc = 0.0
+            for j in range(k_out):
+                acc += transposed[i, j] * ratio[j]
+            gradient[i] = 1.0 - acc
+        residual = 0.0
+        for i in range(k):
+            residual = max(residual, abs(p[i] - max(p[i] - gradient[i], 0.0)))
+        if residual <= tolerance:
+            return step
+        # Held at 0: the bins next to it that the gradient pushes there; the others free.
+        hold = min(_HOLD_BELOW, residual)
+        nf = 0
+        for i in range(k):
+            direction[i] = -gradient[i]
+            if not (p[i] <= hold and gradient[i] > 0.0):
+                free[nf] = i
+                rhs[nf] = -gradient[i]
+                nf += 1
+        _free_hessian(weights, matrix, q, free, nf, hessian)
+        _cholesky(hessian, nf, factor)
+        _solve_cholesky(factor, nf, rhs, solved, scratch)
+        for a in range(nf):
+            direction[free[a]] = solved[a]
+        # Armijo along the projection arc; the rounding of phi is allowed for, so that
+        # the last steps, whose decrease is below it, are taken.
+        alpha, new = 1.0, np.inf
+        for _ in range(60):
+            decrease = 0.0
+            for i in range(k):
+                trial[i] = max(p[i] + alpha * direction[i], 0.0)
+                decrease += gradient[i] * (p[i] - trial[i])
+            new = _objective(weights, matrix, trial, trial_q)
+            if value - new >= _ARMIJO * decrease - 1e-14 * abs(value):
+                break
+            alpha *= 0.5
+        else:
+            return step  # no step decreases phi beyond its rounding: as close as it gets
+        p[:] = trial
+        q[:] = trial_q
+        value = new
+    return max_steps
+
+
+def _distinct_columns(matrix: np.ndarray) -> np.ndarray:
+    """The first of each run of equal columns of M (bins whose reports are distributed
+    alike, as inside a flat end of classical OGPM): no fit can tell them apart, and the
+    maximum likelihood puts their mass on the first of them."""
+    same = np.all(np.abs(np.diff(matrix, axis=1)) <= 1e-12, axis=0)
+    return np.flatnonzero(np.concatenate([[True], ~same]))
+
+
+def maximum_likelihood(counts, matrix: np.ndarray, *, start: np.ndarray | None = None,
+                       on_support: bool = False, tolerance: float = ML_TOLERANCE,
+                       max_steps: int = ML_MAX_STEPS) -> np.ndarray:
+    """The input bins' probabilities that make the reports most likely (see above); where
+    neighbouring bins have equal columns of M, their mass is on the first of them.
+    ``counts``: one row of report counts per output bin, or many (one fit a row: the
+    bootstrap's resamples).  ``start``: where the steps begin (a fit of similar reports
+    converges in a few steps), uniform where it is not given or gives a reported bin
+    probability 0.  ``on_support``: only the bins ``start`` gives mass are fitted, the
+    others stay at 0 (the bootstrap's refits: EM's steps from a fit, which keep its zeros,
+    gave the estimators' intervals the coverage they have).  Uniform with no reports."""
+    counts = np.asarray(counts, dtype=np.float64)
+    matrix = np.ascontiguousarray(matrix, dtype=np.float64)
+    if counts.shape[-1:] != (matrix.shape[0],) or counts.ndim > 2:
+        raise ValueError(f"counts must have {matrix.shape[0]} entries a row, got {counts.shape}")
+    k_in = matrix.shape[1]
+    distinct = _distinct_columns(matrix)
+    begin = np.full(distinct.size, 1.0 / distinct.size)
+    if start is not None:
+        given = np.add.reduceat(np.asarray(start, dtype=np.float64), distinct)
+        reported = counts.reshape(-1, matrix.shape[0]).any(axis=0)
+        if (matrix[:, distinct] @ given)[reported].min() > 0.0:  # else phi is infinite there
+            begin = given
+            if on_support:
+                distinct, begin = distinct[given > 0.0], given[given > 0.0]
+    reduced = np.ascontiguousarray(matrix[:, distinct])
+    transposed = np.ascontiguousarray(reduced.T)
+    fits = np.zeros((counts.size // matrix.shape[0], k_in))
+    for row, one in zip(fits, counts.reshape(fits.shape[0], -1)):
+        total = one.sum()
+        if total <= 0:
+            row[:] = 1.0 / k_in
+            continue
+        p = begin.copy()
+        _projected_newton(one / total, reduced, transposed, p, float(tolerance), int(max_steps))
+        row[distinct] = p / p.sum()
+    return fits if counts.ndim == 2 else fits[0]
 
 
 def fit_response(counts, matrix: np.ndarray, p: np.ndarray, *, smoothing: float,
@@ -403,7 +601,7 @@ def choose_smoothing(counts, matrix: np.ndarray, *, circular: bool = False,
         score = 0.0
         for f, (fit, held) in enumerate(folds):
             starts[f] = reconstruct(fit, matrix, smoothing=smoothing, circular=circular,
-                                    start=starts[f], tolerance=1e-7,
+                                    start=starts[f], tolerance=CROSS_VALIDATION_TOLERANCE,
                                     max_steps=CROSS_VALIDATION_STEPS, polish=False)
             score += _log_likelihood(held / held.sum(), matrix, starts[f])
         if scores and score < max(scores):
