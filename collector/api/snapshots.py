@@ -4,6 +4,11 @@ own, and serialised once for every request and event stream.
 Under the collector's lock a snapshot only takes a copy of the aggregates
 (``SnapshotSource.capture``); it computes the documents outside the lock
 (``SnapshotSource.documents``), so no number of viewers slows ingestion.
+
+A channel's history points, most of its documents' bytes, are serialised once: each is
+computed once and kept (the same object from push to push while its sums stay), so the
+JSON of a channel's points is kept with the points it was written from and written again
+only when one of them is another object (``_points_json``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 from prometheus_client.core import Metric
 
 from collector.api.documents import Documents, SnapshotSource
@@ -59,6 +65,9 @@ class Snapshots:
         self.failing = False
         self.errors = 0  # failed computations
         self._computing = threading.Lock()  # one computation at a time
+        # Per channel: the history points last serialised (held, so that each is the
+        # object it was while compared by identity) and their JSON.
+        self._points: dict[str, tuple[tuple, msgspec.Raw]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -97,11 +106,14 @@ class Snapshots:
             try:
                 capture = self.source.capture()
                 documents = self.source.documents(capture)
+                points = {name: self._points_json(name, history["points"])
+                          for name, history in documents.histories.items()}
+                self._points = {name: self._points[name] for name in points}
                 snapshot = Snapshot(
                     t=capture.t, channels=to_json(documents.channels),
-                    channel_details={name: to_json(detail)
+                    channel_details={name: to_json({**detail, "windows": points[name]})
                                      for name, detail in documents.channel_details.items()},
-                    histories={name: to_json(history)
+                    histories={name: to_json({**history, "points": points[name]})
                                for name, history in documents.histories.items()},
                     range=to_json(documents.range),
                     rejects=to_json({"recent": documents.dead_letters}),
@@ -121,3 +133,15 @@ class Snapshots:
         for callback in self._subscribers:
             callback()
         return snapshot
+
+    def _points_json(self, name: str, points: list) -> msgspec.Raw:
+        """The JSON of a channel's history points (its detail's ``windows``, its history's
+        ``points``: the same list), written again only where a point is not the object
+        last written."""
+        kept = self._points.get(name)
+        if kept is not None and len(kept[0]) == len(points) and all(
+                old is new for old, new in zip(kept[0], points)):
+            return kept[1]
+        raw = msgspec.Raw(to_json(points))
+        self._points[name] = (tuple(points), raw)
+        return raw

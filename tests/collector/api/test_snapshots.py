@@ -8,7 +8,9 @@ import time
 
 from collector.aggregation.ingest import Ingestor
 from collector.aggregation.series import Series
+from collector.api import snapshots as snapshots_module
 from collector.api.documents import Views
+from collector.api.snapshots import Snapshots
 from collector.estimation.jsonsafe import json_safe
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM
@@ -174,3 +176,38 @@ def test_snapshot_documents_equal_the_views_under_the_lock():
                               codes=[5, 6], mechanism=mechanism)
     assert ingestor.ingest(protocol.data_topic("demo", "w1", "x"), payload, 200.0) == "accepted"
     same(views.documents(views.capture()))
+
+
+def test_a_channels_points_are_serialised_again_only_when_they_change(monkeypatch):
+    """Each push's bytes are those of its documents, as if everything were serialised
+    afresh; a channel's history points are written once, and again only after one of them
+    was computed again (a late report in a window already estimated)."""
+    ingestor = report_ingestor()
+    views = Views(lambda: ingestor, clock=lambda: 300.0, budget_seconds=None)
+    snapshots = Snapshots(views, push_seconds=PUSH)
+    written = []
+    real = snapshots_module.to_json
+    monkeypatch.setattr(snapshots_module, "to_json",
+                        lambda value: written.append(value) or real(value))
+
+    def pushed():
+        written.clear()
+        snapshot = snapshots.refresh()
+        documents = snapshot.documents
+        assert snapshot.channel_details["x"] == real(documents.channel_details["x"])
+        assert snapshot.histories["x"] == real(documents.histories["x"])
+        assert snapshot.channels == real(documents.channels)
+        points = documents.histories["x"]["points"]
+        return points, sum(value is points for value in written)
+
+    points, writes = pushed()
+    assert len(points) >= 2 and writes == 1
+    again, writes = pushed()
+    assert writes == 0 and all(a is b for a, b in zip(points, again))
+    mechanism = ClassicalOGPM(epsilon=1.0, low=0.0, high=1.0).describe()
+    payload = protocol.report(agent="w1", channel="x", kind="linear", seq=99, t=150.0, dt=1,
+                              codes=[5, 6], mechanism=mechanism)  # the newest window's
+    assert ingestor.ingest(protocol.data_topic("demo", "w1", "x"), payload, 200.0) == "accepted"
+    changed, writes = pushed()
+    assert writes == 1 and changed[-1] != points[-1]
+    assert all(a is b for a, b in zip(points[:-1], changed[:-1]))
