@@ -26,6 +26,7 @@ from collector.aggregation.ingest import Ingestor
 from collector.api.documents import ESTIMATE_SHARE, Views
 from collector.api.server import WebServer
 from collector.api.snapshots import Snapshots
+from collector.api.workers import EstimateWorkers, available_cores
 from collector.broker.publisher import CollectorClient
 from collector.config import CollectorConfig
 from collector.range.results import RangeResults
@@ -55,11 +56,15 @@ class ServingFront:
             limit=config.limits.range_results)
         follow = {protocol.range_result_subscription(config.fleet): self.range_results.on_message}
         self.client = CollectorClient(config, role=role, label=label, follow=follow)
+        workers = config.aggregates.estimate_workers
+        if workers == "auto":
+            workers = available_cores()
         self.views = Views(aggregates, lock, clock,
                            broker_status=broker_status or self.client.status,
                            range_results=self.range_results.get,
                            range_ignored=self.range_results.ignored_counts, extra=extra,
-                           budget_seconds=ESTIMATE_SHARE * config.http.push_seconds)
+                           budget_seconds=ESTIMATE_SHARE * config.http.push_seconds,
+                           workers=EstimateWorkers(workers) if workers and web else None)
         self.snapshots = self.web = None
         if web:
             self.snapshots = Snapshots(self.views, push_seconds=config.http.push_seconds)
@@ -93,6 +98,7 @@ class ServingFront:
         if self.snapshots is not None:
             self.web.stop()
             self.snapshots.stop()
+        self.views.stop()
         self.client.stop()
 
     def latest_channels(self) -> dict:

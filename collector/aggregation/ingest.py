@@ -463,6 +463,14 @@ class Ingestor:
             if series is not None:
                 series.keep(computed.series[identity[0]][identity], keys)
 
+    def keep_results(self, results) -> None:
+        """Take estimates computed elsewhere (``(identity, key, result)``, a worker
+        process's ``Series.estimated``), where the sums still count what they are of."""
+        for identity, key, result in results:
+            series = self.series.get(identity[0], {}).get(identity)
+            if series is not None:
+                series.keep_result(key, result)
+
     def adopt(self, earlier: Ingestor) -> None:
         """Take what ``earlier`` computed for the same series (the merge view's previous
         merge), where the sums count the same."""

@@ -503,20 +503,41 @@ class Series:
         """Take what ``computed`` (a detached copy) computed for ``keys``, where these sums
         have not counted more since."""
         for key in keys:
-            if key is TOTAL:
-                if computed.summary is not None and computed.summary[0] == self.count():
-                    self.summary = computed.summary
-                    self.changed.discard(TOTAL)
-                continue
-            theirs = computed._done(key).get(key)
-            if not self._has(key) or theirs is None:
-                continue
-            if theirs[0] == self.window_count(key):
-                self._done(key)[key] = theirs
-                self.changed.discard(key)
-            if isinstance(key, tuple):  # an open coarser window's, as of now (stale())
-                self.coarse_points[key] = theirs
-                self._coarse_at[key] = max(self.windows, default=None)
+            theirs = computed.summary if key is TOTAL else computed._done(key).get(key)
+            if theirs is not None:
+                self.keep_result(key, theirs)
+
+    def keep_result(self, key: Key, result: tuple[int, Any]) -> None:
+        """Take ``result`` ((count, estimates), as ``estimated`` gives it: computed
+        elsewhere, a worker process's) for ``key``, where these sums count what it is of."""
+        if key is TOTAL:
+            if result[0] == self.count():
+                self.summary = result
+                self.changed.discard(TOTAL)
+            return
+        if not self._has(key):
+            return
+        if result[0] == self.window_count(key):
+            self._done(key)[key] = result
+            self.changed.discard(key)
+        if isinstance(key, tuple):  # an open coarser window's, as of now (stale())
+            self.coarse_points[key] = result
+            self._coarse_at[key] = max(self.windows, default=None)
+
+    def bare(self, key: Key) -> Series:
+        """A copy holding the sums of ``key``'s window alone and nothing computed: what a
+        worker process needs to estimate it (``estimated``), small to send."""
+        twin = self.detach([key])
+        twin.agents, twin.summary, twin.sealed = set(), None, {}
+        twin.points, twin.coarse_points, twin._coarse_at = {}, {}, {}
+        twin._starts = twin._level_starts = None
+        twin.changed = {key}
+        return twin
+
+    def estimated(self, key: Key) -> tuple[int, Any]:
+        """Compute ``key``'s estimates and give them as ``keep_result`` takes them."""
+        self.compute(key)
+        return self.summary if key is TOTAL else self._done(key)[key]
 
     def adopt(self, earlier: Series) -> None:
         """Take what ``earlier`` (the same series, e.g. merged from partitions before they

@@ -23,6 +23,7 @@ under the lock (for a collector without a web server, and tests).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -34,6 +35,7 @@ import msgspec
 
 from collector.aggregation.ingest import Ingestor
 from collector.aggregation.series import TOTAL, series_type
+from collector.api.workers import EstimateWorkers
 from collector.results.durations import duration_name
 from collector.results.store import SeriesRecord
 from edge_agent.protocol import as_dict
@@ -74,7 +76,8 @@ class Estimates:
 
     computed: int  # totals and windows estimated
     seconds: float  # the time that took
-    pending: int  # changed, not computed yet (waiting for a later push's budget)
+    pending: int  # changed, not computed yet (for a later push's budget, or the workers)
+    by_workers: int = 0  # of ``computed``, by the worker processes
 
 
 class SnapshotSource(Protocol):
@@ -169,9 +172,12 @@ class Work:
     first_seconds: float = 0.0  # the plan's first part
     later_seconds: float = 0.0  # the rest, within the budget
     left: int = 0  # changed and not computed (at a later push)
+    beyond: list[tuple[tuple, Any]] = field(default_factory=list)  # the later part's past
+    # the budget (of ``left``): what worker processes may compute
 
 
-def plan(ingestor: Ingestor, later_limit: int | None) -> Plan:
+def plan(ingestor: Ingestor, later_limit: int | None,
+         elsewhere: set[tuple[tuple, Any]] = frozenset()) -> Plan:
     """What to compute of ``ingestor`` (taken under the collector's lock: it costs what
     changed, ``Series.stale``, not what the history holds), most urgent first:
 
@@ -180,8 +186,8 @@ def plan(ingestor: Ingestor, later_limit: int | None) -> Plan:
     3. older windows, newest first, of the channels of many agents, then of the others.
 
     The first part is 1; the later part is 2 and 3, at most ``later_limit`` keys (None:
-    no limit).  Only a channel's newest series is computed (the others show only their
-    counts)."""
+    no limit), none of those computed ``elsewhere`` (worker processes: (identity, key)).
+    Only a channel's newest series is computed (the others show only their counts)."""
     latest = sorted((ingestor.series[name][ingestor.latest[name]] for name in ingestor.series),
                     key=lambda series: -len(series.agents))
     stale = [(series, series.stale()) for series in latest]
@@ -204,6 +210,8 @@ def plan(ingestor: Ingestor, later_limit: int | None) -> Plan:
     later += rest
     for series, keys in few:
         later += [(series.identity, key) for key in split(series, keys)[1]]
+    if elsewhere:
+        later = [item for item in later if item not in elsewhere]
     total = len(first) + len(later)
     if later_limit is not None:
         later = later[:later_limit]
@@ -227,7 +235,8 @@ def compute(ingestor: Ingestor, work_plan: Plan, budget: float | None) -> Work:
     deadline = None if budget is None else started + budget
     for i, (identity, key) in enumerate(work_plan.later):
         if deadline is not None and time.perf_counter() > deadline:
-            work.left += len(work_plan.later) - i
+            work.beyond = work_plan.later[i:]
+            work.left += len(work.beyond)
             break
         run(identity, key)
     work.later_seconds = time.perf_counter() - started - work.first_seconds
@@ -302,11 +311,14 @@ class Views:
                  range_results: Callable[[], dict] | None = None,
                  range_ignored: Callable[[], dict] | None = None,
                  extra: Callable[[], dict] | None = None,
-                 budget_seconds: float | None = ESTIMATE_SHARE):
+                 budget_seconds: float | None = ESTIMATE_SHARE,
+                 workers: EstimateWorkers | None = None):
         """``extra``: more top-level fields for /api/channels (the merge view's
         ``partitions`` and ``partition_rejects``, docs/reference/API.md).  ``broker_status``,
         ``range_results`` and ``extra`` keep their own locks: snapshots ask them
-        without holding ``lock``."""
+        without holding ``lock``.  ``workers``: the history a push's budget leaves goes to
+        these processes (started only then: a collector whose pushes keep up has none;
+        ``stop`` stops them)."""
         self._get = get_ingestor
         self._extra = extra or dict
         self._lock = lock or threading.RLock()
@@ -315,6 +327,7 @@ class Views:
         self._range_results = range_results or dict
         self._range_ignored = range_ignored or dict
         self.budget_seconds = budget_seconds
+        self.workers = workers
         self.last_work: Work | None = None  # what the latest computation did
         self.estimates = Estimates(computed=0, seconds=0.0, pending=0)
 
@@ -323,7 +336,15 @@ class Views:
         with self._lock:
             held = time.perf_counter()
             live = self._get()
-            work_plan = plan(live, self._later_limit())
+            elsewhere = frozenset()
+            if self.workers is not None:
+                results, seconds = self.workers.finished()
+                live.keep_results(results)
+                self._count_estimates(len(results), seconds)
+                self.estimates = dataclasses.replace(
+                    self.estimates, by_workers=self.estimates.by_workers + len(results))
+                elsewhere = self.workers.in_flight()
+            work_plan = plan(live, self._later_limit(), elsewhere)
             aggregates = live.copy_aggregates(work_plan.keys())
             now = self._clock()
             lock_seconds = time.perf_counter() - held
@@ -334,25 +355,41 @@ class Views:
 
     def _later_limit(self) -> int | None:
         """How many of the later estimates a push copies: what its budget is likely to
-        compute, twice over (at least ``LATER_AT_LEAST``), so that the copy taken under
-        the lock costs what will be computed."""
+        compute, twice over (at least ``LATER_AT_LEAST``), and as many as the workers take
+        more, so that the copy taken under the lock costs what will be computed."""
         if self.budget_seconds is None:
             return None
-        if not self.estimates.computed:
-            return LATER_AT_LEAST
-        per_estimate = self.estimates.seconds / self.estimates.computed
-        return max(LATER_AT_LEAST, math.ceil(2 * self.budget_seconds / max(per_estimate, 1e-4)))
+        within = LATER_AT_LEAST
+        if self.estimates.computed:
+            per_estimate = self.estimates.seconds / self.estimates.computed
+            within = max(within, math.ceil(2 * self.budget_seconds / max(per_estimate, 1e-4)))
+        return within + (self.workers.capacity if self.workers is not None else 0)
 
     def documents(self, capture: Capture) -> Documents:
         ingestor, work_plan, broker, ranges, extra = capture.content
         self.last_work = work = compute(ingestor, work_plan, self.budget_seconds)
+        if self.workers is not None:  # what the budget left, to the workers
+            for identity, key in work.beyond:
+                self.workers.submit(identity, key,
+                                    ingestor.series[identity[0]][identity].bare(key))
+            work.left -= len(work.beyond)
         with self._lock:  # kept where the sums have not counted more meanwhile
             self._get().keep(ingestor, work.done)
-        self.estimates = Estimates(
-            computed=self.estimates.computed + sum(len(keys) for keys in work.done.values()),
-            seconds=self.estimates.seconds + work.first_seconds + work.later_seconds,
-            pending=work.left)
+        self._count_estimates(sum(len(keys) for keys in work.done.values()),
+                              work.first_seconds + work.later_seconds)
+        pending = work.left + (len(self.workers.in_flight()) if self.workers else 0)
+        self.estimates = dataclasses.replace(self.estimates, pending=pending)
         return self._documents(ingestor, capture.t, broker, ranges, extra, self.estimates)
+
+    def _count_estimates(self, computed: int, seconds: float) -> None:
+        self.estimates = dataclasses.replace(
+            self.estimates, computed=self.estimates.computed + computed,
+            seconds=self.estimates.seconds + seconds)
+
+    def stop(self) -> None:
+        """Stop the worker processes, if any."""
+        if self.workers is not None:
+            self.workers.stop()
 
     # -- documents at once, under the lock --------------------------------------------------------
     def channels_json(self) -> dict:

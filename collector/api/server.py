@@ -154,8 +154,12 @@ class ServerMetrics(Collector):
                                           value=estimates.seconds)
                 yield GaugeMetricFamily(
                     "ldp_estimates_pending", "Estimates whose sums changed, left for the "
-                    "next pushes (older windows, channels of few agents).",
-                    value=estimates.pending)
+                    "next pushes or with the worker processes (older windows, channels of "
+                    "few agents).", value=estimates.pending)
+                yield CounterMetricFamily(
+                    "ldp_estimates_by_workers_total", "Of ldp_estimates_total, those computed "
+                    "by worker processes ([aggregates] estimate_workers).",
+                    value=estimates.by_workers)
 
 
 # -- the app ------------------------------------------------------------------------------------

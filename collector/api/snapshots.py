@@ -106,15 +106,15 @@ class Snapshots:
             try:
                 capture = self.source.capture()
                 documents = self.source.documents(capture)
-                points = {name: self._points_json(name, history["points"])
-                          for name, history in documents.histories.items()}
-                self._points = {name: self._points[name] for name in points}
+                details = {name: self._with_points(name, detail, "windows")
+                           for name, detail in documents.channel_details.items()}
+                histories = {name: self._with_points(name, history, "points")
+                             for name, history in documents.histories.items()}
+                self._points = {name: self._points[name] for name in self._points
+                                if name in details or name in histories}
                 snapshot = Snapshot(
                     t=capture.t, channels=to_json(documents.channels),
-                    channel_details={name: to_json({**detail, "windows": points[name]})
-                                     for name, detail in documents.channel_details.items()},
-                    histories={name: to_json({**history, "points": points[name]})
-                               for name, history in documents.histories.items()},
+                    channel_details=details, histories=histories,
                     range=to_json(documents.range),
                     rejects=to_json({"recent": documents.dead_letters}),
                     metrics=tuple(document_metrics(documents.channels)),
@@ -133,6 +133,13 @@ class Snapshots:
         for callback in self._subscribers:
             callback()
         return snapshot
+
+    def _with_points(self, name: str, document: dict, key: str) -> bytes:
+        """The JSON of a channel's ``document``, its history points (under ``key``) from
+        ``_points_json``."""
+        if not isinstance(document.get(key), list):
+            return to_json(document)
+        return to_json({**document, key: self._points_json(name, document[key])})
 
     def _points_json(self, name: str, points: list) -> msgspec.Raw:
         """The JSON of a channel's history points (its detail's ``windows``, its history's

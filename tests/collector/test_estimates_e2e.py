@@ -10,12 +10,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import urllib.request
+
+import psutil
 
 from tests.support import CollectorProcess, MqttClient
 from tests.support import wait_for_api as wait_until  # every wait here asks the API
 from tests.support.burst import burst, channel_names, complete
+from tests.support.ports import HANG_GUARD_SECONDS
 
 WINDOWS = 13  # the test collector's minute of 5-s windows and the one under way
 VALUES = 20
@@ -106,5 +111,40 @@ def test_a_flood_of_invented_channels_waits_behind_the_fleets_channel(tmp_path, 
         assert wait_until(lambda: complete(collector.api(), counts), 600), \
             {name: (c["count"], c["state"]) for name, c in collector.api()["channels"].items()
              if name in counts and (c["count"], c["state"]) != (counts[name], "ready")}
+    finally:
+        collector.kill()
+
+
+def worker_processes(collector: CollectorProcess) -> list[psutil.Process]:
+    """The collector's estimate workers (spawned multiprocessing children)."""
+    return [child for child in psutil.Process(collector.process.pid).children(recursive=True)
+            if "multiprocessing" in " ".join(child.cmdline())]
+
+
+def test_a_bursts_history_is_estimated_by_worker_processes_that_end_with_the_collector(
+        tmp_path, mosquitto):
+    """More history than a push period's share computes (24 channels x 13 windows): what
+    the pushes leave goes to worker processes, every window ends estimated, and the
+    workers go when the collector is killed (SIGKILL to its own process only: nothing
+    tells them but the pipe that closes)."""
+    names = channel_names(24)
+    collector = CollectorProcess(tmp_path, mosquitto).start()
+    try:
+        publish(mosquitto, burst(channels=names, agents=AGENTS, windows=WINDOWS, values=VALUES,
+                                 window_seconds=5.0))
+        workers = []
+
+        def settled_watching() -> bool:
+            workers.extend(p for p in worker_processes(collector) if p not in workers)
+            return settled(collector, {name: len(AGENTS) * WINDOWS * VALUES for name in names})
+
+        assert wait_until(settled_watching)
+        assert collector.metric("ldp_estimates_by_workers_total") > 0
+        assert workers
+        workers.extend(p for p in worker_processes(collector) if p not in workers)
+        os.kill(collector.process.pid, signal.SIGKILL)
+        collector.process.wait(HANG_GUARD_SECONDS)
+        _, alive = psutil.wait_procs(workers, timeout=HANG_GUARD_SECONDS)
+        assert not alive, alive
     finally:
         collector.kill()
