@@ -11,9 +11,12 @@ hour of history: 61 windows) and push period (1 s).  For each ``--channels`` cou
   a complete API (the same documents, nothing computed again: ``ldp_estimates_total``
   of the new process is reported beside);
 * **cost**: the collector's own ``ldp_estimate_seconds_total`` / ``ldp_estimates_total``
-  (its mean time per estimate, a channel's total or one window), and the median time of
-  one window's estimate of this data, measured in this process (``Series.compute``);
-* **RSS**: the collector's process tree (main and network processes), after the burst;
+  (its mean time per estimate, a channel's total or one window; how many its estimate
+  workers computed), and the median and 95th percentile of one window's estimate in this
+  process (``Series.compute``), data in the middle of the domain and near an end;
+* **RSS**: the collector's process tree (main, network and estimate-worker processes)
+  after the burst and at most during it (sampled every 0.2 s), with its PSS (shared pages
+  counted once: the workers share the interpreter's libraries);
 * **flood** (``--flood``, at the first channel count): one device publishes under 300
   channel names (``[limits] channels = 256`` takes what fits) while 10 agents report a
   valid channel; the delay from a valid report acknowledged by the broker to the API
@@ -78,13 +81,24 @@ def tree_rss_mb(collector: CollectorProcess) -> float:
     return sum(p.memory_info().rss for p in [main, *main.children(recursive=True)]) / 2**20
 
 
-def window_estimate_ms(windows: int = 20) -> tuple[float, float]:
-    """Median and mean time of one window's estimate (50 agents x 50 values), in this
-    process, newest first as the collector computes a history."""
+def tree_pss_mb(collector: CollectorProcess) -> float:
+    """The tree's proportional set size: pages the processes share (the estimate workers'
+    libraries, numpy's, scipy's, numba's) counted once, split among them, where the RSS
+    counts them in each."""
+    main = psutil.Process(collector.process.pid)
+    return sum(p.memory_full_info().pss for p in [main, *main.children(recursive=True)]) / 2**20
+
+
+def window_estimate_ms(centre: float, windows: int = 60) -> tuple[float, float, float]:
+    """Median, 95th percentile and mean time of one window's estimate (50 agents x 50
+    values around ``centre``, sd 0.3), in this process, newest first as the collector
+    computes a history.  Near an end: ``centre`` 1.5, most of the data where classical
+    OGPM at eps 1 on [-2, 2] reports alike (beyond 1.245)."""
     series = new_series(kind="linear", channel="x", description=describe(MECHANISM))
     rng = np.random.default_rng(1)
     for w in range(windows + 1):
-        codes = MECHANISM.perturb_codes(rng.normal(0.2, 0.3, AGENTS * VALUES).clip(-2, 2), rng)
+        codes = MECHANISM.perturb_codes(rng.normal(centre, 0.3, AGENTS * VALUES).clip(-2, 2),
+                                        rng)
         series.update(agent="a", t=60.0 * w + 1, codes=codes)
     series.compute(0)  # compiled, tuned
     times = []
@@ -92,7 +106,8 @@ def window_estimate_ms(windows: int = 20) -> tuple[float, float]:
         began = time.perf_counter()
         series.compute(start)
         times.append(time.perf_counter() - began)
-    return 1000 * statistics.median(times), 1000 * statistics.fmean(times)
+    return (1000 * statistics.median(times), 1000 * float(np.percentile(times, 95)),
+            1000 * statistics.fmean(times))
 
 
 def valid_delays(broker: Mosquitto, collector: CollectorProcess, *, flood: bool,
@@ -157,13 +172,18 @@ def one_size(workdir: Path, broker: Mosquitto, channels: int, flood: bool) -> di
                                  **tables).start()
     try:
         began = time.monotonic()
-        sent = publish(broker, burst(channels=names, agents=agents, windows=WINDOWS))
-        published = time.monotonic()
-        if not wait_for_api(lambda: complete(collector.api(), expected), GUARD_SECONDS):
-            raise RuntimeError("the burst was never complete in the API")
+        with PeakRss(collector) as peak:
+            sent = publish(broker, burst(channels=names, agents=agents, windows=WINDOWS))
+            published = time.monotonic()
+            if not wait_for_api(lambda: complete(collector.api(), expected), GUARD_SECONDS):
+                raise RuntimeError("the burst was never complete in the API")
+            done = time.monotonic()
         result = {"channels": channels, "reports": sent, "publish": published - began,
-                  "burst": time.monotonic() - published, "rss": tree_rss_mb(collector),
+                  "burst": done - published, "rss": tree_rss_mb(collector),
+                  "pss": tree_pss_mb(collector), "rss_peak": peak.peak,
+                  "pss_peak": peak.pss_peak,
                   "estimates": collector.metric("ldp_estimates_total"),
+                  "by_workers": collector.metric("ldp_estimates_by_workers_total"),
                   "estimate_seconds": collector.metric("ldp_estimate_seconds_total")}
         history = collector.api(f"/api/channels/{names[0]}/history")
         assert history["state"] == "ready" and len(history["points"]) == WINDOWS, history
@@ -213,12 +233,14 @@ class PeakRss:
 
     def __init__(self, collector: CollectorProcess):
         self.collector, self.peak, self._stop = collector, 0.0, threading.Event()
+        self.pss_peak = 0.0
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
             try:
                 self.peak = max(self.peak, tree_rss_mb(self.collector))
+                self.pss_peak = max(self.pss_peak, tree_pss_mb(self.collector))
             except psutil.Error:  # a process of the tree ended between listing and reading
                 pass
 
@@ -242,7 +264,7 @@ def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256) -> dict
         with PeakRss(collector) as peak:
             found = _fill_the_limits(collector, broker, channels)
             time.sleep(65)  # one more checkpoint of the full state
-        return {**found, "rss_peak": peak.peak}
+        return {**found, "rss_peak": peak.peak, "pss_peak": peak.pss_peak}
     finally:
         collector.kill()
 
@@ -337,18 +359,21 @@ def main() -> int:
         finally:
             broker.stop()
     print(f"\nMachine: {describe_machine()}")
-    median, mean = window_estimate_ms()
-    print(f"estimate of one window (50 agents x 50 values, in-process): median "
-          f"{median:.2f} ms, mean {mean:.2f} ms\n")
+    for label, centre in (("in the middle", 0.2), ("near an end", 1.5)):
+        median, p95, mean = window_estimate_ms(centre)
+        print(f"estimate of one window (50 agents x 50 values, in-process), data {label}: "
+              f"median {median:.2f} ms, p95 {p95:.2f} ms, mean {mean:.2f} ms")
+    print()
     print("| channels | reports | burst: last publish to complete API | restart to complete "
           "API | estimates after restart | collector's time per estimate | RSS after burst "
-          "| RSS after restart |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| RSS peak during burst | RSS after restart |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         per = 1000 * r["estimate_seconds"] / r["estimates"] if r["estimates"] else float("nan")
         print(f"| {r['channels']} | {r['reports']:,} | {r['burst']:.1f} s | {r['restart']:.1f} s "
-              f"| {r['recomputed']:.0f} | {per:.2f} ms | {r['rss']:.0f} MB "
-              f"| {r['rss_restarted']:.0f} MB |")
+              f"| {r['recomputed']:.0f} | {per:.2f} ms ({r['by_workers']:.0f} by workers) "
+              f"| {r['rss']:.0f} MB (PSS {r['pss']:.0f}) | {r['rss_peak']:.0f} MB (PSS "
+              f"{r['pss_peak']:.0f}) | {r['rss_restarted']:.0f} MB |")
     if limits is not None:
         sums, kept = aggregates_at_the_limits_mb()
         print(f"\nat the default limits ({limits['channels']} channels x 16 series x "
@@ -356,7 +381,7 @@ def main() -> int:
               f"{limits['rejects']}): RSS {limits['rss']:.0f} MB (main process "
               f"{limits['rss_main']:.0f} MB, network child "
               f"{limits['rss'] - limits['rss_main']:.0f} MB), at most {limits['rss_peak']:.0f} "
-              f"MB meanwhile; in-process, the sums "
+              f"MB meanwhile (PSS at most {limits['pss_peak']:.0f} MB); in-process, the sums "
               f"{sums:.0f} MB, with every estimate kept {kept:.0f} MB; one linear series' "
               f"sums with {WINDOWS} windows of 50 values: {series_kilobytes():.0f} kB")
     for r in results:
