@@ -172,8 +172,8 @@ class Work:
     first_seconds: float = 0.0  # the plan's first part
     later_seconds: float = 0.0  # the rest, within the budget
     left: int = 0  # changed and not computed (at a later push)
-    beyond: list[tuple[tuple, Any]] = field(default_factory=list)  # the later part's past
-    # the budget (of ``left``): what worker processes may compute
+    # The later part past the budget (counted in ``left``): what worker processes may take.
+    beyond: list[tuple[tuple, Any]] = field(default_factory=list)
 
 
 def plan(ingestor: Ingestor, later_limit: int | None,
