@@ -83,12 +83,30 @@ def test_huge_and_jumping_sequence_numbers_stop_nothing_and_drop_nothing(tmp_pat
     assert again.terminate() == 0
 
 
+def connected_to(pid: int, port: int) -> bool:
+    """Whether ``pid`` holds a TCP connection to loopback ``port``: the network process
+    is the collector's only child with one (the estimate workers, spawned like it, hold
+    none)."""
+    sockets = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            sockets.add(target[len("socket:["):-1])
+    with open(f"/proc/{pid}/net/tcp") as table:
+        next(table)  # the header
+        return any(fields[2].endswith(f":{port:04X}") and fields[9] in sockets
+                   for fields in map(str.split, table))
+
+
 def kill_network_child_after_50(collector: CollectorProcess, publisher: MqttClient) -> None:
     """Seq 0-49 counted, then the collector's network process SIGKILLed."""
     send(publisher, range(50))
     assert wait_until(lambda: collector.api()["ingest"]["messages"] == 50, 30)
     (network,) = [pid for pid, command in children(collector.pid).items()
-                  if "spawn_main" in command]
+                  if "spawn_main" in command and connected_to(pid, publisher.broker.port)]
     os.kill(network, signal.SIGKILL)
 
 

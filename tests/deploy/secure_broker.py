@@ -12,13 +12,15 @@ import ipaddress
 import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, Mosquitto
+from tests.support import REPO, Mosquitto, wait_until
 
 CONF = REPO / "configs" / "mosquitto.conf"
 ACL = REPO / "configs" / "mosquitto.acl"
@@ -195,6 +197,28 @@ class SecureBroker(Mosquitto):
         super().__init__(workdir, graceful_stop=True)
         self.broker_log = workdir / "mosquitto.log"
         _readable_by_mosquitto(workdir)
+
+    def start(self) -> SecureBroker:
+        """Start, and return once a TLS handshake completes: Mosquitto 2.0 listens, drops
+        privileges and only then loads its certificate, so an open port is not yet a
+        broker serving the files it was started with (a test that replaced them in that
+        gap saw the new certificate before any reload)."""
+        super().start()
+        probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        probe.check_hostname = False
+        probe.verify_mode = ssl.CERT_NONE  # loaded is the question here, not trusted
+
+        def handshakes() -> bool:
+            try:
+                with socket.create_connection((self.host, self.port), timeout=1) as raw, \
+                        probe.wrap_socket(raw):
+                    return True
+            except OSError:  # ssl.SSLError is one
+                return False
+
+        if not wait_until(handshakes, 10, interval=0.05):
+            raise RuntimeError(f"mosquitto completes no TLS handshake: {self.log_text()[-2000:]}")
+        return self
 
     def configuration(self) -> str:
         return production_config(port=self.port, workdir=self.workdir, certs=self.certs,
