@@ -501,7 +501,7 @@ class Ingestor:
                 series.append(msgspec.Raw(encode(state)) if encoded else state)
         pending = [PendingBatch(flush, [
             PendingWindow(index[window.series.identity], window.span, window.start,
-                          window.delta, msgspec.Raw(window.series.blocks_state(window.blocks)))
+                          window.delta, msgspec.Raw(window.sums))
             for window in windows]) for flush, windows in sorted(self.pending.items())]
         return IngestorState(
             fleet=self.fleet, settings=self.settings(), rejects=dict(self.rejects),
@@ -572,9 +572,10 @@ class Ingestor:
                 if not window.series < len(loaded):
                     raise StateError(f"{where}.windows[{j}].series: not a series of the state")
                 series = loaded[window.series]
-                blocks = series.blocks_from(window.blocks, f"{where}.windows[{j}].blocks")
-                windows.append(ClosedWindow(series, window.span, window.start, blocks,
-                                            window.delta))
+                sums = bytes(window.blocks)  # a copy: not a view of the whole checkpoint
+                blocks = series.blocks_from(sums, f"{where}.windows[{j}].blocks")  # checked
+                windows.append(ClosedWindow(series, window.span, window.start, sums,
+                                            series._count(blocks), window.delta))
             self.pending[batch.flush] = windows
 
     def _check_totals(self, series: list[Series]) -> None:

@@ -11,7 +11,9 @@ before that call has changed anything, and that call goes on over a new connecti
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
+from collections.abc import Iterable
 
 from collector.results.store import SCHEMA, SqlResultsStore, StoreError
 
@@ -128,9 +130,11 @@ class _Cursor:
     def execute(self, sql: str, parameters: tuple = ()):
         return self._cursor.execute(_sql(sql), parameters)
 
-    def executemany(self, sql: str, rows: list):
-        if rows:
-            self._cursor.executemany(_sql(sql), rows)
+    def executemany(self, sql: str, rows: Iterable):
+        rows = iter(rows)
+        first = next(rows, None)
+        if first is not None:  # none: no statement at all
+            self._cursor.executemany(_sql(sql), itertools.chain((first,), rows))
 
     def fetchone(self):
         return self._cursor.fetchone()

@@ -84,23 +84,32 @@ class ResultsRecorder:
         keys = [SeriesRecord.of(window.series).key for window in windows]
         stored = self.store.read_sums([(key, window.span, window.start)
                                        for key, window in zip(keys, windows) if window.delta])
-        rows, estimates, series_records = [], [], {}
+        sums, estimates, series_records = [], [], {}
         for key, window in zip(keys, windows):
             series = window.series
             if key not in self._series_written:
                 series_records[key] = SeriesRecord.of(series)
-            blocks, point = window.blocks, window.point
+            encoded, point = window.sums, window.point
             earlier = stored.get((key, window.span, window.start))
-            if earlier is not None:
-                blocks = series.blocks_from(earlier, f"results {key}")
-                for name, block in blocks.items():
-                    block.merge(window.blocks[name])
-                point = None
-            if point is None:
-                point = series.estimate(blocks, window.span, window.start)
+            if earlier is not None or point is None:
+                blocks = window.blocks()
+                if earlier is not None:
+                    merged = series.blocks_from(earlier, f"results {key}")
+                    for name, block in blocks.items():
+                        merged[name].merge(block)
+                    blocks, point = merged, None
+                    encoded = series.blocks_state(blocks)
+                if point is None:
+                    point = series.estimate(blocks, window.span, window.start)
+            sums.append(encoded)
             estimates.append(point)
-            rows.append(WindowRow(key, window.span, window.start, point[0],
-                                  series.blocks_state(blocks), msgspec.json.encode(point[1])))
+
+        # Rows made as the store takes them: a batch can close every window of every series
+        # (a quarter of a million at the default limits), and all its rows at once were the
+        # collector's largest transient.
+        rows = (WindowRow(key, window.span, window.start, point[0], encoded,
+                          msgspec.json.encode(point[1]))
+                for key, window, encoded, point in zip(keys, windows, sums, estimates))
         self.store.write(self.source, batch, list(series_records.values()), rows, self._clock())
         self._series_written.update(series_records)
         return estimates
@@ -208,9 +217,9 @@ class MergedResultsRecorder(ResultsRecorder):
                         if self.recorded.get((key, span, start)) == count:
                             continue
                         point = done.get(start if level == 0 else (level, start))
-                        closed.append(ClosedWindow(series, span, start, blocks, False,
-                                                   point if point and point[0] == count
-                                                   else None))
+                        closed.append(ClosedWindow.of(series, span, start, blocks, False,
+                                                      point if point and point[0] == count
+                                                      else None))
         if closed:
             self._write(None, closed)
             for window in closed:

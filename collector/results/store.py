@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -100,10 +101,11 @@ class ResultsStore(ABC):
 
     @abstractmethod
     def write(self, source: str, batch: int | None, series: list[SeriesRecord],
-              rows: list[WindowRow], now: float) -> bool:
+              rows: Iterable[WindowRow], now: float) -> bool:
         """In one transaction: the series (new ones added), the windows (replacing what
-        was stored of them) and, with a ``batch`` number, that ``source`` wrote it.  A batch
-        at or below ``applied(source)`` writes nothing (False): it was written before."""
+        was stored of them; ``rows`` taken one at a time) and, with a ``batch`` number, that
+        ``source`` wrote it.  A batch at or below ``applied(source)`` writes nothing (False):
+        it was written before."""
 
     @abstractmethod
     def retain(self, span: float, before: float) -> int:
@@ -202,8 +204,8 @@ class SqlResultsStore(ResultsStore):
                     return False
             cursor.executemany(UPSERT_SERIES, [(record.key, record.channel, record.kind,
                                                 record.description) for record in series])
-            cursor.executemany(UPSERT_WINDOW, [(row.series, row.span, row.start, row.count,
-                                                row.sums, row.point, now) for row in rows])
+            cursor.executemany(UPSERT_WINDOW, ((row.series, row.span, row.start, row.count,
+                                                row.sums, row.point, now) for row in rows))
             if batch is not None:
                 cursor.execute(UPSERT_APPLIED, (source, batch))
         return True

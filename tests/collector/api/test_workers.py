@@ -72,11 +72,13 @@ def test_views_send_what_the_budget_leaves_to_the_workers_and_keep_what_still_co
 
         def complete() -> bool:
             found = views.documents(views.capture())
-            return all(detail["state"] == "ready"
-                       for detail in found.channel_details.values())
+            # Every shown estimate ready, and nothing else still with a worker (a coarser
+            # window's result can come back a push after the documents are all ready).
+            return views.estimates.pending == 0 and all(
+                detail["state"] == "ready" for detail in found.channel_details.values())
 
         assert wait_until(complete, timeout=120)
-        assert workers.restarts == 1 and views.estimates.pending == 0
+        assert workers.restarts == 1
         expected = reference.channels_json()
         for name in expected["channels"]:
             assert json_safe(views.channel_json(name)) == json_safe(reference.channel_json(name))

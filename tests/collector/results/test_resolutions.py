@@ -60,13 +60,13 @@ def test_every_coarser_window_is_the_exact_merge_of_its_finer_ones(name):
             merged = series._new_blocks()
             for part in parts:
                 for block_name, block in merged.items():
-                    block.merge(part.blocks[block_name])
-            assert merged == window.blocks
+                    block.merge(part.blocks()[block_name])
+            assert merged == window.blocks()
     # An hour (here 120 s) estimated from merged sums is one 120 s window's estimate.
     whole = _series(spec, window_seconds=120.0)
     whole.update_many(messages)
     for start, window in by_span[120.0].items():
-        _, point = series.estimate(window.blocks, 120.0, start)
+        _, point = series.estimate(window.blocks(), 120.0, start)
         _, reference = whole.estimate(whole.windows[start], 120.0, start)
         assert _same_view(msgspec.to_builtins(point), msgspec.to_builtins(reference))
 
@@ -369,3 +369,4 @@ def test_the_merge_view_writes_the_merged_closed_windows_once_each_count(tmp_pat
     for level, start in ((0, 21), (1, 7), (2, 1)):
         assert stored[(series.span(level), start)][0] == \
             series._count(series.levels[level][start])
+
