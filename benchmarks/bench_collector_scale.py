@@ -9,7 +9,7 @@ hour of history: 61 windows) and push period (1 s).  For each ``--channels`` cou
   its total and every window estimated);
 * **restart**: SIGTERM, a new process on the same state file; the time from its start to
   a complete API (the same documents, nothing computed again: ``ldp_estimates_total``
-  of the new process is reported beside);
+  of the new process is reported beside, and where the documents differ);
 * **cost**: the collector's own ``ldp_estimate_seconds_total`` / ``ldp_estimates_total``
   (its mean time per estimate, a channel's total or one window; how many its estimate
   workers computed), and the median and 95th percentile of one window's estimate in this
@@ -24,7 +24,8 @@ hour of history: 61 windows) and push period (1 s).  For each ``--channels`` cou
 * **limits** (``--limits``): a fresh collector filled to every default ``[limits]`` a
   sender reaches with reports (256 channels x 16 series, each with 61 windows: one
   device's reports of one value under 16 values of epsilon); the process tree's RSS once
-  it has counted and estimated them (its main process and its network child apart), the
+  it has counted and estimated them and the results store has taken every window older
+  than ``close_after_seconds`` (its main process and its network child apart), the
   in-process size of those sums with and without their estimates (8 channels measured,
   scaled), and of one series' sums.
 
@@ -200,8 +201,9 @@ def one_size(workdir: Path, broker: Mosquitto, channels: int, flood: bool) -> di
         result["recomputed"] = collector.metric("ldp_estimates_total")
         result["rss_restarted"] = tree_rss_mb(collector)
         after = {name: collector.api(f"/api/channels/{name}") for name in names[:4]}
-        result["same"] = all(_without_times(before[name]) == _without_times(after[name])
-                             for name in before)
+        result["differences"] = [f"{name}: {path}" for name in before
+                                 for path in differences(_without_times(before[name]),
+                                                         _without_times(after[name]))]
         if flood:
             result["quiet"] = valid_delays(broker, collector, flood=False, first=0)
             result["flooded"] = valid_delays(broker, collector, flood=True, first=15)
@@ -266,7 +268,19 @@ def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256) -> dict
     try:
         with PeakRss(collector) as peak:
             found = _fill_the_limits(collector, broker, channels)
-            time.sleep(65)  # one more checkpoint of the full state
+            filled = time.monotonic()
+            # At rest: every window older than close_after_seconds written to the results
+            # store (nearly all of them, each estimated by the recorder), then one more
+            # checkpoint of the full state.
+            if not wait_for_api(lambda: collector.metric("ldp_results_pending_windows") == 0
+                                and collector.metric("ldp_results_windows_written_total") > 0,
+                                GUARD_SECONDS):
+                raise RuntimeError("the results store never took the closed windows")
+            found["drained"] = time.monotonic() - filled
+            found["written"] = collector.metric("ldp_results_windows_written_total")
+            time.sleep(65)
+            main = psutil.Process(collector.process.pid)
+            found.update(rss=tree_rss_mb(collector), rss_main=main.memory_info().rss / 2**20)
         return {**found, "rss_peak": peak.peak, "pss_peak": peak.pss_peak}
     finally:
         collector.kill()
@@ -335,6 +349,21 @@ def series_kilobytes(windows: int = WINDOWS) -> float:
     return size
 
 
+def differences(before, after, path: str = "") -> list[str]:
+    """Where two JSON documents differ (the first few paths)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        found = []
+        for key in sorted(set(before) | set(after)):
+            found += differences(before.get(key), after.get(key), f"{path}.{key}")
+        return found[:8]
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        found = []
+        for i, (one, other) in enumerate(zip(before, after)):
+            found += differences(one, other, f"{path}[{i}]")
+        return found[:8]
+    return [] if before == after else [f"{path} {str(before)[:60]} -> {str(after)[:60]}"]
+
+
 def _without_times(detail: dict) -> dict:
     return {key: value for key, value in detail.items() if key not in ("t",)}
 
@@ -383,15 +412,18 @@ def main() -> int:
               f"{WINDOWS} windows, {limits['reports']:,} reports, refused "
               f"{limits['rejects']}): RSS {limits['rss']:.0f} MB (main process "
               f"{limits['rss_main']:.0f} MB, network child "
-              f"{limits['rss'] - limits['rss_main']:.0f} MB), at most {limits['rss_peak']:.0f} "
+              f"{limits['rss'] - limits['rss_main']:.0f} MB) once the results store took "
+              f"the {limits['written']:,.0f} closed windows ({limits['drained']:.0f} s after "
+              f"the last was counted), at most {limits['rss_peak']:.0f} "
               f"MB meanwhile (PSS at most {limits['pss_peak']:.0f} MB); in-process, the sums "
               f"{sums:.0f} MB, with every estimate kept {kept:.0f} MB; one linear series' "
               f"sums with {WINDOWS} windows of 50 values: {series_kilobytes():.0f} kB")
     for r in results:
         print(f"{r['channels']} channels: the live history holds {r['live_points']} of "
               f"{WINDOWS} windows (the rest closed into the results store first)")
-        if not r["same"]:
-            print(f"\n{r['channels']} channels: the restarted collector's documents DIFFER")
+        if r["differences"]:
+            print(f"\n{r['channels']} channels: the restarted collector's documents differ:")
+            print("\n".join(f"  {line}" for line in r["differences"]))
         if "flooded" in r:
             print(f"\nvalid channel's update delay at {r['channels']} channels (push 1 s, "
                   f"{len(r['quiet'])} reports): without a flood median "
