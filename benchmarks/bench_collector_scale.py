@@ -288,7 +288,7 @@ def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256) -> dict
 
 def _fill_the_limits(collector: CollectorProcess, broker: Mosquitto, channels: int) -> dict:
     """Publish the reports that fill the limits and wait until every channel is counted and
-    its estimates ready: the RSS then."""
+    its estimates ready."""
     sent = publish(broker, limit_reports(channels))
 
     def counted() -> bool:
@@ -300,10 +300,8 @@ def _fill_the_limits(collector: CollectorProcess, broker: Mosquitto, channels: i
     if not wait_for_api(counted, GUARD_SECONDS):
         raise RuntimeError("the limits were never filled")
     document = collector.api()
-    main = psutil.Process(collector.process.pid)
     return {"reports": sent, "channels": len(document["channels"]),
-            "rejects": document["ingest"]["rejects"], "rss": tree_rss_mb(collector),
-            "rss_main": main.memory_info().rss / 2**20}
+            "rejects": document["ingest"]["rejects"]}
 
 
 def aggregates_at_the_limits_mb(sample: int = 8, channels: int = 256) -> tuple[float, float]:
@@ -352,16 +350,13 @@ def series_kilobytes(windows: int = WINDOWS) -> float:
 def differences(before, after, path: str = "") -> list[str]:
     """Where two JSON documents differ (the first few paths)."""
     if isinstance(before, dict) and isinstance(after, dict):
-        found = []
-        for key in sorted(set(before) | set(after)):
-            found += differences(before.get(key), after.get(key), f"{path}.{key}")
-        return found[:8]
-    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
-        found = []
-        for i, (one, other) in enumerate(zip(before, after)):
-            found += differences(one, other, f"{path}[{i}]")
-        return found[:8]
-    return [] if before == after else [f"{path} {str(before)[:60]} -> {str(after)[:60]}"]
+        parts = [(f"{path}.{key}", before.get(key), after.get(key))
+                 for key in sorted(set(before) | set(after))]
+    elif isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        parts = [(f"{path}[{i}]", one, other) for i, (one, other) in enumerate(zip(before, after))]
+    else:
+        return [] if before == after else [f"{path} {str(before)[:60]} -> {str(after)[:60]}"]
+    return [line for where, one, other in parts for line in differences(one, other, where)][:8]
 
 
 def _without_times(detail: dict) -> dict:

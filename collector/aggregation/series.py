@@ -79,8 +79,8 @@ class ClosedWindow:
 
     Encoded once, when it closes: a batch can hold every window of every series (a quarter
     of a million at the default limits) until the store has it, and every checkpoint
-    meanwhile keeps these bytes; the blocks and their computed views were about three
-    times as large, and encoded again at each checkpoint."""
+    meanwhile keeps these bytes; the blocks, with the views an estimate leaves in them,
+    are larger, and were encoded again at each checkpoint."""
 
     series: Series
     span: float

@@ -105,8 +105,7 @@ class ResultsRecorder:
             estimates.append(point)
 
         # Rows made as the store takes them: a batch can close every window of every series
-        # (a quarter of a million at the default limits), and all its rows at once were the
-        # collector's largest transient.
+        # (a quarter of a million at the default limits), whose rows need not exist at once.
         rows = (WindowRow(key, window.span, window.start, point[0], encoded,
                           msgspec.json.encode(point[1]))
                 for key, window, encoded, point in zip(keys, windows, sums, estimates))

@@ -369,4 +369,3 @@ def test_the_merge_view_writes_the_merged_closed_windows_once_each_count(tmp_pat
     for level, start in ((0, 21), (1, 7), (2, 1)):
         assert stored[(series.span(level), start)][0] == \
             series._count(series.levels[level][start])
-
