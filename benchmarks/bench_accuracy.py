@@ -35,8 +35,9 @@ and every number is read from the channels document it returns (GET /api/channel
 
 The mechanisms: classical OGPM, PM-C, SW-C, truncated and bounded Laplace by default
 (configuration names ``ogpm``, ``pm-c``, ``sw-c``, ``laplace``, ``bounded-laplace``);
-PM and OGPM-U (``pm``, ``ogpm-unbiased``) with ``--mechanisms``, e.g. ``--mechanisms
-PM,OGPM-U``.  Those two are left out of the default run because (1) they are unbiased,
+PM, OGPM-U and II-PTT (``pm``, ``ogpm-unbiased``, ``ii-ptt``) with ``--mechanisms``, e.g.
+``--mechanisms PM,OGPM-U,II-PTT``.  Those are left out of the default run because (1) they
+are unbiased,
 so the raw average is already an unbiased estimate and the collector has the least to
 add, and (2) their output domain is several times the input domain (OGPM-U at ε = 0.5
 reports on [-315, 355] for [0, 39.2]), so every channel document runs its EM
@@ -83,7 +84,8 @@ EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
 SIZES = (500, 5_000, 50_000, 200_000)
 # Label -> the configuration name of a linear channel's mechanism (also the channel's name).
 LINEAR = {"OGPM": "ogpm", "PM-C": "pm-c", "SW-C": "sw-c", "PM": "pm",
-          "OGPM-U": "ogpm-unbiased", "T-Laplace": "laplace", "B-Laplace": "bounded-laplace"}
+          "OGPM-U": "ogpm-unbiased", "II-PTT": "ii-ptt", "T-Laplace": "laplace",
+          "B-Laplace": "bounded-laplace"}
 # The default run leaves out PM and OGPM-U (``--mechanisms`` adds them): see the docstring.
 DEFAULT_LINEAR = ("OGPM", "PM-C", "SW-C", "T-Laplace", "B-Laplace")
 CIRCULAR = {"OGPM-circ": "ogpm-circular"}
@@ -99,7 +101,7 @@ CONFIG = CollectorConfig(fleet=FLEET)
 DEFAULT_REPETITIONS, QUICK_REPETITIONS = 200, 3
 
 COLOURS = {"OGPM": "C0", "PM-C": "C1", "SW-C": "C2", "PM": "C4", "OGPM-U": "C3",
-           "T-Laplace": "C5", "B-Laplace": "C7", "OGPM-circ": "C9"}
+           "II-PTT": "C6", "T-Laplace": "C5", "B-Laplace": "C7", "OGPM-circ": "C9"}
 
 
 # -- the collector -----------------------------------------------------------------------

@@ -357,7 +357,8 @@ class PolarChannel(Channel):
         self.mechanism = polar_mechanism(epsilon=config.epsilon, radius_max=config.radius_max,
                                          weight=config.weight, period=period_of(config.unit),
                                          origin=config.origin, grid_bits=config.grid_bits,
-                                         radius=config.radius_mechanism)
+                                         radius=config.radius_mechanism,
+                                         split=config.split)
 
     def _perturb(self, values, source):
         (radius, angle), clipped = self.mechanism.perturb_codes(values[0], values[1], source,

@@ -18,7 +18,13 @@ from edge_agent.common.commandline import (
     load_or_exit,
     require_paths,
 )
-from edge_agent.config import FLEET_MAX_COUNT, AgentConfig, ConfigError, load_config
+from edge_agent.config import (
+    FLEET_MAX_COUNT,
+    PLAN_FLEET_MAX,
+    AgentConfig,
+    ConfigError,
+    load_config,
+)
 
 # Where a user without root can keep the agent's state (the sample config's default,
 # /var/lib/edge-agent, is the service's).
@@ -74,7 +80,10 @@ def budget_advice(config: AgentConfig, effective: dict) -> list[str]:
                  *plan_lines(effective["plan"]), *memo_lines(config)]
     else:
         lines = budget_lines(config, effective["budget"]) + memo_lines(config)
-    return ledger_lines(config) + lines + flat_end_lines(config)
+    renamed = ([f"Renamed: privacy.plan_slot is now plan_resolution (plan_resolution = "
+                f"\"{config.privacy.plan_slot}\" says the same)"]
+               if config.privacy.plan_slot is not None else [])
+    return ledger_lines(config) + renamed + lines + flat_end_lines(config)
 
 
 def ledger_lines(config: AgentConfig) -> list[str]:
@@ -98,42 +107,61 @@ def ledger_lines(config: AgentConfig) -> list[str]:
     return [f"Ledger: {line}" for line in unknown_past_lines(clock, config.privacy.horizons)]
 
 
+# A channel's flat ends are named when more of its readings than this lie in them.
+FLAT_SHARE_NAMED = 1e-3
+
+
 def flat_end_lines(config: AgentConfig) -> list[str]:
     """One line per channel whose mechanism reports the same distribution for every value
-    near its domain's ends (classical OGPM, Theorem 3.7): readings that sit there are
+    near its domain's ends (classical OGPM, Theorem 3.7) where readings lie: those are
     estimated at the regions' edges, and only the configuration can change that.  Where
-    the channel's source is a recording, what share of its readings lie there."""
+    readings lie: a recording's (its first rows), a simulated fleet's for a synthetic
+    source, otherwise the plan's fleet (plan_spread around the domain's middle).  A
+    polar split that leaves the radius no epsilon is named too."""
     from edge_agent.channels import build_channels, share_in
+    from edge_agent.config.planning import FleetShape
     from edge_agent.sources.recordings import MAX_ROWS, recorded_readings
+    from edge_agent.sources.synthetic import simulated_readings
 
-    recordings = {source.name: recorded_readings(source) for source in config.sources}
+    def known(source):
+        if source.type == "synthetic":
+            return simulated_readings(source), "a simulated fleet of source"
+        rows = recorded_readings(source)
+        shown = 0 if rows is None else min(len(rows), MAX_ROWS)
+        return rows, f"the recording (its first {shown:,} rows) of source"
+
+    readings = {source.name: known(source) for source in config.sources}
+    shape = FleetShape(config.privacy.plan_spread)
     lines = []
     for channel in build_channels(config, config.agent_id):
-        recorded = recordings.get(channel.source)
+        rows, what_rows = readings[channel.source]
         for part, (mechanism, regions) in channel.flat_regions().items():
             what = f"{channel.name}'s {part}" if part else channel.name
             if mechanism.epsilon == 0:  # a polar split that leaves the radius nothing
-                lines.append(f"No epsilon: {what} gets none of the channel's epsilon (the "
-                             f"split that minimises the weighted error): its reports say "
-                             f"nothing about it; raise weight or epsilon if it matters")
+                lines.append(f"No epsilon: {what} gets none of the channel's epsilon (split "
+                             f"= \"report\" at this epsilon): its reports say nothing about "
+                             f"it; split = \"fleet\" gives it a share")
                 continue
             if not regions:
+                continue
+            names = channel.field_names[:1] if part == "radius" else channel.field_names
+            share = None if rows is None else share_in(regions,
+                                                       *(rows.column(n) for n in names))
+            where = f"of {what_rows} {channel.source!r}"
+            if share is None:
+                share = shape.share_in(regions, mechanism.low, mechanism.high)
+                where = (f"of a fleet spread by plan_spread {shape.spread:g} of the width "
+                         f"around the domain's middle")
+            if share < FLAT_SHARE_NAMED:
                 continue
             lines.append(
                 f"Flat ends: {what} ({mechanism.name} at epsilon {mechanism.epsilon:.3g}) "
                 f"reports the same distribution "
                 f"for every value in {' and '.join(f'[{a:.4g}, {b:.4g}]' for a, b in regions)}"
-                f": if readings sit there, a fleet's mean is estimated at those regions' "
-                f"edges; choose a domain whose ends the readings do not reach, or (linear "
-                f'channels) mechanism = "auto" or domain = "auto"')
-            if recorded is None:
-                continue
-            names = channel.field_names[:1] if part == "radius" else channel.field_names
-            share = share_in(regions, *(recorded.column(name) for name in names))
-            if share is not None:
-                lines.append(f"  in the recording of source {channel.source!r} (its first "
-                             f"{min(len(recorded), MAX_ROWS):,} rows): {share:.0%} of "
-                             f"{what}'s readings lie there")
+                f", where {share:.1%} of the readings {where} lie: those are estimated at "
+                f"the regions' edges; choose a domain whose ends the readings do not reach, "
+                f'or (linear and vector channels) mechanism = "auto", or (polar) '
+                f'radius_mechanism = "auto"')
     return lines
 
 
@@ -152,6 +180,35 @@ def describe_channels(channels: list) -> dict:
                 entry["epsilon_per_axis"] = channel.axis_epsilon
         described[channel.name] = entry
     return described
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="agent TOML file")
+@click.option("--fleet", type=click.IntRange(1, PLAN_FLEET_MAX),
+              help="wearers to state the errors for (default: privacy.plan_fleet)")
+@click.option("--target", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help="error of the fleet's mean per plan_resolution a study needs, as a share "
+                   "of the domain's width: the wearers that reach it (default: "
+                   "privacy.plan_target)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def plan(config_path: str, fleet: int | None, target: float | None, as_json: bool) -> None:
+    """The planner's schedule per channel and the error of the fleet's mean it gives per
+    minute, hour and day (privacy.plan = "auto")."""
+    from edge_agent.spending import plan_document, plan_lines
+
+    config = _load(config_path)
+    if config.plan is None:
+        click.echo(f"{config_path}: privacy.plan is \"manual\" (every channel gives its "
+                   f"epsilon): nothing is planned; check-config states what it spends",
+                   err=True)
+        sys.exit(2)
+    document = plan_document(config, fleet=fleet, target=target)
+    if as_json:
+        click.echo(json.dumps(document, indent=2, ensure_ascii=False))
+    else:
+        for line in plan_lines(document):
+            click.echo(line)
 
 
 @main.command()

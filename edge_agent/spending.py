@@ -197,54 +197,87 @@ def budget_lines(config: AgentConfig, plan: dict) -> list[str]:
     return lines
 
 
-def plan_document(config: AgentConfig) -> dict:
-    """The ``plan`` section of ``check-config`` (``[privacy] plan = "auto"``): per channel
-    its ε per report, spacing, the most reports and ε any window of each guarantee
-    counts, the share of the wearers in each slot and the relative error of the fleet's
-    mean per slot for 1,000 wearers, beside reporting every slot at ε / w."""
-    from edge_agent.config.planning import NANO, PLAN_WEARERS, every_slot_error
+def plan_document(config: AgentConfig, *, fleet: int | None = None,
+                  target: float | None = None) -> dict:
+    """The ``plan`` section of ``check-config`` and ``edge-agent plan`` (``[privacy] plan
+    = "auto"``): per channel its ε per report, spacing, the most reports and ε any window
+    of each guarantee counts, and at each resolution the collector reads (and the plan's)
+    how often each wearer reports and the error of the fleet's mean for ``fleet`` wearers
+    (the plan's): expected for the plan's fleet shape, and the most wherever readings
+    lie; the wearers a ``target`` error per plan resolution needs; and the error of
+    reporting every minute at ε / w beside it."""
+    from edge_agent.config.planning import NANO, STATED_RESOLUTIONS, every_minute_error
 
     plan = config.plan
-    wearers = PLAN_WEARERS
+    fleet = fleet or plan.fleet
+    target = target or plan.target
+    chosen = config.privacy.plan_slot or config.privacy.plan_resolution
+    resolutions = {name: seconds for name, seconds in STATED_RESOLUTIONS.items()}
+    if plan.resolution not in resolutions.values():
+        resolutions[chosen] = plan.resolution
+    resolutions = dict(sorted(resolutions.items(), key=lambda item: item[1]))
     channels = {}
     for channel, planned in zip(config.channels, plan.channels):
-        baseline = every_slot_error(channel, planned, plan.horizons, plan.slot, plan.spread)
+        every_minute = every_minute_error(channel, plan, planned, fleet)
         channels[planned.name] = {
             "epsilon_per_report": planned.epsilon, "every_seconds": planned.spacing,
             "reports_in_any": {h.per: n for h, n in zip(plan.horizons, planned.counts)},
             "epsilon_in_any": {h.per: planned.spend(i) / NANO
                                for i, h in enumerate(plan.horizons)},
-            "reports_per_slot": planned.reports_per_slot,
-            "relative_rmse": planned.slot_error / math.sqrt(wearers),
-            "every_slot_relative_rmse": None if baseline is None
-            else baseline / math.sqrt(wearers)}
-    return {"slot_seconds": plan.slot, "spread": plan.spread, "wearers": wearers,
+            "reports_per_wearer": {name: planned.reports_per(seconds)
+                                   for name, seconds in resolutions.items()},
+            "relative_rmse": {name: plan.error(planned, seconds, fleet)
+                              for name, seconds in resolutions.items()},
+            "worst_relative_rmse": {name: plan.error(planned, seconds, fleet, expected=False)
+                                    for name, seconds in resolutions.items()},
+            "fleet_for_target": None if target is None else plan.fleet_for(planned, target),
+            "every_minute_relative_rmse": every_minute}
+    return {"resolution": chosen, "resolution_seconds": plan.resolution, "fleet": fleet,
+            "spread": plan.shape.spread, "target": target,
             "range_discovery_epsilon": plan.reserve_nano / NANO, "channels": channels}
 
 
 def plan_lines(plan: dict) -> list[str]:
-    """The plan for a person, a line per channel."""
-    lines = [f"Plan (privacy.plan = \"auto\"): the error of the fleet's mean per "
-             f"{duration_text(plan['slot_seconds'])} slot for {plan['wearers']:,} wearers whose "
-             f"readings spread by {plan['spread']:g} of the domain's width (standard "
-             f"deviation), relative to that width:"]
+    """The plan for a person: a few lines per channel."""
+    chosen = period_words(plan["resolution"])
+    lines = [f"Plan (privacy.plan = \"auto\"), chosen for the fleet's mean per {chosen} "
+             f"(plan_resolution): its expected error for {plan['fleet']:,} wearers whose "
+             f"readings spread by {plan['spread']:g} of the domain's width around its "
+             f"middle, relative to that width (in brackets: the most, wherever the readings "
+             f"lie):"]
     for name, c in plan["channels"].items():
         windows = ", ".join(f"{n} in any {period_words(per)} (ε {c['epsilon_in_any'][per]:.6g})"
                             for per, n in c["reports_in_any"].items())
-        m = c["reports_per_slot"]
-        who = (f"each slot holds {m:.1%} of the wearers" if m < 1
-               else f"each wearer reports {m:.3g} times a slot")
-        line = (f"  {name}: one report every {duration_text(c['every_seconds'])} at "
-                f"ε {c['epsilon_per_report']:.6g} (a random phase per wearer); at most "
-                f"{windows}; {who}; relative RMSE {c['relative_rmse']:.3g}")
-        if c["every_slot_relative_rmse"] is not None:
-            line += (f" (every slot at ε/w: {c['every_slot_relative_rmse']:.3g}, "
-                     f"{c['every_slot_relative_rmse'] / c['relative_rmse']:.1f}x)")
+        lines.append(f"  {name}: one report every {duration_text(c['every_seconds'])} at "
+                     f"ε {c['epsilon_per_report']:.6g} (a random phase per wearer); at most "
+                     f"{windows}")
+        errors = ", ".join(f"per {period_words(r)} {c['relative_rmse'][r]:.2g} "
+                           f"({c['worst_relative_rmse'][r]:.2g})" for r in c["relative_rmse"])
+        m = c["reports_per_wearer"][plan["resolution"]]
+        who = (f"{m:.1%} of the wearers report in each {chosen}" if m < 1
+               else f"each wearer reports {m:.3g} times {_a_window(chosen)}")
+        line = f"    {errors}; {who}"
+        if c["every_minute_relative_rmse"] is not None:
+            worst = c["worst_relative_rmse"][plan["resolution"]]
+            line += (f"; every wearer every minute at ε/w: {c['every_minute_relative_rmse']:.2g}"
+                     f" per {chosen} at most, {c['every_minute_relative_rmse'] / worst:.1f}x")
         lines.append(line)
+        if plan["target"] is not None:
+            needed = c["fleet_for_target"]
+            lines.append(f"    for {plan['target']:g} per {chosen}: " + (
+                f"{needed:,} wearers" if needed is not None else
+                "no fleet size: the mechanism's bias at this epsilon alone errs by more"))
     if plan["range_discovery_epsilon"]:
         lines.append(f"  range discovery: ε {plan['range_discovery_epsilon']:g} kept free in "
                      f"every window ([privacy] range_epsilon_max)")
     return lines
+
+
+def _a_window(words: str) -> str:
+    """'an hour', 'a day', 'every 10 minutes'."""
+    if words[0].isdigit():
+        return f"every {words}"
+    return f"an {words}" if words == "hour" else f"a {words}"
 
 
 def memo_lines(config: AgentConfig) -> list[str]:

@@ -436,6 +436,12 @@ def _choose_mean(model: LinearModel, fits: _Fits, boots: _Fits, report_variance:
                                                              - replicate["raw"])
         errors["shrinkage"] = mse("shrinkage")
     chosen = "raw" if weight == 0.0 else toward if weight == 1.0 else "shrinkage"
+    if m.unbiased and errors[toward] < errors["raw"]:
+        # The raw average is unbiased, but the reconstruction, which knows that readings
+        # lie in the domain, can err less where reports are few and noisy (its variance
+        # is smaller; its bias is measured against the raw average as above): the one of
+        # least estimated error.  The interval below still holds the raw average's.
+        chosen = toward
     mass, bias = model.unidentifiable(fits.ml)
     if model.flat_ends:
         # Next to a flat region the reports change only slowly with x, so a fit can

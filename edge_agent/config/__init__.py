@@ -32,6 +32,7 @@ from edge_agent.common.config import (
 )
 from edge_agent.config.agent import (
     FLEET_MAX_COUNT,
+    PLAN_FLEET_MAX,
     AgentConfig,
     DeliveryConfig,
     PrivacyConfig,
@@ -102,6 +103,7 @@ __all__ = [
     "Derive",
     "Epsilon",
     "FLEET_MAX_COUNT",
+    "PLAN_FLEET_MAX",
     "GridBits",
     "HttpSourceConfig",
     "I2C_FIELDS",

@@ -27,10 +27,13 @@ from edge_agent.config.channels import ChannelConfig, mechanism_problem
 from edge_agent.config.planning import make_plan
 from edge_agent.config.sources import SourceConfig, source_fields
 from edge_agent.mechanisms import EPSILON_MAX
+from edge_agent.mechanisms.registry import AUTO_REPORTS
 from edge_agent.protocol.statuses import MAX_AGENT_CHANNELS, MAX_GUARANTEES
 
 # Most virtual agents ``edge-agent fleet`` runs in one process.
 FLEET_MAX_COUNT = 100_000
+# Most wearers a plan is stated for (a nation's worth).
+PLAN_FLEET_MAX = 10**9
 
 
 class Guarantee(Model):
@@ -73,11 +76,19 @@ class PrivacyConfig(Model):
     # planner"); "manual": each channel's epsilon and report_interval.  Left out: "auto"
     # when no channel gives its epsilon, else "manual".
     plan: Literal["auto", "manual"] | None = None
-    # What the planner makes accurate: the fleet's mean over each window of plan_slot (the
-    # collector's [aggregates] window_seconds), for a fleet whose readings spread with a
-    # standard deviation of plan_spread x the domain's width.
-    plan_slot: Period = "1m"
+    # What the planner makes accurate: the fleet's mean over each window of
+    # plan_resolution (one of the collector's resolutions: its minutes, hours or days),
+    # for plan_fleet wearers whose readings spread with a standard deviation of
+    # plan_spread x the domain's width.  plan_target: the error of that mean a study
+    # needs, as a share of the domain's width: check-config and `edge-agent plan` state
+    # how many wearers reach it.
+    plan_resolution: Period = "1h"
+    plan_fleet: Annotated[int, Field(ge=1, le=PLAN_FLEET_MAX)] = AUTO_REPORTS
+    plan_target: Annotated[float, Field(gt=0, lt=1)] | None = None
     plan_spread: Annotated[float, Field(gt=0, le=0.5)] = 0.15
+    # plan_resolution's former name (a minute by default then): still read, and
+    # check-config says to rename it.
+    plan_slot: Period | None = None
 
     @field_validator("state_dir")
     @classmethod
@@ -98,6 +109,9 @@ class PrivacyConfig(Model):
                                  f"guarantees, give each guarantee's epsilon, per and delta "
                                  f"there instead")
             _consistent(self.guarantees)
+        if self.plan_slot is not None and "plan_resolution" in self.model_fields_set:
+            raise ValueError("privacy.plan_slot: the former name of plan_resolution; give "
+                             "only plan_resolution")
         return self
 
     @property
@@ -123,8 +137,9 @@ class PrivacyConfig(Model):
         return self.longest.seconds
 
     @property
-    def plan_slot_seconds(self) -> float:
-        return parse_period(self.plan_slot)
+    def plan_resolution_seconds(self) -> float:
+        """The plan's resolution (plan_slot, its former name, where that is given)."""
+        return parse_period(self.plan_slot or self.plan_resolution)
 
     @property
     def delta_allowed(self) -> bool:

@@ -143,6 +143,11 @@ class PolarChannelConfig(_ChannelBase):
     # "sw-c" (no flat ends: for magnitudes that crowd 0, like a resting wearer's motion),
     # or "auto": the one of those whose fleet mean errs least over [0, radius_max].
     radius_mechanism: RadiusMechanism = "ogpm"
+    # How epsilon is split between radius and angle: "fleet", for the least error of the
+    # fleet's means (weight x the radius's variance + the direction's: both always get
+    # a share); "report", the paper's (one report's worst error, Sec. 6: at small epsilon
+    # one of them gets everything and the other's reports say nothing).
+    split: Literal["fleet", "report"] = "fleet"
 
 
 class VectorChannelConfig(_ChannelBase):
@@ -361,7 +366,7 @@ def mechanism_problem(channel) -> str | None:
             polar_mechanism(epsilon=channel.epsilon, radius_max=channel.radius_max,
                             weight=channel.weight, period=period_of(channel.unit),
                             origin=channel.origin, grid_bits=channel.grid_bits,
-                            radius=channel.radius_mechanism)
+                            radius=channel.radius_mechanism, split=channel.split)
     except (ValueError, OverflowError) as exc:
         return str(exc)
     return None

@@ -24,17 +24,24 @@ Which spacing (the LDP-IDS trade-off, Ren et al., SIGMOD 2022)
 A short spacing spreads the window's ε over many reports (budget division: every slot
 at ε/k); a long one reports once per window at the full ε, from a sample of the fleet
 in each slot (population division).  The planner takes the spacing with the smallest
-error of the fleet mean over one slot of ``plan_slot`` seconds, N wearers, a fleet
-spread σ (``plan_spread``, a fraction of the domain's width) and V(ε) the worst-case
-variance of one report's unbiased estimate (the mechanism's exact closed form):
+error of the fleet mean over one window of ``plan_resolution`` (the resolution a study
+reads: the collector estimates minutes, hours and days), N = ``plan_fleet`` wearers, a
+fleet spread σ (``plan_spread``, a fraction of the domain's width) and V(ε) the variance
+of one report's unbiased estimate (the mechanism's exact closed form):
 
-    each wearer reports m = slot / spacing times a slot;
-    m >= 1:  N MSE = V(ε) / m
+    each wearer reports m = resolution / spacing times a window;
+    m >= 1:  MSE = V(ε) / (m N)
     m <  1:  a random m N of the N wearers report, once:
-             N MSE = V(ε) / m + σ² (1 / m - 1)    (sampling without replacement)
-    plus N B(ε)² for a linear channel, B(ε) the worst bias of its bias-removed mean
-    over the domain, which no number of reports removes (OGPM's flat ends): the error
-    ``mechanism = "auto"`` weighs too, N = 1,000 (PLAN_WEARERS).
+             MSE = V(ε) / (m N) + σ² (1 / m - 1) / N    (sampling without replacement)
+    plus B(ε)² for a linear channel, B(ε) the bias of its bias-removed mean, which no
+    number of reports removes (OGPM's flat ends).
+
+The plan is chosen for the worst case, V and B the largest over where readings may lie
+(the plan must serve a fleet wherever it is; B the error ``mechanism = "auto"`` weighs
+too).  What a study can expect is stated beside it: V and B averaged over a fleet whose
+readings are spread by σ around the domain's middle (``FleetShape``), the error the
+collector's unbiased estimate of the mean makes, and the fleet size that reaches a
+target error (``plan_target``).
 
 The error is in units of the domain's width (a share for a categorical channel).
 """
@@ -56,24 +63,32 @@ from edge_agent.mechanisms import (
     split_epsilon,
 )
 from edge_agent.mechanisms.categorical import ORACLES, LongitudinalGRR, best_oracle
-from edge_agent.mechanisms.registry import AUTO_REPORTS, VECTOR, polar_mechanism
+from edge_agent.mechanisms.registry import VECTOR, polar_mechanism
 from edge_agent.state import NANO, bucket_width, to_nano_down, to_nano_up
 
 # A planned channel's spacing is at least this much over what the counts assume, so a
 # ledger clock a little slower than the wall clock (NTP slewing, at most 500 ppm) does
 # not make the ledger refuse a report that the plan makes room for.
 SPACING_MARGIN = 1e-3
-# Most reports per slot the planner considers (more only spreads ε thinner).
-MAX_REPORTS_PER_SLOT = 64
+# Most reports per window of the plan's resolution the planner considers (more only
+# spreads ε thinner).
+MAX_REPORTS_PER_WINDOW = 64
 # Spacings tried between the shortest and the longest: a geometric grid of this ratio,
 # then each snapped down to where its counts change.
 GRID_RATIO = 1.15
+# Each horizon's counts tried exactly, from one report per window up to this many.
+BREAKPOINTS = 512
 # Variances are evaluated on grids of this many bits (the error's closed form hardly
 # changes beyond; the reports themselves use the channel's grid_bits).
 EVAL_GRID_BITS = 10
-# The fleet a plan is judged for (and check-config states its error for): the wearers
-# whose reports one slot's mean averages, as many as mechanism = "auto" assumes.
-PLAN_WEARERS = AUTO_REPORTS
+# The resolutions check-config and ``edge-agent plan`` state errors at: the collector's
+# defaults (its windows, and the hours and days its results store keeps).
+STATED_RESOLUTIONS = {"1m": 60.0, "1h": 3600.0, "1d": 86400.0}
+# The comparison the plan is stated beside: every wearer reports once a minute (the
+# collector's finest window by default) at what the guarantees allow (budget division).
+EVERY_MINUTE = 60.0
+# Points of the domain the expected error averages over.
+EXPECTED_GRID = 513
 
 
 class PlanError(ValueError):
@@ -96,32 +111,85 @@ class Horizon:
 
 
 @dataclass(frozen=True)
+class FleetShape:
+    """Where a fleet's readings lie, for the error a study can expect: a normal of
+    standard deviation ``spread`` x the domain's width around ``centre`` (a fraction of
+    the way from the domain's low end to its high end), cut to the domain."""
+
+    spread: float
+    centre: float = 0.5
+
+    def share_in(self, regions: list[tuple[float, float]], low: float, high: float) -> float:
+        """The share of readings on [low, high] shaped so that lie in ``regions``."""
+        width = high - low
+
+        def below(x: float) -> float:  # the normal's CDF, before cutting to the domain
+            z = (x - low - self.centre * width) / (self.spread * width)
+            return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+        inside = below(high) - below(low)
+        return sum(below(b) - below(a) for a, b in regions) / inside
+
+
+@dataclass(frozen=True)
 class ChannelPlan:
     name: str
     epsilon: float  # per report (a NANO multiple, the float never above it)
     spacing: float  # seconds, at least, between two reports (charge times)
     counts: tuple[int, ...]  # most of its reports any window of each guarantee counts
     shares: tuple[int, ...]  # its nano-ε of each guarantee
-    reports_per_slot: float  # m
-    variance: float  # V(epsilon): one report's, in units of the domain's width squared
-    slot_error: float  # sqrt(N MSE) of the fleet mean over a slot, in domain widths
-    bias: float = 0.0  # B(epsilon)²: the mean's worst squared bias, in widths squared
+    # One report's V(ε) and the mean's B(ε)², in units of the domain's width squared: the
+    # worst over where readings may lie (what the plan is chosen for) ...
+    variance: float
+    bias: float
+    # ... and averaged over the fleet's readings (``FleetShape``: what a study can expect).
+    expected_variance: float
+    expected_bias: float
+    error: float  # worst-case RMSE of the fleet's mean per plan resolution (plan fleet)
 
     def spend(self, horizon_index: int) -> int:
         """Most nano-ε of this channel's reports any window of the guarantee counts."""
         return self.counts[horizon_index] * to_nano_up(self.epsilon)
+
+    def reports_per(self, resolution: float) -> float:
+        """m: how many times each wearer reports in a window of ``resolution`` seconds."""
+        return resolution / self.spacing
 
 
 @dataclass(frozen=True)
 class Plan:
     horizons: tuple[Horizon, ...]
     reserve_nano: int  # kept for range discovery in every window
-    slot: float
-    spread: float
+    resolution: float  # seconds: the window whose mean the plan makes accurate
+    fleet: int  # wearers the plan is chosen for (plan_fleet)
+    shape: FleetShape
+    target: float | None  # the error per resolution a study needs (plan_target)
     channels: tuple[ChannelPlan, ...]
 
     def channel(self, name: str) -> ChannelPlan:
         return next(c for c in self.channels if c.name == name)
+
+    def error(self, planned: ChannelPlan, resolution: float | None = None,
+              fleet: int | None = None, *, expected: bool = True) -> float:
+        """RMSE of the fleet's mean over a window of ``resolution`` seconds (the plan's)
+        for ``fleet`` wearers (the plan's), in domain widths: expected for the plan's
+        fleet shape, or the worst case over where readings lie."""
+        variance, bias = self._error_terms(planned, expected)
+        return mean_error(variance, planned.reports_per(resolution or self.resolution),
+                          self.shape.spread, bias, fleet or self.fleet)
+
+    def fleet_for(self, planned: ChannelPlan, target: float | None = None,
+                  resolution: float | None = None, *, expected: bool = True) -> int | None:
+        """The fewest wearers whose mean over a window of ``resolution`` seconds errs by
+        at most ``target`` (the plan's); None where the bias alone errs by more."""
+        variance, bias = self._error_terms(planned, expected)
+        return fleet_for(variance, planned.reports_per(resolution or self.resolution),
+                         self.shape.spread, bias, target or self.target)
+
+    @staticmethod
+    def _error_terms(planned: ChannelPlan, expected: bool) -> tuple[float, float]:
+        return ((planned.expected_variance, planned.expected_bias) if expected
+                else (planned.variance, planned.bias))
 
 
 def horizons_of(guarantees) -> tuple[Horizon, ...]:
@@ -155,12 +223,31 @@ def epsilon_of_nano(nano: int) -> float:
     return value
 
 
-def slot_error(variance: float, spacing: float, slot: float, spread: float,
-               bias: float = 0.0) -> float:
-    """sqrt(N MSE) of the fleet mean over one slot (module docstring), N = PLAN_WEARERS."""
-    m = slot / spacing
-    sampling = spread ** 2 * max(0.0, 1.0 / m - 1.0)
-    return math.sqrt(variance / m + sampling + PLAN_WEARERS * bias)
+def _wearer_variance(variance: float, reports: float, spread: float) -> float:
+    """N times the variance of N wearers' mean over a window in which each reports
+    ``reports`` (m) times (module docstring)."""
+    return variance / reports + spread ** 2 * max(0.0, 1.0 / reports - 1.0)
+
+
+def mean_error(variance: float, reports: float, spread: float, bias: float,
+               fleet: int) -> float:
+    """RMSE of ``fleet`` wearers' mean over a window in which each reports ``reports``
+    times (m; fewer than one: that share of the wearers reports once), one report's
+    variance V, the fleet's spread σ and squared bias B² (module docstring)."""
+    return math.sqrt(_wearer_variance(variance, reports, spread) / fleet + bias)
+
+
+def fleet_for(variance: float, reports: float, spread: float, bias: float,
+              target: float) -> int | None:
+    """The fewest wearers whose ``mean_error`` is at most ``target`` and whose window
+    holds a report (m N >= 1); None where the bias alone errs by more."""
+    if bias >= target ** 2:
+        return None
+    fleet = max(1, math.ceil(_wearer_variance(variance, reports, spread)
+                             / (target ** 2 - bias)), math.ceil(1.0 / reports))
+    while mean_error(variance, reports, spread, bias, fleet) > target:  # float rounding
+        fleet += 1
+    return fleet
 
 
 # -- one report's variance, per kind ---------------------------------------------------
@@ -209,7 +296,8 @@ def _variance_key(channel) -> tuple:
     if kind == "circular":
         return (kind,)
     if kind == "polar":
-        return (kind, channel.radius_max, channel.weight, channel.radius_mechanism)
+        return (kind, channel.radius_max, channel.weight, channel.radius_mechanism,
+                channel.split)
     return (kind, channel.count, channel.oracle, channel.memo_epsilon)
 
 
@@ -239,7 +327,7 @@ def _variance(key: tuple, epsilon: float) -> float:
     if kind == "polar":
         mechanism = polar_mechanism(epsilon=epsilon, radius_max=key[1], weight=key[2],
                                     period=2 * math.pi, origin=0.0, grid_bits=EVAL_GRID_BITS,
-                                    radius=key[3])
+                                    radius=key[3], split=key[4])
         angle = mechanism.angle_mechanism
         # The split may give one part no epsilon: its raw error then (nothing to invert).
         return (_unbiased_variance(mechanism.radius_mechanism)
@@ -254,6 +342,43 @@ def _variance(key: tuple, epsilon: float) -> float:
             else oracle
         frequency_oracle = ORACLES[name](epsilon=epsilon, categories=categories)
     return float(np.max(frequency_oracle.variance(np.array([0.0, 0.5, 1.0]), 1)))
+
+
+def expected_report_error(channel, epsilon: float, shape: FleetShape) -> tuple[float, float]:
+    """(V(ε), B(ε)²) averaged over a fleet's readings shaped ``shape``: one report's
+    variance of its unbiased estimate, and the squared bias of the fleet's mean (the
+    flat ends' biases of readings on either side partly cancel in it).  A linear channel
+    and a vector channel's axes (whose error depends on where readings lie); the other
+    kinds' errors do not, or are stated at their worst."""
+    if channel.kind == "linear":
+        return _linear_expected(channel.mechanism, epsilon, *channel.start_domain,
+                                shape.centre, shape.spread)
+    if channel.kind == "vector" and channel.mechanism not in VECTOR:
+        d = len(channel.fields)
+        fixed = {"split": d, "sample": channel.k}.get(channel.strategy)
+        variance = min(_linear_expected(channel.mechanism, split_epsilon(epsilon, k),
+                                        *channel.domain, shape.centre, shape.spread)[0] * d / k
+                       for k in ([fixed] if fixed else range(1, d + 1))
+                       if split_epsilon(epsilon, k) >= EPSILON_MIN)
+        return variance, 0.0
+    return report_variance(channel, epsilon), report_bias(channel, epsilon)
+
+
+@lru_cache(maxsize=4096)
+def _linear_expected(name: str, epsilon: float, low: float, high: float, centre: float,
+                     spread: float) -> tuple[float, float]:
+    mechanism = linear_mechanism(name, epsilon=epsilon, low=low, high=high,
+                                 grid_bits=EVAL_GRID_BITS)
+    width = high - low
+    x = np.linspace(low, high, EXPECTED_GRID)
+    weights = np.exp(-0.5 * ((x - low - centre * width) / (spread * width)) ** 2)
+    weights /= weights.sum()
+    affine = mechanism.affine_mean()
+    if affine is None:  # nothing to invert: the raw mean, its squared error
+        return float(weights @ mechanism.expected_error(x, 2)) / width ** 2, 0.0
+    variance = float(weights @ mechanism.variance(x)) / affine[0] ** 2
+    bias = float(weights @ mechanism.inversion_bias(x))
+    return variance / width ** 2, bias ** 2 / width ** 2
 
 
 def _linear_variance(name: str, epsilon: float, low: float, high: float) -> float:
@@ -283,28 +408,35 @@ def _circular_variance(mechanism) -> float:
 
 # -- the plan --------------------------------------------------------------------------
 
-def candidate_spacings(horizons: tuple[Horizon, ...], shortest: float, slot: float) -> list[float]:
-    """Spacings worth trying: from ``shortest`` (or slot / MAX_REPORTS_PER_SLOT) to one
-    report per longest window, each snapped to where its counts change."""
-    low = max(shortest, slot / MAX_REPORTS_PER_SLOT)
+def candidate_spacings(horizons: tuple[Horizon, ...], shortest: float,
+                       resolution: float) -> list[float]:
+    """Spacings worth trying: from ``shortest`` (or MAX_REPORTS_PER_WINDOW a window of
+    ``resolution`` or of the shortest guarantee, whichever is shorter: more reports than
+    that at the ε the shortest guarantee allows only spread it thinner) to one report
+    per longest window, each snapped to where its counts change."""
+    low = max(shortest, min(resolution, horizons[0].window) / MAX_REPORTS_PER_WINDOW)
     high = float(horizons[-1].counted)
     if low >= high:
         return [snapped(high, horizons)]
     steps = math.ceil(math.log(high / low) / math.log(GRID_RATIO))
     grid = [low * GRID_RATIO ** i for i in range(steps)] + [high]
-    # the exact breakpoints of each horizon's first counts (one, two, ... per window)
-    grid += [float(h.counted / n) for h in horizons for n in range(1, 9)
+    # the exact breakpoints of each horizon's counts (one, two, ... per window), every one
+    # up to BREAKPOINTS: where a count changes, ε per report jumps
+    grid += [float(h.counted / n) for h in horizons
+             for n in range(1, min(BREAKPOINTS, math.floor(h.counted / Fraction(low))) + 1)
              if low <= h.counted / n <= high]
     out = {snapped(spacing, horizons) for spacing in grid}
     return sorted(s for s in out if s >= low)
 
 
 def plan_channel(channel, shares: tuple[int, ...], horizons: tuple[Horizon, ...], *,
-                 shortest: float, slot: float, spread: float) -> ChannelPlan | None:
-    """The spacing and ε of least slot error for a channel given ``shares`` (nano-ε of
-    each guarantee); None if no spacing gives it an ε its mechanism takes."""
+                 shortest: float, resolution: float, fleet: int,
+                 shape: FleetShape) -> ChannelPlan | None:
+    """The spacing and ε of least worst-case error of the fleet's mean per ``resolution``
+    for a channel given ``shares`` (nano-ε of each guarantee); None if no spacing gives
+    it an ε its mechanism takes."""
     best = None
-    for spacing in candidate_spacings(horizons, shortest, slot):
+    for spacing in candidate_spacings(horizons, shortest, resolution):
         n = counts(spacing, horizons)
         nano = min(share // count for share, count in zip(shares, n))
         epsilon = epsilon_of_nano(nano)
@@ -314,23 +446,30 @@ def plan_channel(channel, shares: tuple[int, ...], horizons: tuple[Horizon, ...]
         if variance is None:
             continue
         bias = report_bias(channel, epsilon)
-        error = slot_error(variance, spacing, slot, spread, bias)
-        if best is None or error < best.slot_error:
-            best = ChannelPlan(channel.name, epsilon, spacing * (1 + SPACING_MARGIN), n,
-                               shares, slot / spacing, variance, error, bias)
-    return best
+        spaced = spacing * (1 + SPACING_MARGIN)
+        error = mean_error(variance, resolution / spaced, shape.spread, bias, fleet)
+        if best is None or error < best[0]:
+            best = (error, epsilon, spaced, n, variance, bias)
+    if best is None:
+        return None
+    error, epsilon, spacing, n, variance, bias = best
+    return ChannelPlan(channel.name, epsilon, spacing, n, shares, variance, bias,
+                       *expected_report_error(channel, epsilon, shape), error)
 
 
-def every_slot_error(channel, plan: ChannelPlan, horizons: tuple[Horizon, ...],
-                     slot: float, spread: float) -> float | None:
-    """The slot error of the natural configuration for comparison: every wearer reports
-    once per slot, at what the channel's shares allow (budget division: ε / w for w
-    slots a window, ideally: without the ledger's bucket)."""
-    n = tuple(math.ceil(Fraction(h.window) / Fraction(slot)) for h in horizons)
-    epsilon = epsilon_of_nano(min(share // count for share, count in zip(plan.shares, n)))
+def every_minute_error(channel, plan: Plan, planned: ChannelPlan,
+                       fleet: int | None = None) -> float | None:
+    """The worst-case error per plan resolution of the natural configuration, for
+    comparison: every wearer reports once a minute at what the channel's shares allow
+    (budget division: ε / w for w minutes a window, ideally: without the ledger's
+    bucket)."""
+    n = tuple(math.ceil(Fraction(h.window) / Fraction(EVERY_MINUTE)) for h in plan.horizons)
+    epsilon = epsilon_of_nano(min(share // count for share, count in zip(planned.shares, n)))
     variance = report_variance(channel, epsilon) if epsilon >= EPSILON_MIN else None
-    return None if variance is None else slot_error(variance, slot, slot, spread,
-                                                    report_bias(channel, epsilon))
+    if variance is None:
+        return None
+    return mean_error(variance, plan.resolution / EVERY_MINUTE, plan.shape.spread,
+                      report_bias(channel, epsilon), fleet or plan.fleet)
 
 
 def make_plan(config) -> Plan:
@@ -347,15 +486,16 @@ def make_plan(config) -> Plan:
                 f"discovery leaves nothing of the guarantee of {h.nano / NANO:g} per {h.per} "
                 f"for the channels: lower it, or 0 to never join range discovery")
     total = Fraction(math.fsum(c.plan_weight for c in config.channels))
-    slot, spread = privacy.plan_slot_seconds, privacy.plan_spread
+    resolution, fleet = privacy.plan_resolution_seconds, privacy.plan_fleet
+    shape = FleetShape(privacy.plan_spread)
     planned = []
     for i, channel in enumerate(config.channels):
         weight = Fraction(channel.plan_weight) / total
         shares = tuple(math.floor((h.nano - reserve) * weight) for h in horizons)
         rate = source_rate(config.source(channel.source))
         shortest = max(config.batch_seconds, 1.0 / rate if rate else 0.0)
-        plan = plan_channel(channel, shares, horizons, shortest=shortest, slot=slot,
-                            spread=spread)
+        plan = plan_channel(channel, shares, horizons, shortest=shortest,
+                            resolution=resolution, fleet=fleet, shape=shape)
         if plan is None:
             given = ", ".join(f"{s / NANO:.4g} per {h.per}" for s, h in zip(shares, horizons))
             raise PlanError(
@@ -363,4 +503,5 @@ def make_plan(config) -> Plan:
                 f"small for its mechanism to report even once per {horizons[-1].per}: raise "
                 f"its plan_weight or the guarantees")
         planned.append(plan)
-    return Plan(horizons, reserve, slot, spread, tuple(planned))
+    return Plan(horizons, reserve, resolution, fleet, shape, privacy.plan_target,
+                tuple(planned))

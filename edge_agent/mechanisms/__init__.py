@@ -23,6 +23,7 @@ from edge_agent.mechanisms.ogpm import (
     ClassicalOGPM,
     PolarOGPM,
     UnbiasedOGPM,
+    fleet_polar_split,
     optimal_polar_split,
 )
 from edge_agent.mechanisms.randomness import RandomSource, SeededRandom, SystemRandom
@@ -61,6 +62,7 @@ __all__ = [
     "from_description",
     "kind_accepts",
     "linear_mechanism",
+    "fleet_polar_split",
     "optimal_polar_split",
     "split_epsilon",
 ]

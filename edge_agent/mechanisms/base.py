@@ -37,7 +37,8 @@ import numpy as np
 from edge_agent.mechanisms import _kernels, _validate
 from edge_agent.mechanisms.randomness import RandomSource, as_random_source
 
-_GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+# 1/φ: golden-section search keeps this share of an interval each step.
+GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 
 
 def as_batch(values: Any, name: str = "values") -> tuple[np.ndarray, tuple[int, ...]]:
@@ -329,13 +330,13 @@ class Mechanism(ABC):
         a = grid[max(best - 1, 0)]
         b = grid[min(best + 1, grid.size - 1)]
         f = lambda t: float(self.expected_error(t, p))  # noqa: E731
-        c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
+        c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
         for _ in range(80):
             if f(c) > f(d):
                 b = d
             else:
                 a = c
-            c, d = b - _GOLDEN * (b - a), a + _GOLDEN * (b - a)
+            c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
         return max(float(errors[best]), f((a + b) / 2.0))
 
     # -- description ---------------------------------------------------------

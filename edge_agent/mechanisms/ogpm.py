@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent.mechanisms import _validate
-from edge_agent.mechanisms.base import ExactLoss
+from edge_agent.mechanisms.base import GOLDEN, ExactLoss
 from edge_agent.mechanisms.baselines import PiecewiseMechanism, SquareWave
 from edge_agent.mechanisms.randomness import as_random_source
 from edge_agent.mechanisms.tpm import CircularThreePiece, ThreePieceMechanism
@@ -190,14 +190,87 @@ def optimal_polar_split(epsilon: float, radius_max: float, *, weight: float = 1.
         if epsilon - least >= least:
             splits += [(least, epsilon - least), (epsilon - least, least)]
         e1, e2 = min(splits, key=objective)
-    # Sequential composition needs e1 + e2 <= epsilon exactly, not just in floats.  The
-    # angle's share gives way, unless it is pinned at EPSILON_MIN (then e1 is the larger).
+    return _within(epsilon, e1, e2)
+
+
+def _within(epsilon: float, e1: float, e2: float) -> tuple[float, float]:
+    """(e1, e2) with e1 + e2 <= epsilon exactly, not just in floats (sequential
+    composition).  The angle's share gives way, unless it is pinned at EPSILON_MIN (then
+    e1 is the larger)."""
+    least = _validate.EPSILON_MIN
     while Fraction(e1) + Fraction(e2) > Fraction(epsilon):
         if e2 == least < e1:
             e1 = math.nextafter(e1, 0.0)
         else:
             e2 = math.nextafter(e2, 0.0)
     return e1, e2
+
+
+def unbiased_variance_unit(epsilon: float) -> float:
+    """The worst-case variance of one classical OGPM report on [0, 1] inverted through
+    its affine mean, Var[M(x)] / a² over the inputs where E[M(x)] = a x + b (Theorem
+    3.7: a = 1 - 1/s, x in [C, 1 - C]).  The density is 1/s on [0, 1] plus s - 1/s on
+    [x - C, x + C), so E[M] = 1/(2s) + a x and E[M²] = 1/(3s) + a (x² + C²/3); the
+    variance is convex in x, largest at the affine region's ends, x = C."""
+    s = math.exp(epsilon / 2.0)
+    c = 1.0 / (2.0 * (s + 1.0))
+    a = 1.0 - 1.0 / s
+    variance = 1.0 / (3.0 * s) + a * (c * c + c * c / 3.0) - (1.0 / (2.0 * s) + a * c) ** 2
+    return variance / (a * a)
+
+
+def unit_vector_variance(epsilon: float) -> float:
+    """E|e^{iM}/ρ - e^{ix}|² = 1/ρ² - 1 for circular OGPM (Theorem 4.2), ρ = E[cos(M -
+    x)] = ((s - 1/s)/π) sin(π/(s + 1)): the variance of the unbiased estimate of a
+    reading's unit vector, about its angle's in rad² where small."""
+    s = math.exp(epsilon / 2.0)
+    rho = (s - 1.0 / s) / math.pi * math.sin(math.pi / (s + 1.0))
+    return 1.0 / (rho * rho) - 1.0
+
+
+def fleet_polar_split(epsilon: float, radius_max: float, *, weight: float = 1.0,
+                      period: float = TWO_PI) -> tuple[float, float]:
+    """(eps_radius, eps_angle) minimising weight * V_r + V_angle, the variances a fleet's
+    means are estimated with, each as a share of its range squared: V_r =
+    ``unbiased_variance_unit`` (the radius's mean inverts classical OGPM's affine mean,
+    in units of radius_max²), V_angle = ``unit_vector_variance`` / (2π)² (the mean
+    direction averages unit vectors; about the angle's variance in rad², over the
+    circle's 2π squared).  Shares of the ranges, as the planner measures every channel,
+    so neither radius_max nor the angle's unit (``period``) moves the split; ``weight``
+    alone trades the radius for the direction.  Each term grows without bound as its
+    share goes to 0, so both always get one (``optimal_polar_split`` minimises one
+    report's worst-case error, which stays bounded at a share of 0 and at small epsilon
+    gives one part everything).  The sum is convex in eps_radius (each term is convex
+    and decreasing in its share): golden-section search to machine precision, shares at
+    least EPSILON_MIN."""
+    epsilon = _validate.epsilon(epsilon)
+    _validate.positive("radius_max", radius_max)
+    weight = _validate.positive("weight", weight)
+    _validate.positive("period", period)
+    least = _validate.EPSILON_MIN
+    if epsilon < 2 * least:  # no split leaves both parts a share any mechanism takes
+        return optimal_polar_split(epsilon, radius_max, weight=weight, period=period)
+
+    def objective(e1: float) -> float:
+        return (weight * unbiased_variance_unit(e1)
+                + unit_vector_variance(epsilon - e1) / TWO_PI ** 2)
+
+    lo, hi = least, epsilon - least
+    for _ in range(200):
+        if hi - lo <= 4 * math.ulp(hi):
+            break
+        m1, m2 = hi - GOLDEN * (hi - lo), lo + GOLDEN * (hi - lo)
+        if objective(m1) <= objective(m2):
+            hi = m2
+        else:
+            lo = m1
+    e1 = 0.5 * (lo + hi)
+    return _within(epsilon, e1, epsilon - e1)
+
+
+# The ways a polar channel splits its epsilon: "report", the paper's (one report's worst
+# error); "fleet", the fleet means' (``fleet_polar_split``).
+POLAR_SPLITS = {"report": optimal_polar_split, "fleet": fleet_polar_split}
 
 
 class PolarOGPM:
@@ -221,14 +294,20 @@ class PolarOGPM:
 
     def __init__(self, *, epsilon: float, radius_max: float, weight: float = 1.0,
                  period: float = TWO_PI, origin: float = 0.0, grid_bits: int = 16,
-                 radius: str | None = "ogpm"):
+                 radius: str | None = "ogpm", split: str | None = "report"):
         self.epsilon = _validate.epsilon(epsilon)
         self.radius_max = _validate.positive("radius_max", radius_max)
         _validate.interval(0.0, self.radius_max, names="radius_max")
         self.weight = _validate.positive("weight", weight)
         period, origin = _validate.circle(period, origin)
         self.grid_bits = _validate.grid_bits(grid_bits)
-        self.epsilon_radius, self.epsilon_angle = optimal_polar_split(
+        split = "report" if split is None else split  # None: the wire's absent field
+        if not isinstance(split, str):
+            raise TypeError(f"split must be a str, got {type(split).__name__}")
+        if split not in POLAR_SPLITS:
+            raise ValueError(f"split: must be one of {', '.join(POLAR_SPLITS)}, got {split!r}")
+        self.split = split
+        self.epsilon_radius, self.epsilon_angle = POLAR_SPLITS[split](
             self.epsilon, self.radius_max, weight=self.weight, period=period
         )
         radius = "ogpm" if radius is None else radius  # None: the wire's absent field
@@ -314,10 +393,11 @@ class PolarOGPM:
     def describe(self) -> dict[str, Any]:
         # "radius" only when not OGPM: the reports of every earlier release stay the same.
         radius = {} if self.radius == "ogpm" else {"radius": self.radius}
+        split = {} if self.split == "report" else {"split": self.split}  # likewise
         return {"name": self.name, "epsilon": self.epsilon, "radius_max": self.radius_max,
                 "weight": self.weight, "period": self.period, "origin": self.origin,
                 "grid_bits": self.grid_bits, "epsilon_radius": self.epsilon_radius,
-                "epsilon_angle": self.epsilon_angle, **radius}
+                "epsilon_angle": self.epsilon_angle, **radius, **split}
 
     def __repr__(self) -> str:
         return (f"PolarOGPM(epsilon={self.epsilon!r}, radius_max={self.radius_max!r}, "

@@ -32,11 +32,11 @@ from edge_agent.mechanisms.gaussian import OptimalGaussian
 from edge_agent.mechanisms.laplace import BoundedLaplace, TruncatedLaplace
 from edge_agent.mechanisms.multidimensional import DuchiVector, SampledDuchi
 from edge_agent.mechanisms.ogpm import (
+    POLAR_SPLITS,
     CircularOGPM,
     ClassicalOGPM,
     PolarOGPM,
     UnbiasedOGPM,
-    optimal_polar_split,
 )
 from edge_agent.mechanisms.tent import TypeIIPTT
 
@@ -182,13 +182,14 @@ def mechanism_for_data(name: str, *, epsilon: float, data: tuple[float, float],
 
 
 def polar_mechanism(*, epsilon: float, radius_max: float, weight: float, period: float,
-                    origin: float, grid_bits: int, radius: str = "ogpm") -> PolarOGPM:
+                    origin: float, grid_bits: int, radius: str = "ogpm",
+                    split: str = "report") -> PolarOGPM:
     """A polar channel's mechanism; ``radius`` "auto": of AUTO_CANDIDATES the one whose
     fleet mean of the radius errs least over [0, radius_max] at the split's share
     (``mechanism_for_data``, the whole range: nothing discovers a radius range)."""
     if radius == AUTO:
         # The split PolarOGPM makes (it does not depend on the radius's mechanism).
-        share = optimal_polar_split(epsilon, radius_max, weight=weight, period=period)[0]
+        share = POLAR_SPLITS[split](epsilon, radius_max, weight=weight, period=period)[0]
         radius = "ogpm"
         if share > 0:
             chosen = mechanism_for_data(AUTO, epsilon=share, data=(0.0, radius_max),
@@ -196,7 +197,7 @@ def polar_mechanism(*, epsilon: float, radius_max: float, weight: float, period:
             radius = next(n for n in AUTO_CANDIDATES if linear_mechanism(
                 n, epsilon=share, low=0.0, high=radius_max, grid_bits=grid_bits) == chosen)
     return PolarOGPM(epsilon=epsilon, radius_max=radius_max, weight=weight, period=period,
-                     origin=origin, grid_bits=grid_bits, radius=radius)
+                     origin=origin, grid_bits=grid_bits, radius=radius, split=split)
 
 
 def kind_accepts(kind: str, wire_name: str) -> bool:

@@ -91,6 +91,9 @@ class _PolarPair(Struct, frozen=True, forbid_unknown_fields=True, tag_field="nam
     # releases' reports; None, not "ogpm", as the default: msgspec omits a default by
     # identity, and a decoded or unpickled "ogpm" is another string object).
     radius: Literal[tuple(n for n in RADIUS_MECHANISMS if n != "ogpm")] | None = None  # type: ignore[valid-type]
+    # How epsilon was split when not the paper's ("report"): "fleet", for the fleet's
+    # means (left out for "report", as in earlier releases' reports; None as above).
+    split: Literal["fleet"] | None = None
 
 
 # Each registered mechanism's parameters (what its describe() gives), by wire name; a

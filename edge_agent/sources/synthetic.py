@@ -285,3 +285,18 @@ class SyntheticSource(Source):
         ])
         jitter = _JITTER * envelope * normals[:, _JIT].T
         return gravity + steps + jitter + _SENSOR_NOISE_G * normals[:, _NOISE].T
+
+
+def simulated_readings(config: SyntheticSourceConfig, *, wearers: int = 8,
+                       seconds: float = 600.0) -> Readings:
+    """What a fleet of this source reads: ``wearers`` simulated wearers (agent ids
+    ``sim-<i>``), ``seconds`` each, their numeric fields one after another.  Where the
+    readings lie, for check-config (whether they reach a mechanism's flat ends)."""
+    parts = []
+    for wearer in range(wearers):
+        source = SyntheticSource(config, agent_id=f"sim-{wearer}")
+        source.poll(0.0)
+        parts.append(source.poll(seconds))
+    return Readings(np.concatenate([p.times for p in parts]),
+                    {name: np.concatenate([p.fields[name] for p in parts])
+                     for name in parts[0].fields})

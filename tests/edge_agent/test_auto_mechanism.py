@@ -166,15 +166,16 @@ POLAR = {"name": "hm", "kind": "polar", "source": "imu",
 @pytest.mark.parametrize("radius,expected", [("ogpm", "ogpm"), ("pm-c", "pm"), ("sw-c", "sw"),
                                              ("auto", "pm")])
 def test_a_polar_radius_takes_a_mechanism_without_flat_ends(radius, expected):
-    """The split stays the paper's; the radius's share goes to the named mechanism, or
-    with "auto" to the candidate of least worst-case error over [0, radius_max] (PM-C
-    at the radius's 0.90 here); what reports announce rebuilds it exactly, and only a
+    """The split stays the channel's (split = "fleet" by default); the radius's share
+    goes to the named mechanism, or with "auto" to the candidate of least worst-case error
+    over [0, radius_max] (PM-C at the radius's 2.27 here); what reports announce
+    rebuilds it exactly, and only a
     radius that is not OGPM names itself on the wire (earlier reports stay valid)."""
     config = parse_config(agent_config(state_dir="/tmp/unused",
                                        channels=[{**POLAR, "radius_mechanism": radius}]))
     (channel,) = build_channels(config, "w1")
     polar = channel.mechanism
-    reference = PolarOGPM(epsilon=4.0, radius_max=2.0)
+    reference = PolarOGPM(epsilon=4.0, radius_max=2.0, split="fleet")
     assert (polar.epsilon_radius, polar.epsilon_angle) == (reference.epsilon_radius,
                                                          reference.epsilon_angle)
     assert polar.radius_mechanism.name == expected

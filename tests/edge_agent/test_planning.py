@@ -15,9 +15,9 @@ from edge_agent.channels import build_channels
 from edge_agent.config import ConfigError, parse_config
 from edge_agent.config.planning import (
     counts,
-    every_slot_error,
+    every_minute_error,
     horizons_of,
-    slot_error,
+    mean_error,
 )
 from edge_agent.mechanisms import linear_mechanism
 from edge_agent.readings import Readings
@@ -104,7 +104,7 @@ def test_the_issue_figures_population_division_four_times_better_at_eps4_per_10_
     x² = 0.09).  The planner judges by the worst case (x = ±1), which it must survive."""
     config = planned(tmp_path, [{"epsilon": 4, "per": "10m"}],
                      channels=[{**LINEAR, "mechanism": "pm-c", "domain": [-1.0, 1.0]}],
-                     range_epsilon_max=0)
+                     range_epsilon_max=0, plan_resolution="1m")
     (p,) = config.plan.channels
     assert p.counts == (1,) and p.epsilon == pytest.approx(4.0, abs=1e-9)
     assert 600 < p.spacing < 602  # one report per window (+ the bucket), at full epsilon
@@ -114,19 +114,22 @@ def test_the_issue_figures_population_division_four_times_better_at_eps4_per_10_
         return (x2 / (e - 1) + (e + 3) / (3 * (e - 1) ** 2)) / 4
 
     def rmse(variance, spacing):
-        return slot_error(variance, spacing, 60.0, 0.15) * 2 / math.sqrt(1000)
+        return mean_error(variance, 60.0 / spacing, 0.15, 0.0, 1000) * 2
 
     # the issue's table, from the same error model
     assert rmse(pm_variance(4.0, 0.09), 600.0) == pytest.approx(0.043, abs=0.001)
     assert rmse(pm_variance(0.4, 0.09), 60.0) == pytest.approx(0.171, abs=0.001)
     # the planner's own figures: the worst case, by the exact (gridded) variance
     assert p.variance == pytest.approx(pm_variance(4.0, 1.0), rel=0.01)
-    assert p.slot_error == pytest.approx(
-        slot_error(pm_variance(4.0, 1.0), p.spacing / 1.001, 60.0, 0.15), rel=0.01)
-    every_slot = every_slot_error(config.channels[0], p, config.plan.horizons, 60.0, 0.15)
-    assert every_slot == pytest.approx(slot_error(pm_variance(0.4, 1.0), 60.0, 60.0, 0.15),
+    assert p.error == pytest.approx(
+        mean_error(pm_variance(4.0, 1.0), 60.0 / p.spacing, 0.15, 0.0, 1000), rel=0.01)
+    assert config.plan.error(p, expected=False) == p.error
+    every_slot = every_minute_error(config.channels[0], config.plan, p)
+    assert every_slot == pytest.approx(mean_error(pm_variance(0.4, 1.0), 1.0, 0.15, 0.0, 1000),
                                        rel=0.01)
-    assert every_slot / p.slot_error > 3
+    assert every_slot / p.error > 3
+    # what a fleet of that spread around the middle can expect: the data's x² = 0.09
+    assert p.expected_variance == pytest.approx(pm_variance(4.0, 0.09), rel=0.05)
 
 
 def test_a_mechanism_with_bounded_reports_spreads_when_the_fleet_spreads_widely(tmp_path):
@@ -137,13 +140,14 @@ def test_a_mechanism_with_bounded_reports_spreads_when_the_fleet_spreads_widely(
     keeps it from spreading (the next test)."""
     compressed = {**LINEAR, "mechanism": "pm-c"}
     narrow = planned(tmp_path, [{"epsilon": 8, "per": "10m"}], channels=[compressed],
-                     range_epsilon_max=0, plan_spread=0.05).plan.channels[0]
+                     range_epsilon_max=0, plan_spread=0.05,
+                     plan_resolution="1m").plan.channels[0]
     wide = planned(tmp_path, [{"epsilon": 8, "per": "10m"}], channels=[compressed],
-                   range_epsilon_max=0, plan_spread=0.5).plan.channels[0]
+                   range_epsilon_max=0, plan_spread=0.5, plan_resolution="1m").plan.channels[0]
     assert wide.spacing < narrow.spacing
     assert wide.counts[0] > narrow.counts[0]
-    assert slot_error(wide.variance, wide.spacing / 1.001, 60.0, 0.5) == pytest.approx(
-        wide.slot_error)
+    assert mean_error(wide.variance, 60.0 / wide.spacing, 0.5, 0.0, 1000) == pytest.approx(
+        wide.error)
     assert wide.bias < 1e-20  # PM-C is affine over the whole domain
 
 
@@ -152,15 +156,15 @@ def test_the_planner_weighs_ogpm_flat_end_bias_as_auto_does(tmp_path):
     region's edge, Theorem 3.7) enters the slot error for 1,000 wearers: B² is the flat
     region's width squared (in widths), and it keeps the wide fleet from spreading."""
     wide = planned(tmp_path, [{"epsilon": 8, "per": "10m"}], channels=[LINEAR],
-                   range_epsilon_max=0, plan_spread=0.5).plan.channels[0]
+                   range_epsilon_max=0, plan_spread=0.5, plan_resolution="1m").plan.channels[0]
     mechanism = linear_mechanism("ogpm", epsilon=wide.epsilon, low=-2.0, high=2.0,
                                  grid_bits=10)
     flat = (mechanism.affine_mean()[2] + 2.0) / 4.0
     assert wide.bias == pytest.approx(flat**2, rel=1e-3) and wide.bias > 0
-    assert slot_error(wide.variance, wide.spacing / 1.001, 60.0, 0.5, wide.bias) == \
-        pytest.approx(wide.slot_error)
-    assert wide.slot_error**2 == pytest.approx(
-        slot_error(wide.variance, wide.spacing / 1.001, 60.0, 0.5) ** 2 + 1000 * wide.bias)
+    m = 60.0 / wide.spacing
+    assert mean_error(wide.variance, m, 0.5, wide.bias, 1000) == pytest.approx(wide.error)
+    assert wide.error**2 == pytest.approx(mean_error(wide.variance, m, 0.5, 0.0, 1000) ** 2
+                                          + wide.bias)
     assert wide.counts == (1,)  # one report per window, at the full epsilon
 
 
@@ -263,4 +267,107 @@ def test_weights_share_the_guarantees(tmp_path):
                     channels=[{**LINEAR, "plan_weight": 3}, CIRCULAR]).plan
     assert even.channels[0].shares == even.channels[1].shares
     assert heavy.channels[0].shares[0] == 3 * heavy.channels[1].shares[0]
-    assert heavy.channels[0].slot_error < even.channels[0].slot_error
+    assert heavy.channels[0].error < even.channels[0].error
+
+
+# -- the error a study can expect, against a simulated fleet ----------------------------------
+
+def simulated_hourly_rmse(plan, planned_channel, mechanism, *, fleet: int, hours: int,
+                          seed: int) -> float:
+    """The RMSE of the unbiased estimate of a fleet's mean over an hour, simulated as the
+    agents and the collector make it: ``fleet`` wearers, readings drawn from the plan's
+    fleet shape (normal around the middle, cut to the domain), each reporting at its
+    spacing from a random phase, every report perturbed by the real mechanism and
+    inverted through its affine mean; the truth is the mean of every wearer's reading."""
+    rng = np.random.default_rng(seed)
+    low, high = mechanism.low, mechanism.high
+    width = high - low
+    slope, intercept = mechanism.affine_mean()[:2]
+    spacing = planned_channel.spacing
+    errors = np.empty(hours)
+    for hour in range(hours):
+        readings = np.clip(rng.normal((low + high) / 2, plan.shape.spread * width, fleet),
+                           low, high)
+        phase = rng.uniform(0.0, spacing, fleet)
+        reports = np.where(phase < 3600.0, np.floor((3600.0 - phase) / spacing) + 1, 0)
+        values = np.repeat(readings, reports.astype(np.int64))
+        outputs = mechanism.from_codes(mechanism.perturb_codes(values, rng))
+        estimate = float(np.mean((outputs - intercept) / slope))
+        errors[hour] = (estimate - readings.mean()) / width
+    return math.sqrt(float(np.mean(errors ** 2)))
+
+
+@pytest.mark.parametrize("fleet", [100, 1000, 10_000])
+@pytest.mark.parametrize("mechanism", ["ogpm", "pm-c"])
+def test_the_stated_hourly_error_is_what_a_simulated_fleet_measures(tmp_path, fleet, mechanism):
+    """``Plan.error`` per hour (expected for the plan's fleet shape) within 20% of the
+    error a fleet of that size measures, at 3 fleet sizes, one report per wearer every
+    few minutes (m > 1 an hour) and one every few hours (m < 1: a sample of the fleet
+    each hour).  400 simulated hours: the measured RMSE's own relative error is about
+    1 / sqrt(2 x 400) = 3.5%, so 20% is more than 5 of its standard deviations."""
+    for guarantees, reports in (([{"epsilon": 4, "per": "10m"}], "several an hour"),
+                                ([{"epsilon": 2, "per": "6h"}], "fewer than one an hour")):
+        config = planned(tmp_path, guarantees,
+                         channels=[{**LINEAR, "mechanism": mechanism, "domain": [-1.0, 1.0]}],
+                         range_epsilon_max=0, plan_fleet=fleet)
+        plan = config.plan
+        (p,) = plan.channels
+        assert (p.reports_per(3600.0) > 1) == (reports == "several an hour")
+        real = linear_mechanism(mechanism, epsilon=p.epsilon, low=-1.0, high=1.0, grid_bits=12)
+        measured = simulated_hourly_rmse(plan, p, real, fleet=fleet, hours=400, seed=fleet)
+        stated = plan.error(p, 3600.0)
+        assert stated == pytest.approx(measured, rel=0.2), (reports, p.epsilon, p.spacing)
+
+
+def test_the_fleet_for_a_target_is_the_fewest_that_reach_it(tmp_path):
+    """``Plan.fleet_for``: that many wearers reach the target per plan resolution, one
+    fewer do not; a target the flat ends' bias alone exceeds has no fleet size; more
+    wearers, less error, as 1 / sqrt(N) without bias."""
+    config = planned(tmp_path, GUARANTEE_SETS["10m+1d"],
+                     channels=[{**LINEAR, "mechanism": "pm-c"}], range_epsilon_max=0,
+                     plan_target=0.02)
+    plan = config.plan
+    (p,) = plan.channels
+    needed = plan.fleet_for(p)
+    assert plan.error(p, fleet=needed) <= 0.02 < plan.error(p, fleet=needed - 1)
+    assert plan.error(p, fleet=4 * needed) == pytest.approx(plan.error(p, fleet=needed) / 2,
+                                                            rel=0.01)
+    assert plan.fleet_for(p, expected=False) >= needed  # the worst case needs more
+    biased = planned(tmp_path, [{"epsilon": 0.5, "per": "1d"}], channels=[LINEAR],
+                     range_epsilon_max=0, plan_spread=0.5).plan
+    (q,) = biased.channels
+    assert q.bias > 0
+    assert biased.fleet_for(q, math.sqrt(q.bias) * 0.9, expected=False) is None
+
+
+@pytest.mark.parametrize("guarantees, spread", [("10m+1d", 0.5), ("1h", 0.5)])
+def test_the_plan_is_chosen_for_the_resolution_a_study_reads(tmp_path, guarantees, spread):
+    """The same guarantees give a study that reads minutes and one that reads hours or
+    days different schedules (a wide fleet read by the minute needs more wearers in each
+    minute: reports spread thinner), and each errs least at its own resolution."""
+    plans = {r: planned(tmp_path, GUARANTEE_SETS[guarantees],
+                        channels=[{**LINEAR, "mechanism": "pm-c"}], range_epsilon_max=0,
+                        plan_resolution=r, plan_spread=spread).plan
+             for r in ("1m", "1h", "1d")}
+    assert len({plan.channels[0].spacing for plan in plans.values()}) > 1
+    for own, seconds in (("1m", 60.0), ("1h", 3600.0), ("1d", 86400.0)):
+        chosen = plans[own]
+        for other in plans.values():
+            assert chosen.error(chosen.channels[0], seconds, expected=False) <= \
+                chosen.error(other.channels[0], seconds, expected=False) * (1 + 1e-12)
+
+
+def test_plan_slot_is_read_as_plan_resolution_and_not_with_it(tmp_path):
+    config = planned(tmp_path, GUARANTEE_SETS["10m"], channels=[LINEAR], plan_slot="10m")
+    assert config.plan.resolution == 600.0
+    with pytest.raises(ConfigError, match="privacy.plan_slot"):
+        planned(tmp_path, GUARANTEE_SETS["10m"], channels=[LINEAR], plan_slot="10m",
+                plan_resolution="1h")
+
+
+@pytest.mark.parametrize("key, value", [("plan_fleet", 0), ("plan_target", 0.0),
+                                        ("plan_target", 1.0), ("plan_resolution", "30s"),
+                                        ("plan_fleet", "many")])
+def test_bad_plan_settings_are_errors_naming_the_key(tmp_path, key, value):
+    with pytest.raises(ConfigError, match=f"privacy.{key}"):
+        planned(tmp_path, GUARANTEE_SETS["10m"], channels=[LINEAR], **{key: value})

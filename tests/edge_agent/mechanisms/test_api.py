@@ -285,9 +285,17 @@ def test_describe_round_trips_and_pickles(kind):
 def test_polar_describe_round_trips_and_checks_the_split():
     m = PolarOGPM(epsilon=3.0, radius_max=2.0)
     assert from_description(m.describe()) == m
+    assert "split" not in m.describe()  # the paper's split: as every earlier release said
     tampered = {**m.describe(), "epsilon_radius": 2.9}
     with pytest.raises(ValueError, match="epsilon_radius=2.9 does not match"):
         from_description(tampered)
+    fleet = PolarOGPM(epsilon=0.5, radius_max=2.0, split="fleet")
+    assert fleet.describe()["split"] == "fleet" and from_description(fleet.describe()) == fleet
+    assert fleet.epsilon_radius > 0 and PolarOGPM(epsilon=0.5, radius_max=2.0).epsilon_radius == 0
+    with pytest.raises(ValueError, match="split: must be one of report, fleet"):
+        PolarOGPM(epsilon=0.5, radius_max=2.0, split="even")
+    with pytest.raises(TypeError, match="split must be a str"):
+        PolarOGPM(epsilon=0.5, radius_max=2.0, split=1)
 
 
 def test_from_description_errors():

@@ -23,9 +23,14 @@ from edge_agent.mechanisms import (
     TruncatedLaplace,
     TypeIIPTT,
     UnbiasedOGPM,
+    fleet_polar_split,
     optimal_polar_split,
 )
-from edge_agent.mechanisms.ogpm import worst_case_mse_unit
+from edge_agent.mechanisms.ogpm import (
+    unbiased_variance_unit,
+    unit_vector_variance,
+    worst_case_mse_unit,
+)
 from edge_agent.mechanisms.randomized_response import RandomizedResponse
 from tests.edge_agent.mechanisms.helpers import KINDS, make
 from tests.support import REPO
@@ -233,6 +238,47 @@ def test_polar_split_boundary_gives_radius_no_budget():
     pmf = m.radius_mechanism.grid_pmf(0.3)
     assert np.allclose(pmf, 1.0 / pmf.size)  # uniform: the radius says nothing
     assert m.privacy_loss() <= 1.0
+
+
+@pytest.mark.parametrize("epsilon", [0.3, 1.0, 4.0])
+def test_the_fleet_split_variances_are_the_mechanisms_closed_forms(epsilon):
+    """``unbiased_variance_unit`` is classical OGPM's Var[M(x)] / a² at its worst over the
+    affine region (the mechanism's own closed form, on a fine grid), and
+    ``unit_vector_variance`` is 1/ρ² - 1 with circular OGPM's own ρ."""
+    m = ClassicalOGPM(epsilon=epsilon, low=0.0, high=1.0, grid_bits=16)
+    a, _, lo, hi = m.affine_mean()
+    worst = float(np.max(m.variance(np.linspace(lo, hi, 4097)))) / a**2
+    assert unbiased_variance_unit(epsilon) == pytest.approx(worst, rel=1e-9)
+    rho = CircularOGPM(epsilon=epsilon).mean_resultant_length()
+    assert unit_vector_variance(epsilon) == pytest.approx(1 / rho**2 - 1, rel=1e-9)
+
+
+@pytest.mark.parametrize("epsilon,weight", [(0.1, 1.0), (0.41, 1.0), (1.0, 0.05), (4.0, 1.0),
+                                            (1 + 2 * PI, 20.0), (2 * EPSILON_MIN, 1.0)])
+def test_the_fleet_split_minimises_the_means_variances_and_gives_both_a_share(epsilon, weight):
+    """split = "fleet": weight x the radius mean's variance + the direction's (shares of
+    their ranges) is least at the split, over a fine grid of the shares the sampler runs;
+    both parts get at least EPSILON_MIN where the paper's split gives the radius
+    nothing; the two compose to at most epsilon exactly; neither the radius's range nor
+    the angle's unit moves it."""
+    e1, e2 = fleet_polar_split(epsilon, 2.0, weight=weight)
+    assert min(e1, e2) >= EPSILON_MIN
+    assert Fraction(e1) + Fraction(e2) <= Fraction(epsilon)
+    assert e1 + e2 == pytest.approx(epsilon, rel=1e-12)
+
+    def objective(a):
+        return weight * unbiased_variance_unit(a) + unit_vector_variance(epsilon - a) / (2 * PI)**2
+
+    grid = np.linspace(EPSILON_MIN, epsilon - EPSILON_MIN, 20001)
+    assert objective(e1) <= min(objective(a) for a in grid) * (1 + 1e-12)
+    assert fleet_polar_split(epsilon, 0.1, weight=weight, period=360.0) == (e1, e2)
+    if epsilon == 0.41:
+        assert optimal_polar_split(epsilon, 2.0, weight=weight)[0] == 0.0  # the paper's
+    m = PolarOGPM(epsilon=epsilon, radius_max=2.0, weight=weight, split="fleet")
+    assert (m.epsilon_radius, m.epsilon_angle) == (e1, e2)
+    assert m.exact_privacy_loss().at_most(epsilon)
+    # more weight on the radius, more epsilon for it
+    assert fleet_polar_split(epsilon, 2.0, weight=weight * 4)[0] >= e1
 
 
 # -- Baselines against their papers --------------------------------------------------
