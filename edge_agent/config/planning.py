@@ -182,9 +182,12 @@ class Plan:
                   resolution: float | None = None, *, expected: bool = True) -> int | None:
         """The fewest wearers whose mean over a window of ``resolution`` seconds errs by
         at most ``target`` (the plan's); None where the bias alone errs by more."""
+        target = target or self.target
+        if target is None:
+            raise ValueError("target: give one, or plan_target in [privacy]")
         variance, bias = self._error_terms(planned, expected)
         return fleet_for(variance, planned.reports_per(resolution or self.resolution),
-                         self.shape.spread, bias, target or self.target)
+                         self.shape.spread, bias, target)
 
     @staticmethod
     def _error_terms(planned: ChannelPlan, expected: bool) -> tuple[float, float]:

@@ -75,14 +75,18 @@ def test_measured_errors_agree_with_the_closed_forms(cells):
     assert checked >= len(cells) + 2 * len(EPSILONS)  # PM-C, SW-C (and SW) at least
 
 
-def test_unbiased_mechanisms_are_estimated_by_their_plain_average(cells):
+def test_unbiased_mechanisms_are_measured_against_their_plain_average(cells):
+    """An unbiased mechanism's plain average is the reference (its closed-form bias 0);
+    the collector reports it or the reconstruction, whichever it estimates errs less."""
     for (_, label), cell in cells.items():
         mechanism = ogpm_table.mechanism_for(label, 1.0)
         if mechanism.unbiased:
-            assert cell["methods"] == {"raw": REPETITIONS}
-            assert cell["mae"] == cell["mae_raw"]
+            assert set(cell["methods"]) <= {"raw", "reconstruction"}
+            assert sum(cell["methods"].values()) == REPETITIONS
             assert ogpm_table.reference(cell) == "raw"
             assert cell["forms"]["raw"][0] == pytest.approx(0.0, abs=1e-12)
+            # on this table's data it errs less (PM, Duchi, PTT, II-PTT: 1-6% less)
+            assert cell["mae"] <= cell["mae_raw"]
 
 
 def test_closed_forms_of_a_known_case():

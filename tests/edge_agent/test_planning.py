@@ -338,6 +338,8 @@ def test_the_fleet_for_a_target_is_the_fewest_that_reach_it(tmp_path):
     (q,) = biased.channels
     assert q.bias > 0
     assert biased.fleet_for(q, math.sqrt(q.bias) * 0.9, expected=False) is None
+    with pytest.raises(ValueError, match="target: give one"):
+        biased.fleet_for(q)  # no plan_target, none given
 
 
 @pytest.mark.parametrize("guarantees, spread", [("10m+1d", 0.5), ("1h", 0.5)])
