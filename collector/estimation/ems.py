@@ -51,6 +51,12 @@ CROSS_VALIDATION_TOLERANCE = 1e-5
 # worst fit ended farther away.
 POLISH_FROM = 1e-4
 POLISH_STEPS = 4
+# Where Newton fails from POLISH_FROM (its step leaves the simplex: near a flat end, bins of
+# equal columns hold tiny masses that only the smoothing shapes), it is tried again after
+# this many accelerated steps, not after the rest of the step budget: on the 35 such fits
+# of 120 windows near an end (weak smoothing, 0.01-0.1), 1.5 ms a fit instead of 14, 50-1,750
+# steps instead of 62-2,000 (seven at the cap), each as close to the fixed point or closer.
+POLISH_RETRY_STEPS = 50
 _TINY = 1e-300
 
 
@@ -243,14 +249,18 @@ def reconstruct(counts, matrix: np.ndarray, *, smoothing: float = 1.0, circular:
     weights, transposed = counts / total, np.ascontiguousarray(matrix.T)
     steps = _squarem(weights, matrix, transposed, p, float(smoothing), bool(circular),
                      POLISH_FROM if polish else tolerance, max_steps)
-    if polish and steps < max_steps:
+    while polish and steps < max_steps:
         polished = _polish(weights, matrix, transposed, p, float(smoothing), bool(circular),
                            tolerance)
         if polished is not None:
             return polished
-        # Newton left the simplex, or did not converge: accelerated EM steps from there.
-        _squarem(weights, matrix, transposed, p, float(smoothing), bool(circular),
-                 tolerance, max_steps - steps)
+        # Newton left the simplex or did not converge: accelerated EM steps bring p closer,
+        # and Newton tries again from there.
+        taken = _squarem(weights, matrix, transposed, p, float(smoothing), bool(circular),
+                         tolerance, min(POLISH_RETRY_STEPS, max_steps - steps))
+        if taken < POLISH_RETRY_STEPS:
+            break  # at the tolerance by EM steps alone, or at the step cap
+        steps += taken
     return p
 
 

@@ -155,6 +155,42 @@ def test_newton_polish_lands_on_the_fixed_point_in_fewer_steps(smoothing, circul
     assert polished.min() >= 0 and math.isclose(polished.sum(), 1.0, rel_tol=1e-12)
 
 
+@pytest.mark.parametrize("epsilon, seed", [(0.5, 0), (1.0, 4)])
+def test_near_a_flat_end_newton_is_tried_again_until_it_lands_on_the_fixed_point(epsilon,
+                                                                                 seed):
+    """Reports of data near an end of classical OGPM, whose flat ends give bins equal
+    columns of M, and weak smoothing: Newton's first step from POLISH_FROM leaves the
+    simplex.  Accelerated EM steps bring the fit closer and Newton is tried again, so the
+    fit lands on the fixed point well within the step budget (it ran to the budget)."""
+    rng = np.random.default_rng(seed)
+    edges = np.linspace(-1, 1, 41)
+    matrix = ems.transition_matrix(ClassicalOGPM(epsilon=epsilon, low=-1, high=1), edges,
+                                   edges)
+    assert ems._distinct_columns(matrix).size < 30  # flat ends
+    truth = np.histogram(rng.normal(0.7, 0.15, 20_000).clip(-1, 1), edges)[0] / 20_000
+    counts = rng.multinomial(2500, matrix @ truth).astype(float)
+    exact = ems.reconstruct(counts, matrix, smoothing=0.01, tolerance=1e-15,
+                            max_steps=200_000, polish=False)
+    attempts, steps = [], []
+    original_polish, original_squarem = ems._polish, ems._squarem
+
+    def polish(*args):
+        attempts.append(original_polish(*args))
+        return attempts[-1]
+
+    def counting(*args):
+        steps.append(original_squarem(*args))
+        return steps[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ems, "_polish", polish)
+        patch.setattr(ems, "_squarem", counting)
+        fitted = ems.reconstruct(counts, matrix, smoothing=0.01)
+    assert attempts[0] is None and attempts[-1] is not None
+    assert sum(steps) < 1000
+    assert np.abs(fitted - exact).sum() < 1e-7
+
+
 def test_reconstruct_refuses_bad_arguments():
     matrix = np.eye(3)
     with pytest.raises(ValueError, match="smoothing"):
