@@ -26,7 +26,7 @@ from collector.aggregation.ingest import Ingestor
 from collector.api.documents import ESTIMATE_SHARE, Views
 from collector.api.server import WebServer
 from collector.api.snapshots import Snapshots
-from collector.api.workers import EstimateWorkers, available_cores
+from collector.api.workers import EstimateWorkers, auto_workers
 from collector.broker.publisher import CollectorClient
 from collector.config import CollectorConfig
 from collector.range.results import RangeResults
@@ -58,7 +58,7 @@ class ServingFront:
         self.client = CollectorClient(config, role=role, label=label, follow=follow)
         workers = config.aggregates.estimate_workers
         if workers == "auto":
-            workers = available_cores()
+            workers = auto_workers()
         self.views = Views(aggregates, lock, clock,
                            broker_status=broker_status or self.client.status,
                            range_results=self.range_results.get,
