@@ -32,6 +32,7 @@ from typing import Any
 from edge_agent import protocol, sdnotify
 from edge_agent.channels import Channel, Selection, build_channels
 from edge_agent.config import AgentConfig
+from edge_agent.fleet_spreads import FleetSpreads
 from edge_agent.mechanisms.registry import AUTO_REPORTS
 from edge_agent.memory import release_code_pages
 from edge_agent.range_responder import RangeResponder
@@ -139,6 +140,8 @@ class AgentCore:
         self.period_seconds = config.privacy.period_seconds
         self.budget = budget_of(config)
         self.range: RangeResponder | None = None  # set by the service: range discovery
+        # Set by the service with plan_spread = "auto": what the collector says of the fleet.
+        self.fleet_spreads: FleetSpreads | None = None
         self.log_prefix = log_prefix
         self.log_shared = log_shared
         self._period: int | None = None
@@ -215,6 +218,23 @@ class AgentCore:
                             channel.mechanism.epsilon,
                             ", ".join(f"[{a:g}, {b:g}]" for a, b in flat))
 
+    def _adopt_fleet_spreads(self) -> None:
+        """``plan_spread = "auto"``: each planned linear channel takes the schedule of
+        least error for the fleet the collector last described, when a (UTC-aligned)
+        budget period begins (``edge_agent.fleet_spreads``): the same shares of the
+        guarantees, another spacing and ε per report."""
+        if self.fleet_spreads is None:
+            return
+        for channel in self.channels:
+            planned = self.fleet_spreads.plan(self.config, channel.name)
+            if planned is None:
+                continue
+            if channel.replan(planned.spacing, planned.epsilon) and self.log_shared:
+                spread, fleet = self.fleet_spreads.latest[channel.name]
+                log.info("%schannel %s now reports every %.4g s at epsilon %g (planned for "
+                         "%d agents spread by %.3g of the domain's width)", self.log_prefix,
+                         channel.name, planned.spacing, planned.epsilon, fleet, spread)
+
     # -- one batch --------------------------------------------------------------------------
     def tick(self, now: float) -> None:
         """One batch: poll every source once, select per channel, charge and spool."""
@@ -237,6 +257,7 @@ class AgentCore:
         if start != self._period:
             if self._period is not None:  # not at the first batch after a (re)start
                 self._adopt_discovered_ranges()
+                self._adopt_fleet_spreads()
             self._period = start
         batch = Batch(self, now, batch_start, now - batch_start)
         for channel in self.channels:
@@ -400,6 +421,15 @@ class AgentService:
             core.range = self.range
         self.agents = frozenset(core.agent_id for core in self.cores)
         subscriptions = list(self.range.subscriptions)
+        self.fleet_spreads = None
+        if config.plan is not None and config.privacy.plan_spread == "auto":
+            widths = {c.name: c.start_domain[1] - c.start_domain[0] for c in config.channels
+                      if c.kind == "linear"}
+            if widths:
+                self.fleet_spreads = FleetSpreads(config.fleet, widths)
+                subscriptions += self.fleet_spreads.subscriptions
+                for core in self.cores:
+                    core.fleet_spreads = self.fleet_spreads
         if config.delivery.confirm == "collector":
             # A device reads only its own confirmations (configs/mosquitto.acl); the fleet
             # simulator's one connection carries many agents.
@@ -426,6 +456,8 @@ class AgentService:
     def _on_message(self, topic: str, payload: bytes) -> None:
         if protocol.confirm_agent(topic, self.config.fleet) is not None:
             self.outbox.confirmed(topic, payload, self.config.fleet, self.agents)
+        elif self.fleet_spreads is not None and self.fleet_spreads.handle(topic, payload):
+            return
         else:
             self.range.handle(topic, payload, self.clock())
 

@@ -301,11 +301,36 @@ class LinearChannel(Channel):
 
     def __init__(self, config: LinearChannelConfig, **kw):
         super().__init__(config, **kw)
-        low, high = config.start_domain
-        self.mechanism = linear_mechanism(config.mechanism, epsilon=config.epsilon, low=low,
-                                          high=high, grid_bits=config.grid_bits,
-                                          delta=config.delta)
         self.auto_domain = config.domain == "auto"
+        self._adopted: tuple[float, float, int] | None = None  # adopt_range's last arguments
+        self._build_mechanism()
+
+    def _build_mechanism(self) -> None:
+        """The mechanism at the configured (or planned) ε, over the range it adopted."""
+        low, high = self.config.start_domain
+        self.mechanism = linear_mechanism(self.config.mechanism, epsilon=self.config.epsilon,
+                                          low=low, high=high, grid_bits=self.config.grid_bits,
+                                          delta=self.config.delta)
+        if self._adopted is not None:
+            low, high, reports = self._adopted
+            self.adopt_range(low, high, reports=reports)
+
+    def replan(self, spacing: float, epsilon: float) -> bool:
+        """A planned channel's new schedule (``plan_spread = "auto"``, when a budget period
+        begins): a report every ``spacing`` seconds at ``epsilon``, both from the same
+        shares of the guarantees.  Its first report under it comes ``spacing`` after the
+        old schedule's next: with that gap after the last old report (s_old + s_new), a
+        window holding a of the old reports and b of the new spans at least
+        a s_old + b s_new - (s_old + s_new) + gap, so a ε_old + b ε_new stays within the
+        share each schedule keeps alone.  Whether anything changed."""
+        if self.spacing is None or (spacing, epsilon) == (self.spacing, self.epsilon):
+            return False
+        if self._next_due != -math.inf:
+            self._next_due += spacing
+        self.spacing, self.epsilon = spacing, epsilon
+        self.config = self.config.model_copy(update={"epsilon": epsilon})
+        self._build_mechanism()
+        return True
 
     def adopt_range(self, low: float, high: float, *, reports: int = AUTO_REPORTS) -> bool:
         """The fleet's discovered range [low, high] (range discovery's outer ends).
@@ -320,6 +345,7 @@ class LinearChannel(Channel):
         if not (math.isfinite(low) and math.isfinite(high)) or high < low \
                 or not (self.auto_domain or self.config.mechanism == AUTO):
             return False
+        self._adopted = (low, high, reports)
         mechanism = mechanism_for_data(
             self.config.mechanism, epsilon=self.config.epsilon, data=(low, high),
             bounds=self.config.start_domain, grid_bits=self.config.grid_bits,

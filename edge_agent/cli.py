@@ -131,7 +131,7 @@ def flat_end_lines(config: AgentConfig) -> list[str]:
         return rows, f"the recording (its first {shown:,} rows) of source"
 
     readings = {source.name: known(source) for source in config.sources}
-    shape = FleetShape(config.privacy.plan_spread)
+    shape = FleetShape(config.privacy.assumed_spread)
     lines = []
     for channel in build_channels(config, config.agent_id):
         rows, what_rows = readings[channel.source]

@@ -206,7 +206,8 @@ class LinearBlock(Block):
         histogram.update(estimate=shown.tolist(), method=found["histogram_method"],
                          smoothing=found["smoothing"])
         return {"count": n, "mean": json_safe(found["mean"]), "histogram": histogram,
-                "quantiles": ems.quantiles(self.in_edges, shown, QUANTILES)}
+                "quantiles": ems.quantiles(self.in_edges, shown, QUANTILES),
+                "spread": json_safe(found["spread"])}
 
 
 @lru_cache(maxsize=256)

@@ -34,6 +34,9 @@ from edge_agent.protocol.statuses import MAX_AGENT_CHANNELS, MAX_GUARANTEES
 FLEET_MAX_COUNT = 100_000
 # Most wearers a plan is stated for (a nation's worth).
 PLAN_FLEET_MAX = 10**9
+# The fleet's spread (standard deviation / domain width) a plan assumes unless told: a
+# fleet whose readings fill the middle of the domain.
+PLAN_SPREAD_ASSUMED = 0.15
 
 
 class Guarantee(Model):
@@ -81,11 +84,14 @@ class PrivacyConfig(Model):
     # for plan_fleet wearers whose readings spread with a standard deviation of
     # plan_spread x the domain's width.  plan_target: the error of that mean a study
     # needs, as a share of the domain's width: check-config and `edge-agent plan` state
-    # how many wearers reach it.
+    # how many wearers reach it.  plan_spread = "auto": plan for PLAN_SPREAD_ASSUMED and
+    # plan_fleet until the collector's snapshots tell the fleet's spread and size, then
+    # each linear channel plans its schedule again with them when a budget period
+    # begins (never its share of the guarantees).
     plan_resolution: Period = "1h"
     plan_fleet: Annotated[int, Field(ge=1, le=PLAN_FLEET_MAX)] = AUTO_REPORTS
     plan_target: Annotated[float, Field(gt=0, lt=1)] | None = None
-    plan_spread: Annotated[float, Field(gt=0, le=0.5)] = 0.15
+    plan_spread: Annotated[float, Field(gt=0, le=0.5)] | Literal["auto"] = PLAN_SPREAD_ASSUMED
     # plan_resolution's former name (a minute by default then): still read, and
     # check-config says to rename it.
     plan_slot: Period | None = None
@@ -135,6 +141,12 @@ class PrivacyConfig(Model):
         """The longest guarantee's window (a discovered range is adopted when one begins,
         UTC-aligned)."""
         return self.longest.seconds
+
+    @property
+    def assumed_spread(self) -> float:
+        """The fleet's spread the plan starts from (``plan_spread``; "auto": until the
+        fleet's own is known)."""
+        return PLAN_SPREAD_ASSUMED if self.plan_spread == "auto" else self.plan_spread
 
     @property
     def plan_resolution_seconds(self) -> float:

@@ -475,6 +475,26 @@ def every_minute_error(channel, plan: Plan, planned: ChannelPlan,
                       report_bias(channel, epsilon), fleet or plan.fleet)
 
 
+def _shortest(config, channel) -> float:
+    """The shortest spacing a channel can keep: a batch, or its source's sample period."""
+    rate = source_rate(config.source(channel.source))
+    return max(config.batch_seconds, 1.0 / rate if rate else 0.0)
+
+
+def replan_channel(config, name: str, *, spread: float, fleet: int) -> ChannelPlan | None:
+    """The planned channel ``name`` of an ``AgentConfig`` planned again for a fleet of
+    ``fleet`` wearers spread by ``spread`` (a fraction of the domain's width): the same
+    shares of the guarantees, so the same ε per window at most, at the spacing of least
+    error for that fleet (``plan_spread = "auto"``).  None where nothing fits (never
+    for a channel the first plan served: its spacing is still a candidate)."""
+    plan = config.plan
+    planned = plan.channel(name)
+    channel = next(c for c in config.channels if c.name == name)
+    return plan_channel(channel, planned.shares, plan.horizons,
+                        shortest=_shortest(config, channel), resolution=plan.resolution,
+                        fleet=fleet, shape=FleetShape(spread))
+
+
 def make_plan(config) -> Plan:
     """The plan for an ``AgentConfig`` whose channels give no epsilon: ``PlanError``
     naming the key when a channel cannot be served."""
@@ -490,14 +510,12 @@ def make_plan(config) -> Plan:
                 f"for the channels: lower it, or 0 to never join range discovery")
     total = Fraction(math.fsum(c.plan_weight for c in config.channels))
     resolution, fleet = privacy.plan_resolution_seconds, privacy.plan_fleet
-    shape = FleetShape(privacy.plan_spread)
+    shape = FleetShape(privacy.assumed_spread)
     planned = []
     for i, channel in enumerate(config.channels):
         weight = Fraction(channel.plan_weight) / total
         shares = tuple(math.floor((h.nano - reserve) * weight) for h in horizons)
-        rate = source_rate(config.source(channel.source))
-        shortest = max(config.batch_seconds, 1.0 / rate if rate else 0.0)
-        plan = plan_channel(channel, shares, horizons, shortest=shortest,
+        plan = plan_channel(channel, shares, horizons, shortest=_shortest(config, channel),
                             resolution=resolution, fleet=fleet, shape=shape)
         if plan is None:
             given = ", ".join(f"{s / NANO:.4g} per {h.per}" for s, h in zip(shares, horizons))

@@ -57,6 +57,8 @@ from edge_agent.protocol.reports import (
 )
 from edge_agent.protocol.snapshots import (
     ChannelSnapshot,
+    FleetSpread,
+    decode_fleet_spread,
     snapshot,
 )
 from edge_agent.protocol.statuses import (
@@ -95,11 +97,13 @@ from edge_agent.protocol.topics import (
 __all__ = [
     "KINDS", "MAX_CODES", "MAX_REPORT_BYTES", "NAME", "PROTOCOL_VERSION", "RANGE_WINDOW_MAX",
     "SEQ_LIMIT", "STATUS", "TOPIC_ROOT", "Announce", "Answer", "ChannelSnapshot", "Confirm",
-    "End", "Join", "MechanismDescription", "RangeParameters", "RangeResult", "RangeTerms",
+    "End", "FleetSpread", "Join", "MechanismDescription", "RangeParameters", "RangeResult",
+    "RangeTerms",
     "Rejected", "Report", "Round", "RoundRecord", "Status", "Strategy", "ValidReport",
     "aggregates_topic", "as_dict", "check_report", "classify", "collector_topics",
     "confirm_agent", "confirm_topic",
-    "data_subscription", "data_topic", "decode_confirm", "decode_range_control",
+    "data_subscription", "data_topic", "decode_confirm", "decode_fleet_spread",
+    "decode_range_control",
     "decode_range_reply", "decode_range_result", "decode_report", "decode_status", "describe",
     "description_name", "encode", "is_name", "kind_problem", "mechanism_of", "range_answer",
     "range_control_subscription", "range_control_topic", "range_join", "range_reply_agent",

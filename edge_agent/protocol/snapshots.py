@@ -6,7 +6,7 @@ from typing import Annotated, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from edge_agent.protocol.codec import define, encode
+from edge_agent.protocol.codec import Rejected, decode_checked, define, encode
 from edge_agent.protocol.descriptions import MechanismDescription
 from edge_agent.protocol.fields import CategoryLabel, Count, Finite, Name, Text, Unit
 from edge_agent.protocol.reports import Strategy
@@ -51,11 +51,21 @@ class Histogram(Struct, forbid_unknown_fields=True, kw_only=True):
     smoothing: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
 
 
+class Spread(Struct, forbid_unknown_fields=True, kw_only=True):
+    """How widely the readings spread: the standard deviation of the reconstructed
+    histogram (in the values' unit), with a 95% interval; what an agent's planner reads
+    (``[privacy] plan_spread = "auto"``)."""
+
+    estimate: Estimate
+    ci95: tuple[Estimate, Estimate] | None
+
+
 class LinearSummary(Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
     mean: MeanEstimate
     histogram: Histogram
     quantiles: dict[str, Estimate] | None
     count: Count | None = None  # per axis of a vector channel
+    spread: Spread | None = None  # None: no reports, or published by an older collector
 
 
 class ResultantLength(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -160,3 +170,33 @@ def snapshot(view: dict, *, channel: str, t: float) -> bytes:
     ``series`` key and ``resolutions`` for history queries are the API's, left out)."""
     summary = {key: value for key, value in view.items() if key not in API_ONLY}
     return encode(msgspec.convert({**summary, "channel": channel, "t": t}, ChannelSnapshot))
+
+
+# -- what an agent's planner reads of a snapshot ([privacy] plan_spread = "auto") ------------
+
+# Most bytes of a snapshot an agent decodes: a channel's histogram of up to 1,000 bins, its
+# estimates and other series fit many times over; anything larger is refused unread.
+MAX_SNAPSHOT_BYTES = 1 << 20
+
+
+class FleetSpread(Struct, kw_only=True):
+    """The part of a channel's snapshot a planner uses: its kind, how many agents reported
+    it, and (a linear channel's) how widely the readings spread.  Every other field is
+    skipped unread."""
+
+    kind: Literal["linear", "circular", "polar", "vector", "categorical"]
+    agents: Count
+    spread: Spread | None = None
+
+
+_fleet_spread_decoder = msgspec.json.Decoder(FleetSpread)
+
+
+def decode_fleet_spread(payload: bytes) -> FleetSpread | None:
+    """A snapshot's ``FleetSpread``, None for an empty payload (a cleared retained
+    message); ``Rejected`` for an oversized or malformed one."""
+    if not payload:
+        return None
+    if len(payload) > MAX_SNAPSHOT_BYTES:
+        raise Rejected("oversized", f"{len(payload)} bytes")
+    return decode_checked(_fleet_spread_decoder, payload, {})

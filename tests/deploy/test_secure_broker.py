@@ -354,21 +354,23 @@ def test_device_cannot_read_other_devices(broker):
         control = f"ldp/v1/{FLEET}/_range/control/run1"
         result = f"ldp/v1/{FLEET}/_range/result/accel_x/min"
         confirm = f"ldp/v1/{FLEET}/_confirm/dev-a"
+        snapshot = f"ldp/v1/{FLEET}/_aggregates/accel_x"  # what plan_spread = "auto" reads
         assert coordinator.acked(coordinator.publish(control, b"{}")) == 0
         assert coordinator.acked(coordinator.publish(result, b"{}", retain=True)) == 0
         assert collector.acked(collector.publish(confirm, b"{}", retain=True)) == 0
-        assert wait_until(lambda: {control, result, confirm} <= set(reader.topics()), 5), \
-            reader.topics()
+        assert collector.acked(collector.publish(snapshot, b"{}", retain=True)) == 0
+        assert wait_until(lambda: {control, result, confirm, snapshot}
+                          <= set(reader.topics()), 5), reader.topics()
         time.sleep(0.3)
         assert not [t for t in reader.topics() if "dev-b" in t], reader.topics()
 
-        # A late subscriber gets the retained range result and its own confirmations,
-        # but never dev-b's retained status or confirmations.
+        # A late subscriber gets the retained range result, snapshot and its own
+        # confirmations, but never dev-b's retained status or confirmations.
         late = MqttClient(broker, "dev-a", client_id="dev-a-late").connect()
         late.subscribe("ldp/v1/#")
-        assert wait_until(lambda: {result, confirm} <= set(late.topics()), 5)
+        assert wait_until(lambda: {result, confirm, snapshot} <= set(late.topics()), 5)
         time.sleep(0.3)
-        assert sorted(late.topics()) == sorted([result, confirm])
+        assert sorted(late.topics()) == sorted([result, confirm, snapshot])
         late.close()
     finally:
         for client in (reader, device_b, coordinator, collector):

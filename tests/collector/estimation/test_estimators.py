@@ -788,3 +788,27 @@ def test_the_evidences_spread_leaves_out_only_a_replicate_far_outside_the_others
     assert _robust_spread(values) == np.std(values[1:], ddof=1)
     assert np.std(values, ddof=1) > 1.5 * spread
     assert _robust_spread(np.ones(30)) == 0.0
+
+
+@pytest.mark.parametrize("make", [ClassicalOGPM, PiecewiseMechanism])
+def test_the_spread_a_planner_reads_errs_wide_and_is_close_for_a_wide_fleet(make):
+    """The readings' standard deviation (``spread``: the reconstruction's, with its
+    bootstrap interval) as ``plan_spread = "auto"`` reads it, upper end first: at least
+    nearly the truth for narrow and wide fleets alike (the smoothing widens a fleet a few
+    bins wide, which plans more reports than needed, never fewer), and close where the
+    fleet is much wider than a bin."""
+    options = {"compressed": True} if make is PiecewiseMechanism else {}
+    mechanism = make(epsilon=2.0, low=-1, high=1, **options)
+    for sigma, centre in ((0.05, 0.0), (0.15, 0.3), (0.4, 0.0)):
+        ratios = []
+        for seed in range(8):
+            rng = np.random.default_rng([seed, int(100 * sigma)])
+            x = np.clip(rng.normal(centre, sigma, 20_000), -1, 1)
+            spread = summarise(mechanism, x, rng)["spread"]
+            low, high = spread["ci95"]
+            assert 0.0 <= low <= spread["estimate"] <= high
+            assert high >= 0.95 * x.std(), (sigma, seed, spread, x.std())
+            ratios.append(spread["estimate"] / x.std())
+        assert max(ratios) < 3.0, (sigma, ratios)
+        if sigma == 0.4:
+            assert 0.93 < min(ratios) and max(ratios) < 1.07, ratios
