@@ -100,7 +100,8 @@ class AggregatesConfig(Model):
     histogram_bins: Annotated[int, Field(ge=4, le=1000)] = 50
     # Worker processes that estimate the history a push period cannot (after a burst, a
     # restart from an old state, a fleet flushing its spools): "auto" is one per core the
-    # collector may use but one (its own process's), 0 none (the pushes catch up within a share of their period).
+    # collector may use but one (its own process's), 0 none (the pushes catch up within a
+    # share of their period).
     # They start only when needed and stop after 30 s without work.
     estimate_workers: Annotated[int, Field(ge=0, le=256)] | Literal["auto"] = "auto"
     # How far back each channel's windowed estimates go: the windows kept, served as
