@@ -88,7 +88,9 @@ class FleetSpreads:
             log.warning("ignored the snapshot on %s: spread %r of %d agents", topic, upper,
                         found.agents)
             return True
-        share = min(SPREAD_MAX, _rounded_up(max(upper / width, SPREAD_MIN), SPREAD_STEP))
+        # Bounded before rounding: a huge spread over a narrow domain overflows to inf.
+        bounded = min(max(upper / width, SPREAD_MIN), SPREAD_MAX)
+        share = min(SPREAD_MAX, _rounded_up(bounded, SPREAD_STEP))
         self.latest[name] = (share, _rounded_down(min(found.agents, PLAN_FLEET_MAX),
                                                   FLEET_STEP))
         return True

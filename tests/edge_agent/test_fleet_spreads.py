@@ -73,11 +73,16 @@ def test_snapshots_give_the_upper_end_of_the_spread_rounded_up_and_bounded(tmp_p
     spreads = FleetSpreads(FLEET, {"ax": WIDTH})
     topic = protocol.aggregates_topic(FLEET, "ax")
     assert spreads.subscriptions == [topic]
+    narrow = FleetSpreads(FLEET, {"ax": 1e-3})
+    assert narrow.handle(topic, snapshot(1e308, [1e308, 1.7e308]))  # upper / width = inf
+    assert narrow.latest["ax"][0] == 0.5
     assert spreads.handle(topic, snapshot(0.2, [0.15, 0.3], agents=1000))
     share, agents = spreads.latest["ax"]
     assert 0.3 / WIDTH <= share < 0.3 / WIDTH * 2 ** 0.25  # the upper end, rounded up
     assert 1000 / 2 ** 0.5 < agents <= 1000  # rounded down
     assert spreads.handle(topic, snapshot(50.0, [40.0, 60.0]))  # wider than the domain
+    assert spreads.latest["ax"][0] == 0.5
+    assert spreads.handle(topic, snapshot(1e308, [1e308, 1.7e308]))  # would overflow
     assert spreads.latest["ax"][0] == 0.5
     assert spreads.invalid == 0
 
