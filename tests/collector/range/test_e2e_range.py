@@ -182,23 +182,26 @@ def test_fleet_discovers_the_range_and_auto_domains_tighten(tmp_path, mosquitto)
         assert low <= SUB_RANGE[0] - 0.1 * (data[1] - data[0])
         assert high >= SUB_RANGE[1] + 0.1 * (data[1] - data[0])
         assert [s["mechanism"]["low"] for s in after["other_series"]] == [DOMAIN[0]]
-        # Per-report standard deviation, old domain vs new: the interval is tighter.  The
-        # mechanism's noise shrinks with the domain's width: x0.59 here, from the outer
-        # ends of the results' intervals (about 3.5 beyond the estimates) with OGPM's
-        # flat ends kept clear (x1.6); its worst squared error x0.35, below (x0.24 and
-        # x0.058 when the estimates plus 10% were adopted).  The same estimator on both
-        # sides, the inversion (the chosen one's standard error moved from 0.50 to 0.71
-        # of the old between runs, as the choice between inversion and reconstruction
-        # went), at the same number of reports: its RMSE holds a bias bound that does not
-        # shrink with them, so it is compared as it is when the new series has more, and
-        # scaled as a standard error when it has fewer: x0.58 in a quiet run.
+        # Per-report error, old domain vs new: the interval is tighter.  The mechanism's
+        # noise shrinks with the domain's width (the new one from the outer ends of the
+        # results' intervals, with OGPM's flat ends kept clear: x1.6); its worst squared
+        # error x0.35, below.  The same estimator on both sides, the inversion.  Exactly,
+        # from the mechanisms at these readings: its per-report error shrinks, x0.61 for
+        # results' intervals 3.5 beyond the range (x0.69 at 4.5 beyond, x0.77 at 5.5).
+        # As the collector states it (the inversion's RMSE, from 30 bootstrap refits: a
+        # variance from 30 replicates errs by about 26%, so the ratio of two by about 18%;
+        # x0.58 in a quiet run, x0.75 seen): below the old, compared as it is when the new
+        # series has more reports, and scaled as a standard error when it has fewer.
         old_mechanism = ClassicalOGPM(epsilon=1.0, low=DOMAIN[0], high=DOMAIN[1])
         new_mechanism = ClassicalOGPM(epsilon=1.0, low=low, high=high)
         assert new_mechanism.worst_case_error() < 0.5 * old_mechanism.worst_case_error()
+        per_report = [math.sqrt(float(np.mean(m.averaged_error(values))))
+                      for m in (old_mechanism, new_mechanism)]
+        assert per_report[1] < 0.8 * per_report[0], per_report
         old_rmse = before["mean"]["candidates"]["inversion"]["rmse"]
         new_rmse = after["mean"]["candidates"]["inversion"]["rmse"]
         fewer = min(1.0, after["count"] / before["count"])
-        assert new_rmse / math.sqrt(fewer) < 0.7 * old_rmse, (old_rmse, new_rmse, fewer)
+        assert new_rmse / math.sqrt(fewer) < old_rmse, (old_rmse, new_rmse, fewer)
         truth = values.mean()
         assert abs(after["mean"]["estimate"] - truth) <= \
             5 * after["mean"]["stderr"] + after["mean"]["bias_bound"] + 0.05
