@@ -53,13 +53,14 @@ everything works and prints what the full run would take on that machine.
 
 Run: ``python -m benchmarks.bench_accuracy [--repetitions 200] [--jobs 2] [--quick]
 [--mechanisms OGPM,PM-C,...] [--out docs/benchmarks]
-[--markdown docs/benchmarks/bench_accuracy.md]``.
+[--markdown docs/benchmarks/bench_accuracy.md] [--errors FILE.json]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import math
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -281,7 +282,7 @@ def run_block(task: tuple) -> tuple[tuple, list[dict], list[float]]:
             if entry["count"] != n:
                 raise RuntimeError(f"{channel}: the collector counted {entry['count']} "
                                    f"values of {n}")
-            records.append({"label": label, **(score_circular(entry, x, data)
+            records.append({"label": label, "rep": rep, **(score_circular(entry, x, data)
                                                if data.kind == "circular"
                                                else score_linear(entry, x))})
         seconds.append(time.process_time() - started)
@@ -339,6 +340,20 @@ def summarise(results) -> dict:
         cell["ratio"] = cell["mae"] / cell["mae_raw"] if "mae" in cell else None
         cells[key] = cell
     return cells
+
+
+def repetition_errors(results) -> dict:
+    """Each linear cell's errors of ``mean.estimate`` and interval hits, by repetition
+    (``compare_accuracy --paired``: two runs see the same draws and noise, repetition by
+    repetition, so their RMSEs are compared on the same data)."""
+    names = list(datasets())
+    out: dict = {}
+    for (d, epsilon, n), records, _ in results:
+        for record in records:
+            if "est" in record:
+                cell = out.setdefault(f"{names[d]}|{record['label']}|{epsilon:g}|{n}", {})
+                cell[record["rep"]] = [record["est"], record["covered"]]
+    return {key: [cell[rep] for rep in sorted(cell)] for key, cell in out.items()}
 
 
 def _coverage_text(coverage) -> str:
@@ -630,6 +645,8 @@ def main() -> None:
                         type=lambda t: _choice(t, EPSILONS, float), help="values of ε")
     parser.add_argument("--out", default="docs/benchmarks", help="directory of the plots")
     parser.add_argument("--markdown", help="also write the tables to this file")
+    parser.add_argument("--errors", help="also write every repetition's error of each linear "
+                        "cell to this JSON file (for compare_accuracy --paired)")
     args = parser.parse_args()
     repetitions = args.repetitions or (QUICK_REPETITIONS if args.quick
                                        else DEFAULT_REPETITIONS)
@@ -681,6 +698,8 @@ def main() -> None:
     if args.markdown:
         Path(args.markdown).write_text("## Accuracy on real recordings "
                                        "(`python -m benchmarks.bench_accuracy`)\n\n" + text)
+    if args.errors:
+        Path(args.errors).write_text(json.dumps(repetition_errors(results)))
     plots = {"accuracy_mean_error.png": plot_mean, "accuracy_coverage.png": plot_coverage,
              "accuracy_histogram_l1.png": plot_histogram,
              "accuracy_circular.png": plot_circular}

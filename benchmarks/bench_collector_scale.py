@@ -239,15 +239,28 @@ class PeakRss:
     def __init__(self, collector: CollectorProcess):
         self.collector, self.peak, self._stop = collector, 0.0, threading.Event()
         self.pss_peak = 0.0
+        # When the peak was (seconds from the start) and what it was made of: the main
+        # process's RSS and the number of processes in the tree then.
+        self.peak_at, self.peak_main, self.peak_processes = 0.0, 0.0, 0
+        self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.2):
             try:
-                self.peak = max(self.peak, tree_rss_mb(self.collector))
+                main = psutil.Process(self.collector.process.pid)
+                tree = [main, *main.children(recursive=True)]
+                rss = sum(p.memory_info().rss for p in tree) / 2**20
+                if rss > self.peak:
+                    self.peak, self.peak_at = rss, time.monotonic() - self._started
+                    self.peak_main = main.memory_info().rss / 2**20
+                    self.peak_processes = len(tree)
                 self.pss_peak = max(self.pss_peak, tree_pss_mb(self.collector))
             except psutil.Error:  # a process of the tree ended between listing and reading
                 pass
+
+    def since_start(self) -> float:
+        return time.monotonic() - self._started
 
     def __enter__(self) -> PeakRss:
         self._thread.start()
@@ -269,6 +282,7 @@ def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256) -> dict
         with PeakRss(collector) as peak:
             found = _fill_the_limits(collector, broker, channels)
             filled = time.monotonic()
+            found["filled_at"] = peak.since_start()
             # At rest: every window older than close_after_seconds written to the results
             # store (nearly all of them, each estimated by the recorder), then one more
             # checkpoint of the full state.
@@ -281,7 +295,9 @@ def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256) -> dict
             time.sleep(65)
             main = psutil.Process(collector.process.pid)
             found.update(rss=tree_rss_mb(collector), rss_main=main.memory_info().rss / 2**20)
-        return {**found, "rss_peak": peak.peak, "pss_peak": peak.pss_peak}
+        return {**found, "rss_peak": peak.peak, "pss_peak": peak.pss_peak,
+                "peak_at": peak.peak_at, "peak_main": peak.peak_main,
+                "peak_processes": peak.peak_processes}
     finally:
         collector.kill()
 
@@ -410,7 +426,10 @@ def main() -> int:
               f"{limits['rss'] - limits['rss_main']:.0f} MB) once the results store took "
               f"the {limits['written']:,.0f} closed windows ({limits['drained']:.0f} s after "
               f"the last was counted), at most {limits['rss_peak']:.0f} "
-              f"MB meanwhile (PSS at most {limits['pss_peak']:.0f} MB); in-process, the sums "
+              f"MB meanwhile (PSS at most {limits['pss_peak']:.0f} MB; the peak "
+              f"{limits['peak_at']:.0f} s from the start, counted and estimated at "
+              f"{limits['filled_at']:.0f} s: main process {limits['peak_main']:.0f} MB of "
+              f"{limits['peak_processes']} processes); in-process, the sums "
               f"{sums:.0f} MB, with every estimate kept {kept:.0f} MB; one linear series' "
               f"sums with {WINDOWS} windows of 50 values: {series_kilobytes():.0f} kB")
     for r in results:

@@ -70,7 +70,7 @@ COARSE_KEPT = 3
 Key = int | tuple[int, int] | None
 
 
-@dataclass
+@dataclass(slots=True)
 class ClosedWindow:
     """A window handed to the results store: its series, resolution (``span``, seconds) and
     start, its sums encoded as the store keeps them (``Series.blocks_state``) and their
@@ -80,7 +80,8 @@ class ClosedWindow:
     Encoded once, when it closes: a batch can hold every window of every series (a quarter
     of a million at the default limits) until the store has it, and every checkpoint
     meanwhile keeps these bytes; the blocks, with the views an estimate leaves in them,
-    are larger, and were encoded again at each checkpoint."""
+    are larger, and were encoded again at each checkpoint.  Slots: 839 bytes a one-report
+    window with a ``__dict__``, 367 without."""
 
     series: Series
     span: float
