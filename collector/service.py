@@ -87,7 +87,7 @@ class CollectorService:
         self.recorder = ResultsRecorder(
             self.results, source=self.ingestor.source,
             aggregates=lambda: self.ingestor, lock=self.lock, retention=config.retention(),
-            clock=clock)
+            clock=clock, closed_sums=self.store.closed_sums)
         self.recorder.durable = self.ingestor.flushes  # the restored batches are durable
         self.front = ServingFront(config, lambda: self.ingestor, self.lock, role="publisher",
                                   label="snapshot publisher", clock=clock,
@@ -161,8 +161,14 @@ class CollectorService:
             position = self.position
             confirmations = self.ingestor.confirmations(self.clock()) \
                 if self.config.storage.confirmations else {}
+            unsaved, pending = self.ingestor.unsaved(), list(self.ingestor.pending)
+        # Each closed window's sums are written once, from the bytes it holds (a batch's
+        # windows never change: the recorder writes only what a checkpoint holds).
+        closed = ((batch, seq, window.sums) for batch, windows in unsaved
+                  for seq, window in enumerate(windows))
         try:
-            self.store.checkpoint(state, position, trim=not self.config.storage.keep_journal)
+            self.store.checkpoint(state, position, trim=not self.config.storage.keep_journal,
+                                  closed=closed, pending=pending)
         except Exception as exc:  # e.g. a full disk: the journal keeps everything meanwhile
             log.error("checkpoint of %d bytes failed (%s: %s); retrying in %.0f s",
                       len(state), type(exc).__name__, exc, CHECKPOINT_RETRY_SECONDS)
@@ -170,6 +176,9 @@ class CollectorService:
                 self.ingestor.unconfirmed.update(confirmations)  # confirmed next time
             return False
         del state
+        with self.lock:
+            self.ingestor.saved(batch for batch, _ in unsaved)
+        del unsaved
         release_freed_memory()
         self.recorder.wake(flushes)
         self.publish_confirmations(confirmations)

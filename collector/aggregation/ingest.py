@@ -38,6 +38,7 @@ from collector.aggregation.series import ClosedWindow, Series, new_series, serie
 from collector.aggregation.stats import StateError
 from collector.storage.states import (
     DEAD_LETTERS,
+    IN_THE_STORE,
     AgentState,
     AggregateSettings,
     DeadLetter,
@@ -499,9 +500,11 @@ class Ingestor:
                 index[identity] = len(series)
                 state = one.to_state(computed=computed)
                 series.append(msgspec.Raw(encode(state)) if encoded else state)
+        # A closed window's sums are the collector store's (``closed``), saved with the
+        # checkpoint that holds this state (``unsaved``): the state names the window.
         pending = [PendingBatch(flush, [
             PendingWindow(index[window.series.identity], window.span, window.start,
-                          window.delta, msgspec.Raw(window.sums))
+                          window.delta, IN_THE_STORE, window.count)
             for window in windows]) for flush, windows in sorted(self.pending.items())]
         return IngestorState(
             fleet=self.fleet, settings=self.settings(), rejects=dict(self.rejects),
@@ -572,11 +575,48 @@ class Ingestor:
                 if not window.series < len(loaded):
                     raise StateError(f"{where}.windows[{j}].series: not a series of the state")
                 series = loaded[window.series]
-                sums = bytes(window.blocks)  # a copy: not a view of the whole checkpoint
-                blocks = series.blocks_from(sums, f"{where}.windows[{j}].blocks")  # checked
-                windows.append(ClosedWindow(series, window.span, window.start, sums,
-                                            series._count(blocks), window.delta))
+                if bytes(window.blocks) == bytes(IN_THE_STORE):  # checked by ``check_saved``
+                    if window.count is None:
+                        raise StateError(f"{where}.windows[{j}].count: missing")
+                    sums, count = None, window.count
+                else:  # a checkpoint of a collector before the ``closed`` table
+                    sums = bytes(window.blocks)  # a copy: not a view of the whole checkpoint
+                    blocks = series.blocks_from(sums, f"{where}.windows[{j}].blocks")  # checked
+                    count = series._count(blocks)
+                windows.append(ClosedWindow(series, window.span, window.start, sums, count,
+                                            window.delta))
             self.pending[batch.flush] = windows
+
+    # -- closed windows' sums in the collector store ------------------------------------------
+    def unsaved(self) -> list[tuple[int, list[ClosedWindow]]]:
+        """The pending batches whose sums the collector store does not hold yet, oldest first:
+        a checkpoint saves them (``seq``: a window's place in its batch) with the state,
+        then calls ``saved``."""
+        return [(batch, windows) for batch, windows in sorted(self.pending.items())
+                if windows and windows[0].sums is not None]
+
+    def saved(self, batches) -> None:
+        """The collector store holds these batches' sums: forget them here (the recorder
+        reads them from the store)."""
+        for batch in batches:
+            for window in self.pending.get(batch, ()):
+                window.sums = None
+
+    def check_saved(self, batch: int, rows) -> None:
+        """``StateError`` unless ``rows`` ((seq, sums) as the collector store holds them)
+        are exactly the sums of the windows of pending ``batch`` the state says it holds."""
+        windows = self.pending.get(batch, [])
+        expected = [seq for seq, window in enumerate(windows) if window.sums is None]
+        found = 0
+        for seq, sums in rows:
+            where = f"closed batch {batch} window {seq}"
+            if seq >= len(windows) or windows[seq].sums is not None:
+                raise StateError(f"{where}: not a window the checkpoint holds")
+            windows[seq].check(sums, where)
+            found += 1
+        if found != len(expected):
+            raise StateError(f"closed batch {batch}: {len(expected) - found} window(s) missing "
+                             "from the store")
 
     def _check_totals(self, series: list[Series]) -> None:
         totals = self.counters

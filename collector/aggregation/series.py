@@ -80,14 +80,15 @@ class ClosedWindow:
     Encoded once, when it closes: a batch can hold every window of every series (a quarter
     of a million at the default limits) until the store has it, and every checkpoint
     meanwhile keeps these bytes; the blocks, with the views an estimate leaves in them,
-    are larger, and were encoded again at each checkpoint.  Slots: about 50 bytes less a
-    window than a ``__dict__`` (a closed one-report window about 450 bytes, its sums' JSON
-    278 of them: tracemalloc, docs/benchmarks/BENCHMARKS.md)."""
+    are larger.  Once a checkpoint has them in the collector store (``Ingestor.saved``)
+    ``sums`` is None and the recorder reads them from there: they were about 280 of the
+    450 bytes of a closed one-report window (tracemalloc, docs/benchmarks/BENCHMARKS.md).
+    Slots: about 50 bytes less a window than a ``__dict__``."""
 
     series: Series
     span: float
     start: int
-    sums: bytes
+    sums: bytes | None  # None: in the collector store (a checkpoint saved them)
     count: int
     delta: bool
     point: tuple[int, Any] | None = None
@@ -98,9 +99,19 @@ class ClosedWindow:
         return cls(series, span, start, series.blocks_state(blocks), series._count(blocks),
                    delta, point)
 
-    def blocks(self) -> dict:
-        """The sums as blocks (decoded: nothing keeps them)."""
-        return self.series.blocks_from(self.sums, f"closed window {self.span:g} s {self.start}")
+    def blocks(self, sums: bytes | None = None) -> dict:
+        """The sums as blocks (decoded: nothing keeps them), from ``sums`` where the
+        collector store has them (``sums`` None here)."""
+        sums = self.sums if sums is None else sums
+        if sums is None:
+            raise ValueError("the sums are in the collector store: pass them")
+        return self.series.blocks_from(sums, f"closed window {self.span:g} s {self.start}")
+
+    def check(self, sums: bytes, where: str) -> None:
+        """``StateError`` unless ``sums`` are sums of this window's kind that count its
+        values (as read back from the collector store)."""
+        if self.series._count(self.series.blocks_from(sums, where)) != self.count:
+            raise StateError(f"{where}: the sums do not count the window's {self.count} values")
 
 
 def series_identity(channel: str, kind: str, description, fields: tuple | None,

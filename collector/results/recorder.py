@@ -42,8 +42,13 @@ class ResultsRecorder:
 
     def __init__(self, store: ResultsStore, *, source: str,
                  aggregates: Callable[[], Ingestor], lock: threading.RLock,
-                 retention: dict[float, float], clock: Callable[[], float] = time.time):
+                 retention: dict[float, float], clock: Callable[[], float] = time.time,
+                 closed_sums: Callable[[int, int, int], list[bytes]] | None = None):
+        """``closed_sums(batch, first, count)``: the sums a checkpoint saved of a batch's
+        windows ``first`` to ``first + count - 1`` (``CollectorStore.closed_sums``), for
+        windows that no longer hold them (``ClosedWindow.sums`` None)."""
         self.store, self.source = store, source
+        self._closed_sums = closed_sums
         self._aggregates, self._lock, self._clock = aggregates, lock, clock
         self.retention = retention
         self.written_windows = 0  # windows written since start (metrics)
@@ -80,38 +85,53 @@ class ResultsRecorder:
         self.written_windows += written
         return written
 
-    def _write(self, batch: int, windows: list[ClosedWindow]) -> list[tuple[int, object]]:
+    def _write(self, batch: int | None, windows: list[ClosedWindow]) \
+            -> list[tuple[int, object]]:
         keys = [SeriesRecord.of(window.series).key for window in windows]
         stored = self.store.read_sums([(key, window.span, window.start)
                                        for key, window in zip(keys, windows) if window.delta])
-        sums, estimates, series_records = [], [], {}
-        for key, window in zip(keys, windows):
-            series = window.series
-            if key not in self._series_written:
-                series_records[key] = SeriesRecord.of(series)
-            encoded, point = window.sums, window.point
+        series_records = {key: SeriesRecord.of(window.series)
+                          for key, window in zip(keys, windows)
+                          if key not in self._series_written}
+        # Estimated first, off the store's transaction; the sums read as the store takes
+        # the rows: a batch can close every window of every series (a quarter of a million
+        # at the default limits), whose rows and sums need not exist at once.
+        estimates, merged = [], {}
+        for i, (key, window, encoded) in enumerate(zip(keys, windows, self._sums(batch,
+                                                                                 windows))):
+            series, point = window.series, window.point
             earlier = stored.get((key, window.span, window.start))
             if earlier is not None or point is None:
-                blocks = window.blocks()
+                blocks = window.blocks(encoded)
                 if earlier is not None:
-                    merged = series.blocks_from(earlier, f"results {key}")
+                    whole = series.blocks_from(earlier, f"results {key}")
                     for name, block in blocks.items():
-                        merged[name].merge(block)
-                    blocks, point = merged, None
-                    encoded = series.blocks_state(blocks)
+                        whole[name].merge(block)
+                    blocks, point, merged[i] = whole, None, series.blocks_state(whole)
                 if point is None:
                     point = series.estimate(blocks, window.span, window.start)
-            sums.append(encoded)
             estimates.append(point)
-
-        # Rows made as the store takes them: a batch can close every window of every series
-        # (a quarter of a million at the default limits), whose rows need not exist at once.
-        rows = (WindowRow(key, window.span, window.start, point[0], encoded,
+        rows = (WindowRow(key, window.span, window.start, point[0], merged.get(i, encoded),
                           msgspec.json.encode(point[1]))
-                for key, window, encoded, point in zip(keys, windows, sums, estimates))
-        self.store.write(self.source, batch, list(series_records.values()), rows, self._clock())
+                for i, (key, window, encoded, point)
+                in enumerate(zip(keys, windows, self._sums(batch, windows), estimates)))
+        self.store.write(self.source, batch, list(series_records.values()), rows,
+                         self._clock())
         self._series_written.update(series_records)
         return estimates
+
+    def _sums(self, batch: int | None, windows: list[ClosedWindow], chunk: int = 2000):
+        """Each window's sums: its own, or read back from the collector store ``chunk`` at
+        a time (a checkpoint saved them there)."""
+        for first in range(0, len(windows), chunk):
+            part = windows[first:first + chunk]
+            if all(window.sums is not None for window in part):
+                yield from (window.sums for window in part)
+                continue
+            if self._closed_sums is None or batch is None:
+                raise ValueError("closed windows without their sums, and no store to read")
+            for window, sums in zip(part, self._closed_sums(batch, first, len(part))):
+                yield window.sums if window.sums is not None else sums
 
     def retain(self) -> int:
         """Delete every window older than its resolution's retention."""

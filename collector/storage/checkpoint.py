@@ -96,6 +96,13 @@ def restore(config: CollectorConfig, store: CollectorStore, *,
     else:
         try:
             ingestor, held = load(state, recording=recording)
+            for batch, windows in ingestor.pending.items():  # their sums: the closed table
+                if any(window.sums is None for window in windows):
+                    ingestor.check_saved(batch, store.closed_rows(batch))
+        except StateError as exc:
+            raise CheckpointError(
+                f"{store.path}: the checkpoint's closed windows cannot be read ({exc}); move "
+                f"the file away to start with empty aggregates") from None
         except CheckpointError as exc:
             raise CheckpointError(
                 f"{store.path}: the checkpoint cannot be read ({exc}); move the file away to "

@@ -4,9 +4,12 @@ Exactly-once aggregation over at-least-once delivery works like a database
 log.  The network process appends every message to the journal, commits in
 small groups, and only then acknowledges those messages to the broker.  The
 aggregator reads the journal in order; every ``checkpoint_seconds`` it writes
-a checkpoint (the pickled ``Ingestor``: aggregates, sequence trackers,
+a checkpoint (the ``Ingestor``'s state: aggregates, sequence trackers,
 counters) with the id of the last journal row it includes, and the journal up
-to there is deleted.
+to there is deleted.  The sums of windows closed for the results store and not
+yet written there go to the ``closed`` table in the checkpoint's transaction,
+once each, and leave it with the first checkpoint after the results store took
+them.
 
 After a crash the collector loads the checkpoint and replays the journal
 after it.  Messages not yet committed were never acknowledged, so the broker
@@ -19,10 +22,11 @@ Imports only the standard library: the network process uses it too.
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 READ_ROWS = 5000  # journal rows applied at once ...
@@ -41,6 +45,12 @@ CREATE TABLE IF NOT EXISTS journal (
     payload BLOB NOT NULL,
     received REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS closed (
+    batch INTEGER NOT NULL,         -- the checkpoint state's pending batch number
+    seq INTEGER NOT NULL,           -- the window's place in its batch
+    sums BLOB NOT NULL,             -- Series.blocks_state
+    PRIMARY KEY (batch, seq)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS network (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     subscribed INTEGER NOT NULL,    -- 1 while the network process holds its subscriptions
@@ -185,19 +195,60 @@ class CollectorStore:
             self._buffer = []
             return True
 
-    def checkpoint(self, state: bytes, upto: int, *, trim: bool = True) -> None:
+    def checkpoint(self, state: bytes, upto: int, *, trim: bool = True,
+                   closed: Iterable[tuple[int, int, bytes]] = (),
+                   pending: Collection[int] | None = None) -> None:
         """Store ``state`` (which includes journal rows up to ``upto``) and, with ``trim``,
         delete those rows: all of it, or (raising) nothing.  Without ``trim`` (``[storage]
         keep_journal``) the journal keeps the whole stream; a restart still replays only
-        the rows after ``upto``."""
+        the rows after ``upto``.
+
+        ``closed``: closed windows' sums to keep, as (batch, seq, sums) (read as they are
+        written: each encoded once, never all at once); ``pending``: the batches the state
+        still holds (the others' sums are deleted; None: kept)."""
         with self._lock, self._transaction("BEGIN IMMEDIATE"):
             self._db.execute("INSERT INTO checkpoint VALUES (1, ?, ?, ?) ON CONFLICT (id) DO "
                              "UPDATE SET state=excluded.state, journal_upto=excluded.journal_upto,"
                              " written=excluded.written", (state, upto, time.time()))
+            self._db.executemany("INSERT OR REPLACE INTO closed VALUES (?, ?, ?)", closed)
+            if pending is not None:
+                self._db.execute("DELETE FROM closed WHERE batch NOT IN "
+                                 "(SELECT value FROM json_each(?))",
+                                 (json.dumps(sorted(pending)),))
             if trim:
                 self._db.execute("DELETE FROM journal WHERE id <= ?", (upto,))
             self._db.execute("INSERT INTO progress VALUES (1, ?) ON CONFLICT (id) DO UPDATE "
                              "SET position = MAX(position, excluded.position)", (upto,))
+
+    def closed_sums(self, batch: int, first: int, count: int) -> list[bytes]:
+        """The sums of windows ``first`` to ``first + count - 1`` of closed ``batch``, in
+        order (``ValueError`` if one is missing: the checkpoint said they were here)."""
+        with self._lock:
+            rows = self._db.execute("SELECT sums FROM closed WHERE batch = ? AND seq >= ? "
+                                    "AND seq < ? ORDER BY seq",
+                                    (batch, first, first + count)).fetchall()
+        if len(rows) != count:
+            raise ValueError(f"{self.path}: closed batch {batch} lacks windows of "
+                             f"{first}..{first + count - 1}")
+        return [row[0] for row in rows]
+
+    def closed_rows(self, batch: int, rows: int = READ_ROWS) -> Iterator[tuple[int, bytes]]:
+        """Every (seq, sums) of closed ``batch``, in order, read ``rows`` at a time."""
+        after = -1
+        while True:
+            with self._lock:
+                chunk = self._db.execute("SELECT seq, sums FROM closed WHERE batch = ? AND "
+                                         "seq > ? ORDER BY seq LIMIT ?",
+                                         (batch, after, rows)).fetchall()
+            yield from chunk
+            if len(chunk) < rows:
+                return
+            after = chunk[-1][0]
+
+    def closed_batches(self) -> list[int]:
+        with self._lock:
+            return [row[0] for row in
+                    self._db.execute("SELECT DISTINCT batch FROM closed ORDER BY batch")]
 
     def journal_length(self) -> int:
         with self._lock:
