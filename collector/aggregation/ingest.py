@@ -54,6 +54,10 @@ from edge_agent.protocol.codec import encode
 log = logging.getLogger(__name__)
 
 COUNTERS = ("messages", "values", "duplicates")
+# Recording: windows opened since the last close beyond which they are closed early
+# (``overfull``).  Well above what a steady fleet at the default limits opens between two
+# checkpoints (4,096 series: a minute each a minute, and an hour and a day at their turn).
+OPENED_BEFORE_CLOSING = 16_384
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,7 @@ class Ingestor:
         # confirmed written (a checkpoint keeps them), by number, and the last number given.
         self.pending: dict[int, list[ClosedWindow]] = {}
         self.flushes = 0
+        self.opened = 0  # windows opened since the last ``close_windows`` (``overfull``)
         self.source: str | None = None  # the name its batches are written under
         self.series: dict[str, dict[tuple, Series]] = {}  # channel -> identity -> series
         self.latest: dict[str, tuple] = {}  # channel -> identity of the newest series
@@ -179,11 +184,14 @@ class Ingestor:
     # -- the results store (collector.results) ----------------------------------------------
     @property
     def overfull(self) -> bool:
-        """Recording: some series holds more windows than ``keep_windows`` at a level (late
-        reports spread over many windows): windows should be closed now, not at the next
-        checkpoint."""
-        return any(series.overfull for by_identity in self.series.values()
-                   for series in by_identity.values())
+        """Recording: windows should be closed now, not at the next checkpoint: some
+        series holds more windows than ``keep_windows`` at a level (late reports spread
+        over many windows), or more than ``OPENED_BEFORE_CLOSING`` windows opened since
+        the last close (a burst of history: at the default limits a quarter of a million
+        windows of about 900 bytes each, which a close makes about 100 bytes)."""
+        return self.opened > OPENED_BEFORE_CLOSING or any(
+            series.overfull for by_identity in self.series.values()
+            for series in by_identity.values())
 
     def close_windows(self, now: float, grace: float) -> int | None:
         """Recording: every window that ended ``grace`` seconds before ``now``, of every
@@ -191,6 +199,7 @@ class Ingestor:
         checkpoints until ``written``); its number, or None if none closed."""
         closed = [window for by_identity in self.series.values()
                   for series in by_identity.values() for window in series.close(now, grace)]
+        self.opened = 0
         if not closed:
             return None
         self.flushes += 1
@@ -235,7 +244,7 @@ class Ingestor:
         finally:
             batch, self._batch = self._batch, None
             for series, messages in batch.values():
-                series.update_many(messages)
+                self._update(series, messages)
 
     # -- messages -------------------------------------------------------------------------
     def ingest(self, topic: str, payload: bytes, now: float | None = None) -> str:
@@ -332,10 +341,10 @@ class Ingestor:
         series = self._series_for(message, create=True)
         self.latest[message.channel] = series.identity
         self.latest_at[message.channel] = now
+        values = series.values_in(report.codes)
         if self._batch is None:
-            values = series.update(agent=message.agent, t=message.t, codes=report.codes)
+            self._update(series, [(message.agent, message.t, report.codes)])
         else:
-            values = series.values_in(report.codes)
             self._batch.setdefault(id(series), (series, []))[1].append(
                 (message.agent, message.t, report.codes))
         key = (message.agent, message.channel)
@@ -344,6 +353,11 @@ class Ingestor:
         agent = self.agents.setdefault(message.agent, AgentStats())
         agent.messages += 1
         agent.values += values
+
+    def _update(self, series: Series, messages: list) -> None:
+        opened = series.opened
+        series.update_many(messages)
+        self.opened += series.opened - opened
 
     def _series_for(self, message: Report, *, create: bool) -> Series | None:
         """The message's series; a new one is made if ``create``, and refused (``Rejected``)

@@ -160,6 +160,7 @@ class Series:
         # before it was, so a window before it opened since holds only late reports).
         self.sealed: dict[int, int] = {}
         self.overfull = False  # recording: a level holds more than keep_windows windows
+        self.opened = 0  # recording: windows opened since the last ``close``
         # What the sums gave, kept until they count more (saved with them): the total's
         # estimates, and each window's history point, each with the count it is of.
         self.summary: tuple[int, dict] | None = None
@@ -267,6 +268,7 @@ class Series:
         window = windows.get(start)
         if window is None:
             window = windows[start] = self._new_blocks()
+            self.opened += self.recording
             self._forget_old_windows(level)
             if start not in windows:
                 return None
@@ -323,6 +325,7 @@ class Series:
                 closed.append(ClosedWindow.of(self, self.span(level), start, blocks, delta, point))
             self.sealed[level] = limit if before is None else max(before, limit)
         self.overfull = any(len(windows) > self.keep_windows for windows in self.levels)
+        self.opened = 0
         return closed
 
     def is_delta(self, level: int, start: int) -> bool:

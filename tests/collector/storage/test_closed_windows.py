@@ -9,11 +9,13 @@ saying so."""
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import msgspec
 import numpy as np
 import pytest
 
+from collector.aggregation import ingest
 from collector.aggregation.ingest import Ingestor
 from collector.config import load_collector_config
 from collector.results.store import SeriesRecord
@@ -21,6 +23,8 @@ from collector.service import CollectorService
 from collector.storage.checkpoint import CheckpointError, dump
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM
+from tests.support import CollectorProcess, MqttClient
+from tests.support import wait_for_api as wait_until
 from tests.support.configs import write_toml
 
 FLEET = "demo"
@@ -166,3 +170,59 @@ def test_a_checkpoint_with_the_sums_inside_is_still_read_and_saves_them_beside(t
         assert _stored(service) == _expected(reports)
     finally:
         service.store.close()
+
+
+def test_a_burst_of_history_is_closed_early_and_a_steady_fleet_is_not(monkeypatch):
+    """Windows opened since the last close beyond ``OPENED_BEFORE_CLOSING`` (a burst of
+    history) ask for a close now: the open windows a burst holds at once stay bounded."""
+    monkeypatch.setattr(ingest, "OPENED_BEFORE_CLOSING", 30)
+    ingestor = Ingestor(fleet=FLEET, window_seconds=WINDOW, coarser=(12,), keep_windows=1000,
+                        recording=True)
+    steady = _reports(np.random.default_rng(7), seqs=range(20))  # 60 s: 12 + 1 + 1 windows
+    with ingestor.batch():
+        for topic, payload, received in steady:
+            ingestor.ingest(topic, payload, now=received)
+    assert ingestor.opened == 14 and not ingestor.overfull
+    burst = _reports(np.random.default_rng(8), agents=("w4",), seqs=range(100, 160))
+    for topic, payload, received in burst[:10]:  # one at a time, as outside a batch
+        ingestor.ingest(topic, payload, now=received)
+    assert not ingestor.overfull
+    with ingestor.batch():
+        for topic, payload, received in burst[10:]:
+            ingestor.ingest(topic, payload, now=received)
+    assert ingestor.opened > 30 and ingestor.overfull
+    assert ingestor.close_windows(T0 + 10_000.0, 0.0) is not None
+    assert ingestor.opened == 0 and not ingestor.overfull
+    without_store = Ingestor(fleet=FLEET, window_seconds=WINDOW, keep_windows=10)
+    for topic, payload, received in burst:
+        without_store.ingest(topic, payload, now=received)
+    assert without_store.opened == 0 and not without_store.overfull  # nothing to close
+
+
+def test_the_collector_closes_a_burst_of_history_without_waiting_for_its_checkpoint(
+        tmp_path, mosquitto, monkeypatch):
+    """The service with its network child and a real broker: a burst of reports into past
+    windows reaches the results store long before the hourly checkpoint."""
+    monkeypatch.setattr(ingest, "OPENED_BEFORE_CLOSING", 30)
+    collector = CollectorProcess(tmp_path, mosquitto, checkpoint_seconds=3600,
+                                 aggregates={"window_seconds": 60, "history_seconds": 3600},
+                                 results={"close_after_seconds": 0})  # its config
+    # An hour of minutes: no series holds more windows than it keeps (61).
+    config = load_collector_config(collector.config)
+    service = CollectorService(config, web=False)
+    service.start()
+    publisher = MqttClient(mosquitto, v5=False).connect()
+    try:
+        assert wait_until(lambda: service.store.network()["connected"], 30)
+        now = time.time()
+        for seq in range(60):  # an hour ago, a report a minute: 60 minutes, 2 hours, a day
+            payload = protocol.report(agent="w1", channel="x", kind="linear", seq=seq,
+                                      t=now - 3600 + 60 * seq, dt=1.0, codes=[1, 2, 3],
+                                      mechanism=MECHANISM.describe())
+            publisher.publish(protocol.data_topic(config.fleet, "w1", "x"), payload)
+        publisher.flush()
+        assert wait_until(lambda: service.recorder.written_windows >= 30, 30)
+        assert service.ingestor.counters["messages"] == 60
+    finally:
+        publisher.close()
+        service.stop()
