@@ -35,6 +35,12 @@ unbiased estimate measured over simulated hours of the pitch-rate recordings, at
 1,000 and 10,000 wearers (drawn from the recorded ones), for a guarantee that reports
 several times an hour and one that reports less than once.
 
+A third table measures what ``plan_spread = "auto"`` gains: for each signal, guarantee
+(those where the spread decides between more and fewer reports, and one where it does
+not), resolution read and fleet size, the plan an agent starts from (the assumed spread)
+against the one it adopts once the collector has described its fleet, each measured the
+same way per window of that resolution.
+
 Run: ``python -m benchmarks.bench_stream [--slots 240]
 [--markdown docs/benchmarks/bench_stream.md]``.
 """
@@ -53,6 +59,9 @@ from benchmarks.recordings import ACC_FULL_SCALE, GYRO_FULL_SCALE, load_basic_mo
 from collector.aggregation.blocks import LinearBlock
 from edge_agent import protocol
 from edge_agent.config import parse_config
+from edge_agent.config.agent import PLAN_SPREAD_ASSUMED
+from edge_agent.config.planning import replan_channel
+from edge_agent.fleet_spreads import planned_fleet, planned_spread
 from edge_agent.mechanisms import linear_mechanism
 from edge_agent.mechanisms.randomness import as_random_source
 
@@ -163,45 +172,49 @@ HOURS = 200
 HOUR = 3600.0
 
 
-def planned_for(stream: Stream, guarantees: list[dict], *, fleet: int, spread: float):
-    """The plan (and its one channel's) for a study reading hours, with this fleet size
-    and the spread its data really has as plan_spread."""
+def planned_for(stream: Stream, guarantees: list[dict], *, fleet: int, spread: float,
+                resolution: str = "1h"):
+    """The configuration (and its one channel's plan) of a study reading ``resolution``,
+    with this fleet size and ``spread`` as plan_spread."""
     config = parse_config({
         "agent_id": "bench", "fleet": "bench", "batch_seconds": 1.0,
         "privacy": {"guarantees": guarantees, "state_dir": "/tmp/unused",
-                    "range_epsilon_max": 0, "plan_resolution": "1h", "plan_fleet": fleet,
-                    "plan_spread": spread},
+                    "range_epsilon_max": 0, "plan_resolution": resolution,
+                    "plan_fleet": fleet, "plan_spread": spread},
         "sources": [{"name": "s", "type": "synthetic", "rate_hz": 1}],
         "channels": [{"name": "c", "kind": "linear", "source": "s", "field": "accel_x",
                       "mechanism": stream.mechanism, "domain": [stream.low, stream.high]}]})
-    return config.plan, config.plan.channels[0]
+    return config, config.plan.channels[0]
 
 
-def hourly_errors(stream: Stream, spacing: float, epsilon: float, *, fleet: int, hours: int,
-                  seed: int) -> np.ndarray:
-    """Each simulated hour's error of the unbiased estimate of the fleet's mean: ``fleet``
-    wearers drawn from the recorded ones (with replacement), one of the stream's hours,
-    each reporting the value of the slot it reports in, at its spacing from a random
-    phase; the truth is the mean of every wearer's every slot of that hour."""
+def window_errors(stream: Stream, spacing: float, epsilon: float, *, fleet: int,
+                  windows: int, seed: int, resolution: float = HOUR) -> np.ndarray:
+    """Each simulated window's error of the unbiased estimate of the fleet's mean:
+    ``fleet`` wearers drawn from the recorded ones (with replacement), one of the
+    stream's windows of ``resolution`` seconds, each reporting the value of the slot it
+    reports in, at its spacing from a random phase; the truth is the mean of every
+    wearer's every slot of that window."""
     rng = np.random.default_rng(seed)
     source = as_random_source(rng)
     mechanism = linear_mechanism(stream.mechanism, epsilon=epsilon, low=stream.low,
                                  high=stream.high, grid_bits=16)
     slope, intercept = mechanism.affine_mean()[:2]
-    per_hour = int(HOUR // SLOT)
-    errors = np.empty(hours)
-    for h in range(hours):
-        first = int(rng.integers(stream.values.shape[1] // per_hour)) * per_hour
+    slots = int(resolution // SLOT)
+    errors = np.empty(windows)
+    for h in range(windows):
+        first = int(rng.integers(stream.values.shape[1] // slots)) * slots
         wearers = rng.integers(WEARERS, size=fleet)
-        values = stream.values[wearers, first:first + per_hour]
+        values = stream.values[wearers, first:first + slots]
         phase = rng.uniform(0.0, spacing, fleet)
-        count = np.where(phase < HOUR, np.floor((HOUR - phase) / spacing) + 1, 0).astype(int)
+        count = np.where(phase < resolution,
+                         np.floor((resolution - phase) / spacing) + 1, 0).astype(int)
         who = np.repeat(np.arange(fleet), count)
         times = phase[who] + spacing * (np.arange(who.size) - np.repeat(np.cumsum(count) - count,
                                                                        count))
         reported = values[who, (times // SLOT).astype(int)]
         outputs = mechanism.from_codes(mechanism.perturb_codes(reported, source))
-        errors[h] = (float(np.mean((outputs - intercept) / slope)) - values.mean())
+        errors[h] = (float(np.mean((outputs - intercept) / slope)) if who.size else
+                     (stream.low + stream.high) / 2) - values.mean()
     return errors
 
 
@@ -214,14 +227,51 @@ def stated_against_measured(stream: Stream, seed: int) -> list[str]:
                        [{"epsilon": 2, "per": "6h"}]):
         said = " + ".join(f"ε {g['epsilon']} per {g['per']}" for g in guarantees)
         for fleet in FLEETS:
-            plan, channel = planned_for(stream, guarantees, fleet=fleet, spread=spread)
-            errors = hourly_errors(stream, channel.spacing, channel.epsilon, fleet=fleet,
-                                   hours=HOURS, seed=seed + fleet)
+            config, channel = planned_for(stream, guarantees, fleet=fleet, spread=spread)
+            errors = window_errors(stream, channel.spacing, channel.epsilon, fleet=fleet,
+                                   windows=HOURS, seed=seed + fleet)
             measured = Outcome.rmse(errors) / width
-            stated = plan.error(channel, HOUR)
+            stated = config.plan.error(channel, HOUR)
             rows.append(f"| {stream.name} | {stream.mechanism} | {said} | {fleet:,} | "
                         f"{channel.reports_per(HOUR):.3g} | {stated:.4f} | {measured:.4f} | "
                         f"{stated / measured:.2f} |")
+            print(rows[-1], flush=True)
+    return rows
+
+
+# What plan_spread = "auto" is measured on: guarantees where the spread decides between
+# more and fewer reports (a generous ε per window read), with the resolution read.
+LEARNED = (([{"epsilon": 40, "per": "1h"}], "1m", SLOT),
+           ([{"epsilon": 100, "per": "1d"}], "1h", HOUR),
+           ([{"epsilon": 4, "per": "10m"}, {"epsilon": 48, "per": "1d"}], "1h", HOUR))
+WINDOWS_MEASURED = 400
+
+
+def learned_against_assumed(stream: Stream, seed: int) -> list[str]:
+    """Rows of the table of what ``plan_spread = "auto"`` gains (module docstring): the
+    plan for the assumed spread (``PLAN_SPREAD_ASSUMED``, what an agent starts from)
+    against the plan an agent adopts once the collector has described the fleet
+    (``planning.replan_channel`` for the fleet's spread and size as
+    ``edge_agent.fleet_spreads`` rounds them), each measured over simulated windows of
+    the resolution the study reads."""
+    width = stream.high - stream.low
+    real = float(stream.values.std()) / width
+    learned = planned_spread(real)
+    rows = []
+    for guarantees, resolution, seconds in LEARNED:
+        said = " + ".join(f"ε {g['epsilon']} per {g['per']}" for g in guarantees)
+        for fleet in FLEETS:
+            config, assumed = planned_for(stream, guarantees, fleet=fleet,
+                                          spread=PLAN_SPREAD_ASSUMED, resolution=resolution)
+            adopted = replan_channel(config, "c", spread=learned, fleet=planned_fleet(fleet))
+            errors = [Outcome.rmse(window_errors(stream, plan.spacing, plan.epsilon,
+                                                 fleet=fleet, windows=WINDOWS_MEASURED,
+                                                 seed=seed + fleet, resolution=seconds))
+                      / width for plan in (assumed, adopted)]
+            rows.append(f"| {stream.name} | {stream.mechanism} | {said} | {resolution} | "
+                        f"{fleet:,} | {real:.3f} | {assumed.spacing:.0f} s, ε {assumed.epsilon:.3g}"
+                        f" | {errors[0]:.4f} | {learned:.3f} | {adopted.spacing:.0f} s, ε "
+                        f"{adopted.epsilon:.3g} | {errors[1]:.4f} | {errors[0] / errors[1]:.2f}x |")
             print(rows[-1], flush=True)
     return rows
 
@@ -294,6 +344,18 @@ def main() -> None:
     for stream in streams(args.slots, args.seed):
         if stream.name == "pitch rate":
             lines += stated_against_measured(stream, args.seed)
+    lines += ["", "What `plan_spread = \"auto\"` gains: the plan an agent starts from (the "
+                  f"assumed spread, {PLAN_SPREAD_ASSUMED:g} of the width) against the plan it "
+                  "adopts once the collector has described the fleet (its spread rounded up "
+                  "and its size rounded down as an agent rounds them): the same shares of the "
+                  "guarantee, another spacing; the RMSE of the unbiased mean per window of "
+                  f"the resolution read, over {WINDOWS_MEASURED} simulated windows each "
+                  "(relative to the domain's width).",
+              "", "| signal | mechanism | guarantee | resolution | wearers | real spread | "
+                  "assumed: every | RMSE | learned spread | learned: every | RMSE | gain |",
+              "|---|---|---|---|---:|---:|---|---:|---:|---|---:|---:|"]
+    for stream in streams(args.slots, args.seed):
+        lines += learned_against_assumed(stream, args.seed)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.markdown:

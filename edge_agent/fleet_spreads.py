@@ -48,6 +48,20 @@ def _rounded_down(value: int, step: float) -> int:
     return max(1, math.floor(step ** math.floor(math.log(value, step) + 1e-9)))
 
 
+def planned_spread(share: float) -> float:
+    """The spread a plan is made for, from the fleet's (a share of the domain's width):
+    bounded, then rounded up to the grid (bounded first: a huge spread over a narrow
+    domain would overflow to inf)."""
+    bounded = min(max(share, SPREAD_MIN), SPREAD_MAX)
+    return min(SPREAD_MAX, _rounded_up(bounded, SPREAD_STEP))
+
+
+def planned_fleet(agents: int) -> int:
+    """The fleet size a plan is made for, from the agents reporting: bounded, then
+    rounded down to the grid."""
+    return _rounded_down(min(agents, PLAN_FLEET_MAX), FLEET_STEP)
+
+
 class FleetSpreads:
     """The latest fleet spread and size the collector published for each planned linear
     channel of ``widths`` (name -> its domain's width), and the plans they give."""
@@ -88,11 +102,7 @@ class FleetSpreads:
             log.warning("ignored the snapshot on %s: spread %r of %d agents", topic, upper,
                         found.agents)
             return True
-        # Bounded before rounding: a huge spread over a narrow domain overflows to inf.
-        bounded = min(max(upper / width, SPREAD_MIN), SPREAD_MAX)
-        share = min(SPREAD_MAX, _rounded_up(bounded, SPREAD_STEP))
-        self.latest[name] = (share, _rounded_down(min(found.agents, PLAN_FLEET_MAX),
-                                                  FLEET_STEP))
+        self.latest[name] = (planned_spread(upper / width), planned_fleet(found.agents))
         return True
 
     def plan(self, config, name: str) -> ChannelPlan | None:
