@@ -154,29 +154,26 @@ class CollectorService:
     def checkpoint(self) -> bool:
         """Save the aggregates with the journal position they include; False (logged,
         nothing changed on disk) if that failed: the next attempt writes it all again."""
+        # Written under the lock: the state is encoded as SQLite takes it (no copy of it
+        # whole), while the aggregates do not change.
         with self.lock:
             self.ingestor.close_windows(self.clock(), self.config.results.close_after_seconds)
-            state = checkpoint.dump(self.ingestor)
             flushes = self.ingestor.flushes
-            position = self.position
             confirmations = self.ingestor.confirmations(self.clock()) \
                 if self.config.storage.confirmations else {}
-            unsaved, pending = self.ingestor.unsaved(), list(self.ingestor.pending)
-        # Each closed window's sums are written once, from the bytes it holds (a batch's
-        # windows never change: the recorder writes only what a checkpoint holds).
-        closed = ((batch, seq, window.sums) for batch, windows in unsaved
-                  for seq, window in enumerate(windows))
-        try:
-            self.store.checkpoint(state, position, trim=not self.config.storage.keep_journal,
-                                  closed=closed, pending=pending)
-        except Exception as exc:  # e.g. a full disk: the journal keeps everything meanwhile
-            log.error("checkpoint of %d bytes failed (%s: %s); retrying in %.0f s",
-                      len(state), type(exc).__name__, exc, CHECKPOINT_RETRY_SECONDS)
-            with self.lock:
+            unsaved = self.ingestor.unsaved()
+            # Each closed window's sums are written once, from the bytes it holds.
+            closed = ((batch, seq, window.sums) for batch, windows in unsaved
+                      for seq, window in enumerate(windows))
+            try:
+                self.store.checkpoint(checkpoint.dump_parts(self.ingestor), self.position,
+                                      trim=not self.config.storage.keep_journal,
+                                      closed=closed, pending=list(self.ingestor.pending))
+            except Exception as exc:  # e.g. a full disk: the journal keeps everything meanwhile
+                log.error("checkpoint failed (%s: %s); retrying in %.0f s",
+                          type(exc).__name__, exc, CHECKPOINT_RETRY_SECONDS)
                 self.ingestor.unconfirmed.update(confirmations)  # confirmed next time
-            return False
-        del state
-        with self.lock:
+                return False
             self.ingestor.saved(batch for batch, _ in unsaved)
         del unsaved
         release_freed_memory()

@@ -29,6 +29,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -496,7 +497,8 @@ class Ingestor:
                     series.adopt(theirs)
 
     # -- saved and exchanged state (collector.storage.states) --------------------------------
-    def to_state(self, *, computed: bool = True, encoded: bool = False) -> IngestorState:
+    def to_state(self, *, computed: bool = True, encoded: bool = False,
+                 series_mark: msgspec.Raw | None = None) -> IngestorState:
         """Everything the merge view (and a checkpoint) needs of the aggregates: series,
         per-agent counters, newest series, rejects and dead letters (no trackers: those are
         the checkpoint's).  ``computed``: with what the sums gave (``Series.summary`` and
@@ -507,13 +509,20 @@ class Ingestor:
         series at a time, for a state that is only encoded: it encodes to the same bytes,
         and the typed tree of the whole state, about six times its JSON (a list of ints
         per histogram), never exists at once (at the default limits: ~440 MB beside
-        ~70 MB of JSON, measured)."""
+        ~70 MB of JSON, measured).
+
+        ``series_mark``: ``series`` holds this mark alone, and ``encoded_series`` gives
+        what it stands for, one series at a time (``collector.storage.checkpoint``:
+        written as it is encoded, so no copy of the whole state ever exists)."""
         series, index = [], {}
         for by_identity in self.series.values():
             for identity, one in by_identity.items():
-                index[identity] = len(series)
-                state = one.to_state(computed=computed)
-                series.append(msgspec.Raw(encode(state)) if encoded else state)
+                index[identity] = len(index)
+                if series_mark is None:
+                    state = one.to_state(computed=computed)
+                    series.append(msgspec.Raw(encode(state)) if encoded else state)
+        if series_mark is not None:
+            series = [series_mark]
         # A closed window's sums are the collector store's (``closed``), saved with the
         # checkpoint that holds this state (``unsaved``): the state names the window.
         pending = [PendingBatch(flush, [
@@ -530,6 +539,12 @@ class Ingestor:
                     for channel, identity in self.latest.items()},
             dead_letters=[DeadLetter(**letter) for letter in self.dead_letters],
             pending=pending, flushes=self.flushes, source=self.source)
+
+    def encoded_series(self, *, computed: bool = True) -> Iterator[bytes]:
+        """Each series' state as JSON, in ``to_state``'s order, encoded as it is taken."""
+        for by_identity in self.series.values():
+            for one in by_identity.values():
+                yield encode(one.to_state(computed=computed))
 
     @classmethod
     def from_state(cls, state: IngestorState | dict, *, recording: bool = False) -> Ingestor:

@@ -17,6 +17,9 @@ which file and why, instead of starting empty.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+
+import msgspec
 
 from collector.aggregation.dedup import SeqTracker
 from collector.aggregation.ingest import Ingestor
@@ -49,8 +52,34 @@ def with_trackers(ingestor: Ingestor, trackers: list[TrackerState]) -> Ingestor:
     return ingestor
 
 
+# Where the series go in the encoded checkpoint: a NUL byte, which msgspec's JSON never
+# holds (it escapes control characters inside strings), so it is found exactly once.
+_SERIES_MARK = msgspec.Raw(b"\x00")
+PART_BYTES = 1 << 20  # the checkpoint is written in parts of about this size
+
+
+def dump_parts(ingestor: Ingestor, part_bytes: int = PART_BYTES) -> Iterator[bytes]:
+    """The checkpoint's JSON in parts of about ``part_bytes`` (their concatenation is
+    ``dump``'s), each series encoded as the parts are taken: no copy of the whole state
+    exists at once (at the default limits three of about 40 MB did: the series', the
+    state's, and SQLite's).  Take them while ``ingestor`` does not change."""
+    envelope = encode_checkpoint(ingestor.to_state(encoded=True, series_mark=_SERIES_MARK),
+                                 tracker_states(ingestor), held=[])
+    head, tail = envelope.split(bytes(_SERIES_MARK))
+    part = bytearray(head)
+    for i, series in enumerate(ingestor.encoded_series()):
+        if i:
+            part += b","
+        part += series
+        if len(part) >= part_bytes:
+            yield bytes(part)
+            part.clear()
+    part += tail
+    yield bytes(part)
+
+
 def dump(ingestor: Ingestor) -> bytes:
-    return encode_checkpoint(ingestor.to_state(encoded=True), tracker_states(ingestor), held=[])
+    return b"".join(dump_parts(ingestor))
 
 
 def load(payload: bytes, *, recording: bool = False) \

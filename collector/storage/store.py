@@ -45,6 +45,10 @@ CREATE TABLE IF NOT EXISTS journal (
     payload BLOB NOT NULL,
     received REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS checkpoint_part (
+    seq INTEGER PRIMARY KEY,        -- a checkpoint written in parts: their order
+    data BLOB NOT NULL              -- (the checkpoint row's state is then empty)
+);
 CREATE TABLE IF NOT EXISTS closed (
     batch INTEGER NOT NULL,         -- the checkpoint state's pending batch number
     seq INTEGER NOT NULL,           -- the window's place in its batch
@@ -88,10 +92,16 @@ class CollectorStore:
 
     def load(self) -> tuple[bytes | None, int]:
         """(checkpoint state or None, the journal id it includes)."""
-        with self._lock:
+        with self._lock, self.reading():
             row = self._db.execute("SELECT state, journal_upto FROM checkpoint WHERE id=1") \
                 .fetchone()
-        return (row[0], row[1]) if row else (None, 0)
+            if row is None:
+                return None, 0
+            state = row[0]
+            if not state:  # written in parts
+                state = b"".join(part for part, in self._db.execute(
+                    "SELECT data FROM checkpoint_part ORDER BY seq"))
+        return state, row[1]
 
     def read_journal(self, after: int, rows: int = READ_ROWS, size: int = READ_BYTES) \
             -> tuple[list[tuple[int, str, bytes, float]], bool]:
@@ -195,10 +205,11 @@ class CollectorStore:
             self._buffer = []
             return True
 
-    def checkpoint(self, state: bytes, upto: int, *, trim: bool = True,
+    def checkpoint(self, state: bytes | Iterable[bytes], upto: int, *, trim: bool = True,
                    closed: Iterable[tuple[int, int, bytes]] = (),
                    pending: Collection[int] | None = None) -> None:
-        """Store ``state`` (which includes journal rows up to ``upto``) and, with ``trim``,
+        """Store ``state`` (which includes journal rows up to ``upto``; bytes, or parts
+        whose concatenation it is, each written as it is taken) and, with ``trim``,
         delete those rows: all of it, or (raising) nothing.  Without ``trim`` (``[storage]
         keep_journal``) the journal keeps the whole stream; a restart still replays only
         the rows after ``upto``.
@@ -207,6 +218,13 @@ class CollectorStore:
         written: each encoded once, never all at once); ``pending``: the batches the state
         still holds (the others' sums are deleted; None: kept)."""
         with self._lock, self._transaction("BEGIN IMMEDIATE"):
+            self._db.execute("DELETE FROM checkpoint_part")
+            if not isinstance(state, bytes):
+                self._db.executemany("INSERT INTO checkpoint_part VALUES (?, ?)",
+                                     enumerate(state))
+                state = b""
+            elif not state:
+                raise ValueError("an empty checkpoint")
             self._db.execute("INSERT INTO checkpoint VALUES (1, ?, ?, ?) ON CONFLICT (id) DO "
                              "UPDATE SET state=excluded.state, journal_upto=excluded.journal_upto,"
                              " written=excluded.written", (state, upto, time.time()))
