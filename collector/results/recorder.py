@@ -122,16 +122,17 @@ class ResultsRecorder:
 
     def _sums(self, batch: int | None, windows: list[ClosedWindow], chunk: int = 2000):
         """Each window's sums: its own, or read back from the collector store ``chunk`` at
-        a time (a checkpoint saved them there)."""
+        a time (a checkpoint saved them there: it may do so meanwhile, so each window's
+        are taken once)."""
         for first in range(0, len(windows), chunk):
-            part = windows[first:first + chunk]
-            if all(window.sums is not None for window in part):
-                yield from (window.sums for window in part)
-                continue
-            if self._closed_sums is None or batch is None:
-                raise ValueError("closed windows without their sums, and no store to read")
-            for window, sums in zip(part, self._closed_sums(batch, first, len(part))):
-                yield window.sums if window.sums is not None else sums
+            held = [window.sums for window in windows[first:first + chunk]]
+            if any(sums is None for sums in held):
+                if self._closed_sums is None or batch is None:
+                    raise ValueError("closed windows without their sums, and no store to read")
+                stored = self._closed_sums(batch, first, len(held))
+                held = [mine if mine is not None else theirs
+                        for mine, theirs in zip(held, stored)]
+            yield from held
 
     def retain(self) -> int:
         """Delete every window older than its resolution's retention."""

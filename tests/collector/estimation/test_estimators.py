@@ -188,7 +188,11 @@ def test_near_a_flat_end_newton_is_tried_again_until_it_lands_on_the_fixed_point
         fitted = ems.reconstruct(counts, matrix, smoothing=0.01)
     assert attempts[0] is None and attempts[-1] is not None
     assert sum(steps) < 1000
-    assert np.abs(fitted - exact).sum() < 1e-7
+    # Equal columns make the fixed point ill-conditioned along them (only the weak
+    # smoothing tells them apart): two converged fits agree to about 1e-7 in L1, by how
+    # the machine rounds (1.7e-7 on an Intel Xeon, below 1e-7 on an AMD EPYC; an EM of
+    # 4 million steps stops at the same place), far below an estimate's error.
+    assert np.abs(fitted - exact).sum() < 1e-6
 
 
 def test_reconstruct_refuses_bad_arguments():
