@@ -6,7 +6,9 @@ small groups, and only then acknowledges those messages to the broker.  The
 aggregator reads the journal in order; every ``checkpoint_seconds`` it writes
 a checkpoint (the ``Ingestor``'s state: aggregates, sequence trackers,
 counters) with the id of the last journal row it includes, and the journal up
-to there is deleted.  The sums of windows closed for the results store and not
+to there is deleted.  A checkpoint is written in parts (``checkpoint_part``) as
+the state is encoded, a series at a time, so that no copy of the whole state
+exists at once.  The sums of windows closed for the results store and not
 yet written there go to the ``closed`` table in the checkpoint's transaction,
 once each, and leave it with the first checkpoint after the results store took
 them.
