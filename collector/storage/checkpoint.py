@@ -63,7 +63,7 @@ def dump_parts(ingestor: Ingestor, part_bytes: int = PART_BYTES) -> Iterator[byt
     ``dump``'s), each series encoded as the parts are taken: no copy of the whole state
     exists at once (at the default limits three of about 40 MB did: the series', the
     state's, and SQLite's).  Take them while ``ingestor`` does not change."""
-    envelope = encode_checkpoint(ingestor.to_state(encoded=True, series_mark=_SERIES_MARK),
+    envelope = encode_checkpoint(ingestor.to_state(series_mark=_SERIES_MARK),
                                  tracker_states(ingestor), held=[])
     head, tail = envelope.split(bytes(_SERIES_MARK))
     part = bytearray(head)

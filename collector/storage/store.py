@@ -265,11 +265,6 @@ class CollectorStore:
                 return
             after = chunk[-1][0]
 
-    def closed_batches(self) -> list[int]:
-        with self._lock:
-            return [row[0] for row in
-                    self._db.execute("SELECT DISTINCT batch FROM closed ORDER BY batch")]
-
     def journal_length(self) -> int:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM journal").fetchone()[0]
