@@ -232,6 +232,16 @@ def limit_reports(channels: int = 256, series: int = 16):
                     t=t, dt=1.0, mechanism=description, codes=codes.tolist())
 
 
+def _role(process: psutil.Process) -> str:
+    """What a process of the collector's tree is, from its command line."""
+    line = " ".join(process.cmdline())
+    for mark, role in (("-m collector", "main"), ("resource_tracker", "resource tracker"),
+                       ("spawn_main", "spawned child")):
+        if mark in line:
+            return role
+    return process.name()
+
+
 class PeakRss:
     """The largest RSS of a collector's process tree, sampled every 0.2 s in a thread (a
     checkpoint's and a push's transient copies come and go between two readings)."""
@@ -242,6 +252,7 @@ class PeakRss:
         # When the peak was (seconds from the start) and what it was made of: the main
         # process's RSS and the number of processes in the tree then.
         self.peak_at, self.peak_main, self.peak_processes = 0.0, 0.0, 0
+        self.peak_parts: list[tuple[str, float]] = []  # (role, RSS MB) of each process then
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -255,6 +266,7 @@ class PeakRss:
                     self.peak, self.peak_at = rss, time.monotonic() - self._started
                     self.peak_main = main.memory_info().rss / 2**20
                     self.peak_processes = len(tree)
+                    self.peak_parts = [(_role(p), p.memory_info().rss / 2**20) for p in tree]
                 self.pss_peak = max(self.pss_peak, tree_pss_mb(self.collector))
             except psutil.Error:  # a process of the tree ended between listing and reading
                 pass

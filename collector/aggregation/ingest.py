@@ -498,7 +498,8 @@ class Ingestor:
 
     # -- saved and exchanged state (collector.storage.states) --------------------------------
     def to_state(self, *, computed: bool = True, encoded: bool = False,
-                 series_mark: msgspec.Raw | None = None) -> IngestorState:
+                 series_mark: msgspec.Raw | None = None,
+                 pending_mark: msgspec.Raw | None = None) -> IngestorState:
         """Everything the merge view (and a checkpoint) needs of the aggregates: series,
         per-agent counters, newest series, rejects and dead letters (no trackers: those are
         the checkpoint's).  ``computed``: with what the sums gave (``Series.summary`` and
@@ -511,24 +512,22 @@ class Ingestor:
         per histogram), never exists at once (at the default limits: ~440 MB beside
         ~70 MB of JSON, measured).
 
-        ``series_mark``: ``series`` holds this mark alone, and ``encoded_series`` gives
-        what it stands for, one series at a time (``collector.storage.checkpoint``:
-        written as it is encoded, so no copy of the whole state ever exists)."""
-        series, index = [], {}
-        for by_identity in self.series.values():
-            for identity, one in by_identity.items():
-                index[identity] = len(index)
-                if series_mark is None:
+        ``series_mark`` / ``pending_mark``: ``series`` / ``pending`` holds this mark alone,
+        and ``encoded_series`` / ``encoded_pending`` give what it stands for, a piece at a
+        time (``collector.storage.checkpoint``: written as it is encoded, so no copy of the
+        whole state ever exists)."""
+        series, index = [], self._series_index()
+        if series_mark is None:
+            for by_identity in self.series.values():
+                for one in by_identity.values():
                     state = one.to_state(computed=computed)
                     series.append(msgspec.Raw(encode(state)) if encoded else state)
-        if series_mark is not None:
+        else:
             series = [series_mark]
-        # A closed window's sums are the collector store's (``closed``), saved with the
-        # checkpoint that holds this state (``unsaved``): the state names the window.
-        pending = [PendingBatch(flush, [
-            PendingWindow(index[window.series.identity], window.span, window.start,
-                          window.delta, IN_THE_STORE, window.count)
-            for window in windows]) for flush, windows in sorted(self.pending.items())]
+        if pending_mark is None:
+            pending = [self._pending_batch(flush, index) for flush in sorted(self.pending)]
+        else:
+            pending = [pending_mark]
         return IngestorState(
             fleet=self.fleet, settings=self.settings(), rejects=dict(self.rejects),
             agents={name: AgentState(a.messages, a.values, a.duplicates, a.rejects,
@@ -540,11 +539,33 @@ class Ingestor:
             dead_letters=[DeadLetter(**letter) for letter in self.dead_letters],
             pending=pending, flushes=self.flushes, source=self.source)
 
+    def _series_index(self) -> dict[tuple, int]:
+        """Each series' place in the state's ``series`` (by identity)."""
+        return {identity: i for i, identity in enumerate(
+            identity for by_identity in self.series.values() for identity in by_identity)}
+
+    def _pending_batch(self, flush: int, index: dict[tuple, int]) -> PendingBatch:
+        """Batch ``flush`` of the closed windows, as the state names them: a closed window's
+        sums are the collector store's (``closed``), saved with the checkpoint that holds
+        this state (``unsaved``)."""
+        return PendingBatch(flush, [
+            PendingWindow(index[window.series.identity], window.span, window.start,
+                          window.delta, IN_THE_STORE, window.count)
+            for window in self.pending[flush]])
+
     def encoded_series(self, *, computed: bool = True) -> Iterator[bytes]:
         """Each series' state as JSON, in ``to_state``'s order, encoded as it is taken."""
         for by_identity in self.series.values():
             for one in by_identity.values():
                 yield encode(one.to_state(computed=computed))
+
+    def encoded_pending(self) -> Iterator[bytes]:
+        """Each pending batch as JSON, in ``to_state``'s order, encoded as it is taken (at
+        the default limits a burst leaves a quarter of a million closed windows pending
+        for as long as the recorder takes: 9 MB of JSON, and 20 MB as typed values)."""
+        index = self._series_index()
+        for flush in sorted(self.pending):
+            yield encode(self._pending_batch(flush, index))
 
     @classmethod
     def from_state(cls, state: IngestorState | dict, *, recording: bool = False) -> Ingestor:

@@ -198,21 +198,25 @@ def test_series_encoded_one_at_a_time_give_the_same_checkpoint():
 @pytest.mark.parametrize("part_bytes", [1, 300, 1 << 20])
 def test_a_checkpoint_in_parts_is_the_same_checkpoint_and_loads_from_the_store(tmp_path,
                                                                                part_bytes):
-    """``dump_parts`` (each series encoded as the store takes the parts: no copy of the
-    whole state) concatenates to the typed state's checkpoint, whatever the parts' size
-    and whatever senders wrote into what the state keeps of them (a dead letter holding
-    a NUL byte and the text of the mark); the store gives it back whole, and a later
-    checkpoint in one piece leaves no part behind."""
-    ingestor = Ingestor(fleet=FLEET, bins=20, window_seconds=10.0, keep_windows=4)
+    """``dump_parts`` (each series and each batch of closed windows encoded as the store
+    takes the parts: no copy of the whole state) concatenates to the typed state's
+    checkpoint, whatever the parts' size and whatever senders wrote into what the state
+    keeps of them (a dead letter holding the marks' NUL and SOH bytes and their text); the
+    store gives it back whole, and a later checkpoint in one piece leaves no part behind."""
+    ingestor = Ingestor(fleet=FLEET, bins=20, window_seconds=10.0, keep_windows=4,
+                        recording=True)
     assert b"".join(checkpoint.dump_parts(ingestor, part_bytes)) == encode_checkpoint(
         ingestor.to_state(), [], held=[])  # no series at all
     for topic, payload in burst(channels=["x", "y", "z"], agents=["a", "b"], windows=4,
                                 values=30, window_seconds=10.0, now=1_000.0):
         assert ingestor.ingest(topic, payload, 1_000.0) == "accepted"
-    ingestor.ingest(protocol.data_topic(FLEET, "a", "x"), b'{"series": [\x00], "v": "\x00"}',
-                    1_000.0)
+    ingestor.ingest(protocol.data_topic(FLEET, "a", "x"),
+                    b'{"series": [\x00], "pending": [\x01], "v": "\x00\x01"}', 1_000.0)
     assert ingestor.dead_letters
     Views(lambda: ingestor, clock=lambda: 1_000.0, budget_seconds=None).channels_json()
+    for now in (985.0, 1_000.0):  # two batches of closed windows, pending
+        assert ingestor.close_windows(now, grace=0.0) is not None
+    assert len(ingestor.pending) == 2
     parts = list(checkpoint.dump_parts(ingestor, part_bytes))
     expected = encode_checkpoint(ingestor.to_state(), checkpoint.tracker_states(ingestor),
                                  held=[])
@@ -222,8 +226,9 @@ def test_a_checkpoint_in_parts_is_the_same_checkpoint_and_loads_from_the_store(t
     try:
         store.checkpoint(iter(parts), 7)
         assert store.load() == (expected, 7)
-        again, _ = checkpoint.load(store.load()[0])
+        again, _ = checkpoint.load(store.load()[0], recording=True)
         assert document(again) == document(ingestor)
+        assert again.to_state().pending == ingestor.to_state().pending
         store.checkpoint(b"{}", 8)
         assert store.load() == (b"{}", 8)
         assert store._db.execute("SELECT COUNT(*) FROM checkpoint_part").fetchone()[0] == 0
