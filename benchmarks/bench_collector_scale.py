@@ -309,7 +309,7 @@ def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256) -> dict
             found.update(rss=tree_rss_mb(collector), rss_main=main.memory_info().rss / 2**20)
         return {**found, "rss_peak": peak.peak, "pss_peak": peak.pss_peak,
                 "peak_at": peak.peak_at, "peak_main": peak.peak_main,
-                "peak_processes": peak.peak_processes}
+                "peak_processes": peak.peak_processes, "peak_parts": peak.peak_parts}
     finally:
         collector.kill()
 
@@ -441,7 +441,9 @@ def main() -> int:
               f"MB meanwhile (PSS at most {limits['pss_peak']:.0f} MB; the peak "
               f"{limits['peak_at']:.0f} s from the start, counted and estimated at "
               f"{limits['filled_at']:.0f} s: main process {limits['peak_main']:.0f} MB of "
-              f"{limits['peak_processes']} processes); in-process, the sums "
+              f"{limits['peak_processes']} processes: "
+              f"{', '.join(f'{role} {rss:.0f}' for role, rss in limits['peak_parts'])}); "
+              f"in-process, the sums "
               f"{sums:.0f} MB, with every estimate kept {kept:.0f} MB; one linear series' "
               f"sums with {WINDOWS} windows of 50 values: {series_kilobytes():.0f} kB")
     for r in results:
