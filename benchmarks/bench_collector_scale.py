@@ -249,10 +249,10 @@ class PeakRss:
     def __init__(self, collector: CollectorProcess):
         self.collector, self.peak, self._stop = collector, 0.0, threading.Event()
         self.pss_peak = 0.0
-        # When the peak was (seconds from the start) and what it was made of: the main
-        # process's RSS and the number of processes in the tree then.
-        self.peak_at, self.peak_main, self.peak_processes = 0.0, 0.0, 0
-        self.peak_parts: list[tuple[str, float]] = []  # (role, RSS MB) of each process then
+        # When the peak was (seconds from the start) and what it was made of: (role, RSS
+        # MB) of each process in the tree then, the main process first.
+        self.peak_at = 0.0
+        self.peak_parts: list[tuple[str, float]] = []
         self._started = time.monotonic()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -260,13 +260,13 @@ class PeakRss:
         while not self._stop.wait(0.2):
             try:
                 main = psutil.Process(self.collector.process.pid)
-                tree = [main, *main.children(recursive=True)]
-                rss = sum(p.memory_info().rss for p in tree) / 2**20
+                # Each process read once: the parts add up to the sum compared.
+                parts = [(_role(p), p.memory_info().rss / 2**20)
+                         for p in (main, *main.children(recursive=True))]
+                rss = sum(part for _, part in parts)
                 if rss > self.peak:
                     self.peak, self.peak_at = rss, time.monotonic() - self._started
-                    self.peak_main = main.memory_info().rss / 2**20
-                    self.peak_processes = len(tree)
-                    self.peak_parts = [(_role(p), p.memory_info().rss / 2**20) for p in tree]
+                    self.peak_parts = parts
                 self.pss_peak = max(self.pss_peak, tree_pss_mb(self.collector))
             except psutil.Error:  # a process of the tree ended between listing and reading
                 pass
@@ -308,8 +308,7 @@ def at_the_limits(workdir: Path, broker: Mosquitto, channels: int = 256) -> dict
             main = psutil.Process(collector.process.pid)
             found.update(rss=tree_rss_mb(collector), rss_main=main.memory_info().rss / 2**20)
         return {**found, "rss_peak": peak.peak, "pss_peak": peak.pss_peak,
-                "peak_at": peak.peak_at, "peak_main": peak.peak_main,
-                "peak_processes": peak.peak_processes, "peak_parts": peak.peak_parts}
+                "peak_at": peak.peak_at, "peak_parts": peak.peak_parts}
     finally:
         collector.kill()
 
@@ -440,8 +439,8 @@ def main() -> int:
               f"the last was counted), at most {limits['rss_peak']:.0f} "
               f"MB meanwhile (PSS at most {limits['pss_peak']:.0f} MB; the peak "
               f"{limits['peak_at']:.0f} s from the start, counted and estimated at "
-              f"{limits['filled_at']:.0f} s: main process {limits['peak_main']:.0f} MB of "
-              f"{limits['peak_processes']} processes: "
+              f"{limits['filled_at']:.0f} s: main process {limits['peak_parts'][0][1]:.0f} MB "
+              f"of {len(limits['peak_parts'])} processes: "
               f"{', '.join(f'{role} {rss:.0f}' for role, rss in limits['peak_parts'])}); "
               f"in-process, the sums "
               f"{sums:.0f} MB, with every estimate kept {kept:.0f} MB; one linear series' "
