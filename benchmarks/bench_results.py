@@ -48,8 +48,6 @@ to try it).
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import json
 import os
 import signal
@@ -75,6 +73,7 @@ from collector.storage.checkpoint import dump
 from collector.storage.states import LinearPoint, MeanPoint
 from edge_agent import protocol
 from edge_agent.mechanisms import ClassicalOGPM
+from edge_agent.memory import release_freed_heap
 
 FLEET = "bench"
 DAY = 86400.0
@@ -158,21 +157,10 @@ def stub_estimate(self, blocks: dict, span: float, start: int):
 
 
 # -- measurements -----------------------------------------------------------------------------
-def _malloc_trim():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-MALLOC_TRIM = _malloc_trim()
-
-
 def rss_mb() -> dict[str, float]:
     """VmRSS and VmHWM (peak) in MB, after giving freed pages back as the collector does
-    after each checkpoint (``service.release_freed_memory``)."""
-    if MALLOC_TRIM is not None:
-        MALLOC_TRIM(0)
+    after each checkpoint (``edge_agent.memory.release_freed_heap``)."""
+    release_freed_heap()
     with open("/proc/self/status") as status:
         fields = dict(line.split(":", 1) for line in status)
     return {"rss": int(fields["VmRSS"].split()[0]) / 1024,

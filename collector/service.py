@@ -22,8 +22,6 @@ committed state, while the broker re-sends whatever was not acknowledged.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import dataclasses
 import logging
 import signal
@@ -44,6 +42,7 @@ from collector.storage import checkpoint
 from collector.storage.checkpoint import restore
 from collector.storage.store import CollectorStore
 from edge_agent import protocol
+from edge_agent.memory import release_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -52,25 +51,6 @@ CHECKPOINT_RETRY_SECONDS = 5.0
 # Late reports spread over more windows than a series keeps close them early, at most
 # this often.
 OVERFULL_CHECKPOINT_SECONDS = 1.0
-
-
-def _malloc_trim():
-    """glibc's ``malloc_trim``, or None (another C library)."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_TRIM = _malloc_trim()
-
-
-def release_freed_memory() -> None:
-    """Give the pages freed since the last call back to the system.  A checkpoint's
-    encoding frees tens of MB at the default limits, and glibc keeps freed pages inside
-    its heaps unless asked (``malloc_trim``); a no-op elsewhere."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 class CollectorService:
@@ -176,6 +156,8 @@ class CollectorService:
                 return False
             self.ingestor.saved(batch for batch, _ in unsaved)
         del unsaved
+        # The encoding's transient (tens of MB at the default limits), and LLVM's code
+        # pages (edge_agent.memory).
         release_freed_memory()
         self.recorder.wake(flushes)
         self.publish_confirmations(confirmations)

@@ -1,4 +1,5 @@
-"""Giving back the pages of LLVM's own code once numba has what it needs.
+"""Giving memory back: the pages of LLVM's own code once numba has what it needs, and the
+pages glibc's allocator keeps after they were freed.
 
 numba's first kernel call (compiling, or loading a cached kernel) runs LLVM's
 initialisation, which touches about 50 MB of libllvmlite.so's machine code; after the
@@ -16,6 +17,7 @@ dirty page (relocations, data) is never touched.
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import logging
 import os
 
@@ -76,3 +78,32 @@ def release_code_pages(names: tuple[str, ...] = CODE_LIBRARIES) -> int:
         else:
             log.debug("madvise refused for %x-%x: errno %d", start, end, ctypes.get_errno())
     return released
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None (another C library)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def release_freed_heap() -> None:
+    """Give the heap pages freed since the last call back to the system.  glibc keeps
+    freed pages inside its heaps (one per thread that allocates) unless asked
+    (``malloc_trim``); a no-op elsewhere."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def release_freed_memory() -> int:
+    """Both of the above, for a long-running process that estimates with numba (the
+    collector, its estimate workers): the freed heap pages, and LLVM's code pages,
+    which estimating with kernels already loaded never reads (67 MB of each such
+    process on x86_64; they come back from the page cache when a new kernel loads, and
+    go at the next call).  Returns the code bytes released."""
+    release_freed_heap()
+    return release_code_pages()

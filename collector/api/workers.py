@@ -11,12 +11,15 @@ them.
 
 The workers start when there is history to estimate and stop after ``IDLE_SECONDS``
 without any (an interpreter with numpy, scipy and numba is about 160 MB): a collector at
-rest has none.
+rest has none.  A worker gives LLVM's code pages back after its first job and then at most
+every ``RELEASE_SECONDS`` (``edge_agent.memory``): 67 MB that estimating with the kernels
+it loaded never reads, and that would count twice in the collector's summed RSS.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import threading
@@ -26,6 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from collector.aggregation.series import Key, Series
+from edge_agent.memory import release_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +39,8 @@ PARENT_CHECK_SECONDS = 1.0  # how often a worker looks whether the collector is 
 # (5-10 ms a window), few enough that a window's sums are sent shortly before they are
 # estimated (a window that counts more meanwhile is estimated again).
 JOBS_PER_WORKER = 128
+RELEASE_SECONDS = 10.0  # a worker gives freed memory back at most this often
+_released_at = -math.inf  # in a worker: when it last did
 
 
 def available_cores() -> int:
@@ -67,9 +73,14 @@ def _watch_parent(parent: int) -> None:
 
 def _estimate(series: Series, key: Key) -> tuple[tuple[int, Any], float]:
     """The window's estimates, and the seconds they took."""
+    global _released_at
     started = time.perf_counter()
     result = series.estimated(key)
-    return result, time.perf_counter() - started
+    took = time.perf_counter() - started
+    if started - _released_at >= RELEASE_SECONDS:  # the first job loaded the kernels
+        release_freed_memory()
+        _released_at = time.perf_counter()
+    return result, took
 
 
 class EstimateWorkers:

@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from collector.aggregation.ingest import Ingestor
 from collector.aggregation.series import ClosedWindow
 from collector.results.store import ResultsStore, SeriesRecord, WindowRow
+from edge_agent.memory import release_freed_heap
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,9 @@ class ResultsRecorder:
         while True:
             stopping = self._stop.is_set()
             try:
-                self.record()
+                if self.record():
+                    # The estimates' temporaries, freed in this thread's heap.
+                    release_freed_heap()
                 if self._clock() - self._retained_at >= RETENTION_SECONDS:
                     self.retain()
                     self._retained_at = self._clock()
