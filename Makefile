@@ -1,7 +1,7 @@
 # Two commands set up everything on a fresh machine:
 #   make test    create .venv with exactly the versions in uv.lock, install Debian's
 #                mosquitto and chromium if missing (and apt is usable), run every test
-#   make demo    broker, collector, dashboard and 24 simulated wearables
+#   make demo    broker, collector, dashboard and 1,000 simulated wearables
 # and for a developer:
 #   make check        the unit tier (no brokers, processes or browsers): about 2 minutes
 #   make lint         ruff (make test and make check run it first)

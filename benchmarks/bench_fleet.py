@@ -9,7 +9,13 @@ CPU (user + system, as a share of one core) of the fleet and of the broker,
 and from the state file the reports committed and the messages still in the
 spool (committed but not yet acknowledged by the broker).
 
-Run: ``python -m benchmarks.bench_fleet --count 1000 --count 16384``.
+With ``--demo``, each agent is instead the default ``edge-collector demo``'s wearable
+(its generated agent configuration: ten planned channels under the sample's guarantees,
+``plan_fleet`` N): what the demo's simulator costs for N wearers.  Reports are then
+wanted at the plan's rate, one per channel per spacing per agent.
+
+Run: ``python -m benchmarks.bench_fleet --count 1000 --count 16384``, and
+``python -m benchmarks.bench_fleet --demo --count 1000 --count 2000 --seconds 60``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import describe_machine
+from collector.tools.demo import Demo
+from edge_agent.config import load_config
+from edge_agent.spending import plan_document
 from tests.support import AX_CHANNEL, FleetProcess, Mosquitto, write_agent_config
 
 CHANNEL = {**AX_CHANNEL, "name": "accel_x"}
@@ -64,12 +73,20 @@ def proc_sample(pid: int) -> tuple[float, float, float]:
 def measure(count: int, args) -> dict:
     with tempfile.TemporaryDirectory() as tmp, Mosquitto(Path(tmp)) as broker:
         tmp = Path(tmp)
-        config = write_agent_config(
-            tmp / "fleet.toml", broker=broker, agent_id="sim", fleet="bench",
-            batch_seconds=1.0, budget=1e9, state_dir=tmp / "state",
-            sources=[{"name": "imu", "type": "synthetic", "rate_hz": args.rate_hz}],
-            channels=[CHANNEL])
-        db = tmp / "state" / "state.sqlite"
+        if args.demo:
+            demo = Demo(agents=count, duration=0, http_port=0, broker=None, workdir=tmp)
+            config, _ = demo._write_configs("127.0.0.1", broker.port, "5")
+            db = tmp / "agents" / "state.sqlite"
+            plan = plan_document(load_config(config), fleet=count)
+            wanted = count * sum(1 / c["every_seconds"] for c in plan["channels"].values())
+        else:
+            config = write_agent_config(
+                tmp / "fleet.toml", broker=broker, agent_id="sim", fleet="bench",
+                batch_seconds=1.0, budget=1e9, state_dir=tmp / "state",
+                sources=[{"name": "imu", "type": "synthetic", "rate_hz": args.rate_hz}],
+                channels=[CHANNEL])
+            db = tmp / "state" / "state.sqlite"
+            wanted = count * args.rate_hz
         start = stop = time.monotonic()
         fleet = FleetProcess(config, tmp / "fleet.log", count, python=args.python,
                              log_level="WARNING").start()
@@ -114,7 +131,7 @@ def measure(count: int, args) -> dict:
                                    if len(commits) > 2 else float("nan")),
             "batch_seconds": ((commits[-1][0] - commits[1][0]) / (len(commits) - 2)
                               if len(commits) > 2 else float("nan")),
-            "wanted_per_second": count * args.rate_hz, "spooled": spooled,
+            "wanted_per_second": wanted, "spooled": spooled,
             "seconds": elapsed, "exit": code, "stop_seconds": stopped}
 
 
@@ -128,12 +145,16 @@ def main():
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter of the fleet (e.g. a venv with only runtime deps)")
     parser.add_argument("--markdown", help="also write the table to this file")
+    parser.add_argument("--demo", action="store_true",
+                        help="agents as the default demo's wearables (planned channels)")
     args = parser.parse_args()
     rows = [measure(count, args) for count in (args.count or [1000, 16384])]
     lines = [
         f"Machine: {describe_machine()}; fleet interpreter: {args.python}", "",
-        f"`edge-agent fleet`, one linear OGPM channel, synthetic source at {args.rate_hz:g} Hz, "
-        f"batches of 1 s, measured for {rows[0]['seconds']:.0f} s after the first batch "
+        ("`edge-agent fleet` of the default demo's wearables (10 planned channels, "
+         "synthetic source at demo.STUDY_RATE_HZ)" if args.demo else
+         f"`edge-agent fleet`, one linear OGPM channel, synthetic source at {args.rate_hz:g} Hz")
+        + f", batches of 1 s, measured for {rows[0]['seconds']:.0f} s after the first batch "
         f"+ {args.settle:g} s:", "",
         "| agents | start-up to first batch | RSS (peak) | of which anonymous (peak) "
         "| CPU (fleet) | CPU (broker) | reports/s committed / wanted | mean batch interval "
@@ -145,7 +166,7 @@ def main():
             f"| {r['count']:,} | {r['first_batch']:.1f} s | {r['rss']:.0f} MB "
             f"({r['peak']:.0f} MB) | {r['anon']:.0f} MB ({r['anon_peak']:.0f} MB) | "
             f"{r['cpu']:.0f}% | {r['broker_cpu']:.0f}% | "
-            f"{r['reports_per_second']:,.0f} / {r['wanted_per_second']:,.0f} | "
+            f"{r['reports_per_second']:,.1f} / {r['wanted_per_second']:,.1f} | "
             f"{r['batch_seconds']:.2f} s | "
             f"{r['spooled']:,} | {r['stop_seconds']:.1f} s (exit {r['exit']}) |")
     table = "\n".join(lines)

@@ -181,8 +181,11 @@ def _domain_from_api(config: CollectorConfig, channel: str) -> tuple[float, floa
 
 
 @main.command()
-@click.option("--agents", default=24, show_default=True, type=click.IntRange(1, 10_000),
-              help="simulated wearables")
+@click.option("--agents", default=None, type=click.IntRange(1, 10_000),
+              help="simulated wearables  [default: 1,000; with --fast 24]")
+@click.option("--fast", is_flag=True,
+              help="a budget no study could publish (epsilon 1,000,000 an hour): each wearer "
+                   "reports every channel 4 times a second, and estimates settle in seconds")
 @click.option("--duration", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="seconds to run; 0 = until Ctrl-C")
 @click.option("--http-port", default=8080, show_default=True, type=click.IntRange(1, 65535),
@@ -198,7 +201,7 @@ def _domain_from_api(config: CollectorConfig, channel: str) -> tuple[float, floa
 @click.option("--scale-out", is_flag=True,
               help="a local 3-node NATS JetStream cluster, an ingress, two aggregation "
                    "members and the merge view instead of one collector (docs/guides/SCALE_OUT.md)")
-def demo(agents, duration, http_port, broker, embedded, workdir, scale_out) -> None:
+def demo(agents, fast, duration, http_port, broker, embedded, workdir, scale_out) -> None:
     """Broker, collector, dashboard and a fleet of simulated wearables, in one command.
 
     Ctrl-C, SIGTERM or SIGHUP stops everything it started.
@@ -207,7 +210,7 @@ def demo(agents, duration, http_port, broker, embedded, workdir, scale_out) -> N
 
     try:
         code = run_demo(agents=agents, duration=duration, http_port=http_port, broker=broker,
-                        workdir=workdir, embedded=embedded, scale_out=scale_out)
+                        workdir=workdir, embedded=embedded, scale_out=scale_out, fast=fast)
     except DemoError as exc:  # found before anything started
         click.echo(f"edge-collector demo: {exc}", err=True)
         code = 2

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -51,8 +52,24 @@ from collector.scaleout.local_cluster import NOT_INSTALLED as NATS_NOT_INSTALLED
 from collector.scaleout.local_cluster import Node, find_nats_server, node_config
 from collector.tools.watch import fetch, render
 
-# The wearables' sources and channels: a data file beside this module.
+# The wearables' channels: a data file beside this module.
 DEMO_CHANNELS = importlib.resources.files("collector.tools").joinpath("demo_channels.toml")
+# What the demo promises every wearer (configs/agent.toml's): a guarantee a study could
+# publish, which the planner spends; and the wearers it simulates by default, enough for
+# an hour's mean to mean something (the plan's error per hour, printed at the start).
+STUDY_GUARANTEES = ({"epsilon": 4, "per": "10m"}, {"epsilon": 120, "per": "1d"})
+STUDY_AGENTS = 1000
+# A planned channel reports one reading every half hour or so: the synthetic source
+# need not draw many more (each reading drawn costs the simulator CPU).
+STUDY_RATE_HZ = 1
+PLAN_SHOWN = ("accel_x", "heart_rate")  # the channels whose plan the demo prints
+# --fast: no guarantee a study could publish; a few wearers, each reporting every channel
+# 4 times a second at these epsilons (1 where not named), so that estimates settle in
+# seconds (and the tests' estimates match the truth within a minute).
+FAST_AGENTS = 24
+FAST_EPSILON = {"accel_z": 2.0, "accel_polar": 4.0}
+FAST_REPORT_INTERVAL = 0.25
+FAST_RATE_HZ = 20
 
 
 # Ctrl-C, SIGTERM and SIGHUP (a closed terminal) stop the demo: the children run in
@@ -121,6 +138,33 @@ def toml_str(value) -> str:
     return json.dumps(str(value), ensure_ascii=False)
 
 
+def toml_value(value) -> str:
+    """A TOML value of the strings, booleans, numbers, lists and inline tables a channel
+    table holds."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(map(toml_value, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} = {toml_value(v)}" for key, v in value.items()) + "}"
+    return toml_str(value)
+
+
+def demo_channels(*, fast: bool) -> str:
+    """The ``[[channels]]`` tables of DEMO_CHANNELS; with ``fast``, each with its
+    epsilon per report (FAST_EPSILON) and FAST_REPORT_INTERVAL."""
+    tables = []
+    for table in tomllib.loads(DEMO_CHANNELS.read_text())["channels"]:
+        if fast:
+            table = {**table, "epsilon": FAST_EPSILON.get(table["name"], 1.0),
+                     "report_interval": FAST_REPORT_INTERVAL}
+        tables.append("[[channels]]\n" + "".join(f"{key} = {toml_value(value)}\n"
+                                                 for key, value in table.items()))
+    return "\n".join(tables)
+
+
 class Janitor:
     """``python -m collector.broker.lifetime clean``: stops the demo's children and removes its
     temporary directory (``None``: a --workdir, kept) once the demo is gone, also when
@@ -147,8 +191,10 @@ class Janitor:
 class Demo:
     def __init__(self, *, agents: int, duration: float, http_port: int, broker: str | None,
                  workdir: Path, embedded: bool = False, scale_out: bool = False,
-                 console: Console | None = None, janitor: Janitor | None = None):
+                 fast: bool = False, console: Console | None = None,
+                 janitor: Janitor | None = None):
         self.agents, self.duration, self.http_port = agents, duration, http_port
+        self.fast = fast
         self.scale_out = scale_out
         self.workdir = workdir
         self.janitor = janitor
@@ -266,11 +312,26 @@ member = {toml_str(name)}
         # "edge-collector-range") and no session left behind there.
         suffix = f"-{secrets.token_hex(4)}" if self.broker_text else ""
         expiry = "session_expiry_seconds = 0\n" if self.broker_text else ""
+        state_dir = toml_str(self.workdir / "agents")
+        if self.fast:
+            # Each agent spends 11 eps per tick (FAST_EPSILON) at 4 ticks/s: 44 eps/s,
+            # 158,400 per hour, plus range discovery's 1 eps per side, min and max once a
+            # minute (120 per hour).  A budget of 1e6 per hour never runs out, so "until
+            # Ctrl-C" means it (and the truth stays exact: nothing is refused).
+            privacy = f"""budget_epsilon = 1000000.0
+budget_period = "1h"
+state_dir = {state_dir}
+range_epsilon_max = 2.0"""
+            aggregates, range_epsilon, range_every = "window_seconds = 10\n", 1.0, 60
+        else:
+            # The planner spends the guarantees (less range discovery's reserve, a quarter
+            # of the shortest: eps 1 free in every window) on the channels; the range runs
+            # take eps 0.5 a side, min and max once a day: the reserve, exactly.
+            privacy = f"""guarantees = {toml_value(list(STUDY_GUARANTEES))}
+plan_fleet = {self.agents}
+state_dir = {state_dir}"""
+            aggregates, range_epsilon, range_every = "", 0.5, 86400
         agent = self.workdir / "agent.toml"
-        # Each agent spends 11 eps per tick (the channels below) at 4 ticks/s: 44 eps/s,
-        # 158,400 per hour, plus range discovery's 1 eps per side, min and max once a
-        # minute (120 per hour).  A budget of 1e6 per hour never runs out, so "until
-        # Ctrl-C" means it (and the truth stays exact: nothing is refused).
         agent.write_text(f"""agent_id = "wearable"
 fleet = "demo"
 batch_seconds = 1.0
@@ -278,13 +339,15 @@ batch_seconds = 1.0
 host = {toml_str(host)}
 port = {port}
 [privacy]
-budget_epsilon = 1000000.0
-budget_period = "1h"
-state_dir = {toml_str(self.workdir / 'agents')}
-range_epsilon_max = 2.0
+{privacy}
 [delivery]
 confirm = "collector"      # the private broker keeps nothing on disk: keep reports till counted
-""" + DEMO_CHANNELS.read_text())
+[[sources]]
+name = "imu"
+type = "synthetic"
+rate_hz = {FAST_RATE_HZ if self.fast else STUDY_RATE_HZ}
+derive = ["horizontal"]
+""" + demo_channels(fast=self.fast))
         collector = self.workdir / "collector.toml"
         collector.write_text(f"""fleet = "demo"
 [broker]
@@ -299,13 +362,12 @@ port = {self.http_port}
 path = {toml_str(self.workdir / 'collector.sqlite')}
 checkpoint_seconds = 5
 [aggregates]
-window_seconds = 10
-[snapshots]
+{aggregates}[snapshots]
 interval_seconds = 5
 [range_discovery]
 client_id = "demo-range{suffix}"
 coordinator = true
-epsilon = 1.0
+epsilon = {range_epsilon}
 strategy = "split"
 window_seconds = 60
 join_timeout_seconds = 3
@@ -313,9 +375,36 @@ round_timeout_seconds = 3
 min_participants = {max(2, self.agents // 2)}
 [[range_discovery.schedule]]
 channel = "accel_x"
-every_seconds = 60
+every_seconds = {range_every}
 """)
         return agent, collector
+
+    def _privacy_lines(self, agent_config: Path) -> list[str]:
+        """What the wearers are promised, and (planned) what that lets the fleet's means
+        say at each resolution: the plan's figures for this many wearers."""
+        if self.fast:
+            return ["Privacy: [bold red]ε ≤ 1,000,000 in any hour: no study could publish "
+                    "this[/]; it lets a few wearers report 4 times a second so that estimates "
+                    "settle in seconds (without --fast the demo states a real guarantee)."]
+        from edge_agent.config import load_config
+        from edge_agent.spending import duration_text, guarantee_text, plan_document
+
+        config = load_config(agent_config)
+        plan = plan_document(config, fleet=self.agents)
+        lines = [f"Privacy: {guarantee_text(config.privacy.horizons)} (as a study could "
+                 f"publish; the planner sets each channel's ε per report and spacing)."]
+        for name in PLAN_SHOWN:
+            channel = plan["channels"][name]
+            errors = channel["relative_rmse"]
+            lines.append(
+                f"  {name}: one report every {duration_text(channel['every_seconds'])} per "
+                f"wearer at ε {channel['epsilon_per_report']:.2g}; the mean of "
+                f"{self.agents:,} wearers errs by about {errors['1m']:.2g} of the domain's "
+                f"width per minute, {errors['1h']:.2g} per hour, {errors['1d']:.2g} per day")
+        lines.append("Under this guarantee a minute's window is mostly noise: the dashboard "
+                     "opens on hours, and the interval of the hour under way narrows as "
+                     "wearers report (their phases are random).")
+        return lines
 
     # -- the run ----------------------------------------------------------------------------
     def run(self) -> int:
@@ -339,9 +428,12 @@ every_seconds = 60
             self._spawn("fleet", ["-m", "edge_agent", "fleet", "--config", str(agent_config),
                                   "--count", str(self.agents), "--truth",
                                   str(self.workdir / "truth.json")])
-            self.console.print(f"[bold]edge-ldp demo[/]: {self.agents} simulated wearables "
+            self.console.print(f"[bold]edge-ldp demo[/]: {self.agents:,} simulated wearables "
                                f"through {what}")
-            self.console.print(f"Dashboard: [link={self.url}/]{self.url}/[/link]   "
+            for line in self._privacy_lines(agent_config):
+                self.console.print(line)
+            page = f"{self.url}/" if self.fast else f"{self.url}/?resolution=1h"
+            self.console.print(f"Dashboard: [link={page}]{page}[/link]   "
                                f"API: {self.url}/api/channels   logs: {self.workdir}")
             self.console.print("Ctrl-C stops everything." if not self.duration
                                else f"Running for {self.duration:g} s.")
@@ -490,10 +582,12 @@ def shares_table(document: dict, truth: dict) -> Table:
     return table
 
 
-def run_demo(*, agents: int, duration: float, http_port: int, broker: str | None,
-             workdir: str | None, embedded: bool = False, scale_out: bool = False) -> int:
+def run_demo(*, agents: int | None, duration: float, http_port: int, broker: str | None,
+             workdir: str | None, embedded: bool = False, scale_out: bool = False,
+             fast: bool = False) -> int:
     """Raises DemoError (nothing started) for a bad BROKER or --broker, an HTTP port in
-    use or a non-empty --workdir."""
+    use or a non-empty --workdir.  ``agents`` None: STUDY_AGENTS, FAST_AGENTS with
+    ``fast``."""
     if broker is None and os.environ.get("BROKER"):
         broker = os.environ["BROKER"]
         parse_broker(broker, "BROKER")
@@ -504,8 +598,10 @@ def run_demo(*, agents: int, duration: float, http_port: int, broker: str | None
                         f'(make demo DEMO_ARGS="--http-port {http_port + 1}")')
     if scale_out and find_nats_server() is None:
         raise DemoError(NATS_NOT_INSTALLED)
+    if agents is None:
+        agents = FAST_AGENTS if fast else STUDY_AGENTS
     options = dict(agents=agents, duration=duration, http_port=http_port, broker=broker,
-                   embedded=embedded, scale_out=scale_out)
+                   embedded=embedded, scale_out=scale_out, fast=fast)
     if workdir is None:
         directory = Path(tempfile.mkdtemp(prefix="edge-ldp-demo-"))
         janitor = Janitor(directory)

@@ -42,17 +42,18 @@ CHANNELS = {"accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw", "accel_pola
 # the domain (width 4), and a bias_bound or stderr gone wrong must not widen it.  The
 # tolerance is 5 standard errors + bias_bound + 0.02; at 2,500 reports the mechanisms'
 # noise (per report, measured: sd 2.4 for accel_x, eps 1; 8.7 for accel_y, eps 1 and
-# unbiased, the noisiest; 1.2 for accel_z, eps 2) puts it at about 0.26, 0.89 and 0.14.
+# unbiased, the noisiest; 1.6-1.8 for accel_z, eps 2, whose "auto" takes PM there) puts
+# it at about 0.26, 0.89 and 0.18-0.20.
 # The caps leave ~15% over that; accel_x's also the allowance classical OGPM's bias
 # bound makes next to its flat ends (the reconstruction's distance from the inversion,
 # 0.01-0.07 in the runs seen; docs/reference/API.md "Data near an end"): 0.27-0.33 in six runs of
 # 2026-11-28, 0.40 in a loaded full run (stderr 0.062, bias bound 0.119, for data the
 # demo draws at random: the estimators give the same numbers on the same reports as
-# the day before, which were within 0.36 in the runs seen then).  accel_z's allows the raw
-# average's standard error when it is the estimate chosen: 0.031 in a loaded full run
-# (0.185 against 0.17), with the raw mean's bias bound.
+# the day before, which were within 0.36 in the runs seen then).  accel_z's allows PM's
+# noise wherever the simulated wearers' gravity and steps put the mean (0.18-0.20 at
+# 2,500 reports) and the raw average's standard error when it is the estimate chosen.
 REPORTS = 2500  # per channel: ~29 s of 24 agents at 4 reports/s on an idle machine
-TOLERANCE_MAX = {"accel_x": 0.45, "accel_y": 1.0, "accel_z": 0.22}
+TOLERANCE_MAX = {"accel_x": 0.45, "accel_y": 1.0, "accel_z": 0.26}
 # Activity shares (GRR over 3 categories at eps 1): a standard error of about 0.025 at
 # 2,500 reports, so 5 of them + 0.02 is about 0.14.
 SHARE_TOLERANCE_MAX = 0.17
@@ -99,7 +100,7 @@ def test_demo_runs_everything_and_estimates_match_the_simulated_truth(tmp_path):
     """Runs until the collector holds REPORTS per channel, however long a loaded machine
     takes (the duration is an hour), then stops on Ctrl-C."""
     port = free_port()
-    demo = start_demo(tmp_path, "--agents", "24", "--duration", "3600", "--http-port",
+    demo = start_demo(tmp_path, "--fast", "--duration", "3600", "--http-port",
                       str(port), "--embedded")
     try:
         assert wait_until(lambda: len([a for a in api(port)["agents"].values()
@@ -148,6 +149,7 @@ def test_demo_runs_everything_and_estimates_match_the_simulated_truth(tmp_path):
             demo.wait(60)
     assert demo.returncode == 0, output[-3000:]
     assert "Dashboard: http://127.0.0.1:" in output and "embedded amqtt broker" in output
+    assert "no study could publish this" in output  # --fast says what it is
     assert "estimate vs simulated truth" in output
     assert "category shares vs simulated truth" in output
     assert "exited early" not in output
@@ -197,7 +199,7 @@ def test_default_broker_is_a_private_mosquitto_and_a_signal_stops_everything(tmp
     closed) stops everything, as Ctrl-C does."""
     require_mosquitto()
     port = free_port()
-    with running_demo(tmp_path, "--agents", "4", "--http-port", str(port)) as demo:
+    with running_demo(tmp_path, "--fast", "--agents", "4", "--http-port", str(port)) as demo:
         assert wait_until(lambda: sorted(a for a, v in api(port)["agents"].items()
                                          if v["values"] > 0)
                           == [f"wearable-{i}" for i in range(4)]
@@ -269,7 +271,8 @@ def test_the_scale_out_demo_keeps_counting_when_a_member_is_killed(tmp_path):
     member killed with SIGKILL is started again, and its partitions move meanwhile."""
     require_mosquitto()
     port = free_port()
-    demo = start_demo(tmp_path, "--agents", "4", "--http-port", str(port), "--scale-out")
+    demo = start_demo(tmp_path, "--fast", "--agents", "4", "--http-port", str(port),
+                      "--scale-out")
     try:
         def owners() -> set:
             return {p["owner"] for p in api(port)["partitions"].values()}
@@ -356,13 +359,15 @@ def test_generated_configs(tmp_path):
     # paths that need escaping in TOML
     workdir = tmp_path / 'a "quoted" back\\slash ✓ 𝄞'
     workdir.mkdir()
-    demo = Demo(agents=4, duration=0, http_port=8080, broker=None, workdir=workdir)
+    demo = Demo(agents=4, duration=0, http_port=8080, broker=None, workdir=workdir, fast=True)
     agent_path, collector_path = demo._write_configs("127.0.0.1", 1883, "5")
     agent, collector = load_config(agent_path), load_collector_config(collector_path)
     assert agent.privacy.state_dir == workdir / "agents"
     assert agent.delivery.confirm == "collector"  # the private broker has no persistence
     assert collector.storage.path == workdir / "collector.sqlite"
-    # "until Ctrl-C" runs indefinitely: a period's spending stays well inside the budget
+    assert {c.name for c in agent.channels} == CHANNELS
+    # --fast, "until Ctrl-C" runs indefinitely: a period's spending stays well inside the
+    # budget
     per_second = sum(c.epsilon / c.report_interval for c in agent.channels)
     assert 2 * per_second * agent.privacy.period_seconds < agent.privacy.budget_epsilon
 
@@ -375,6 +380,69 @@ def test_generated_configs(tmp_path):
         assert collector.broker.session_expiry_seconds == 0
         ids |= {collector.broker.client_id, collector.range_discovery.client_id}
     assert len(ids) == 4 and "edge-collector-range" not in ids
+
+
+def test_the_default_demo_states_a_guarantee_a_study_could_publish_and_keeps_to_it(tmp_path):
+    """Without --fast: the sample's guarantees, spent by the planner for the fleet
+    simulated, with no self-warning from check-config; range discovery's schedule fits in
+    the reserve the plan keeps free in every window; the collector reads minutes, hours
+    and days."""
+    demo = Demo(agents=1000, duration=0, http_port=8080, broker=None, workdir=tmp_path)
+    agent_path, collector_path = demo._write_configs("127.0.0.1", 1883, "5")
+    agent, collector = load_config(agent_path), load_collector_config(collector_path)
+    assert [(g.epsilon, g.per) for g in agent.privacy.horizons] == [(4, "10m"), (120, "1d")]
+    assert {c.name for c in agent.channels} == CHANNELS
+    assert agent.privacy.plan_fleet == 1000 and agent.plan is not None
+    result = subprocess.run([sys.executable, "-m", "edge_agent", "check-config",
+                             str(agent_path)], capture_output=True, text=True, cwd=REPO,
+                            timeout=HANG_GUARD_SECONDS)
+    assert result.returncode == 0, result.stderr
+    for warning in ("WARNING", "Flat ends", "No epsilon"):
+        assert warning not in result.stderr, result.stderr
+    plan = json.loads(result.stdout)["plan"]
+    for per, guarantee in (("10m", 4), ("1d", 120)):
+        assert sum(c["epsilon_in_any"][per] for c in plan["channels"].values()) \
+            + plan["range_discovery_epsilon"] <= guarantee
+    # Every scheduled run (each side a run) within any day takes at most the reserve.
+    settings = collector.range_discovery
+    runs_a_day = sum(len(entry.sides) * math.ceil(86400 / entry.every_seconds)
+                     for entry in settings.schedule)
+    assert runs_a_day * settings.epsilon <= plan["range_discovery_epsilon"]
+    assert collector.aggregates.resolution_names == ["1m", "1h", "1d"]
+
+
+def test_the_default_demo_runs_its_fleet_under_the_plan(tmp_path):
+    """The real thing without --fast: the agents state the guarantee the demo printed, and
+    every report the collector counts is at the epsilon the plan gives its channel."""
+    require_mosquitto()
+    port = free_port()
+    agents = 120
+    with running_demo(tmp_path, "--agents", str(agents), "--http-port", str(port)) as demo:
+        promise = [{"agents": agents, "guarantees": [{"epsilon": 4.0, "per": "10m"},
+                                                     {"epsilon": 120.0, "per": "1d"}]}]
+        # Each wearer reports each channel once in about 36 minutes, from a random phase:
+        # 120 wearers x 10 channels give about one report every 2 s.
+        assert wait_until(lambda: api(port)["agents_online"] == agents
+                          and api(port)["guarantees"]["promises"] == promise
+                          and api(port)["ingest"]["messages"] >= 5, 180), \
+            (api(port), (tmp_path / "collector.log").read_text()[-2000:])
+        plan = json.loads(subprocess.run(
+            [sys.executable, "-m", "edge_agent", "plan", "--json", "--config",
+             str(tmp_path / "agent.toml")], capture_output=True, text=True, cwd=REPO,
+            check=True, timeout=HANG_GUARD_SECONDS).stdout)
+        document = api(port)
+        assert not document["ingest"]["rejects"]
+        for name, channel in document["channels"].items():
+            planned = plan["channels"][name]["epsilon_per_report"]
+            assert channel["mechanism"]["epsilon"] == pytest.approx(planned, rel=1e-9), \
+                (name, channel["mechanism"], planned)
+            assert not channel.get("other_series"), (name, channel["other_series"])
+        assert sum(channel["count"] for channel in document["channels"].values()) >= 5
+        text = " ".join(stopped(demo, signal.SIGTERM).split())  # as rich wrapped it
+    assert ("Privacy: any 10 minutes of a wearer's data: ε ≤ 4; any day of a wearer's "
+            "data: ε ≤ 120") in text
+    assert "/?resolution=1h" in text and "a minute's window is mostly noise" in text
+    assert_all_stopped(tmp_path, port)
 
 
 def test_truth_table_shows_what_the_collector_cannot_tell_yet_as_dashes():
