@@ -72,8 +72,8 @@ from collector.results.store import SeriesRecord
 from collector.storage.checkpoint import dump
 from collector.storage.states import LinearPoint, MeanPoint
 from edge_agent import protocol
+from edge_agent.common.memory import release_freed_heap
 from edge_agent.mechanisms import ClassicalOGPM
-from edge_agent.memory import release_freed_heap
 
 FLEET = "bench"
 DAY = 86400.0
@@ -159,7 +159,7 @@ def stub_estimate(self, blocks: dict, span: float, start: int):
 # -- measurements -----------------------------------------------------------------------------
 def rss_mb() -> dict[str, float]:
     """VmRSS and VmHWM (peak) in MB, after giving freed pages back as the collector does
-    after each checkpoint (``edge_agent.memory.release_freed_heap``)."""
+    after each checkpoint (``edge_agent.common.memory.release_freed_heap``)."""
     release_freed_heap()
     with open("/proc/self/status") as status:
         fields = dict(line.split(":", 1) for line in status)

@@ -42,7 +42,7 @@ from collector.storage import checkpoint
 from collector.storage.checkpoint import restore
 from collector.storage.store import CollectorStore
 from edge_agent import protocol
-from edge_agent.memory import release_freed_memory
+from edge_agent.common.memory import release_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class CollectorService:
             self.ingestor.saved(batch for batch, _ in unsaved)
         del unsaved
         # The encoding's transient (tens of MB at the default limits), and LLVM's code
-        # pages (edge_agent.memory).
+        # pages (edge_agent.common.memory).
         release_freed_memory()
         self.recorder.wake(flushes)
         self.publish_confirmations(confirmations)

@@ -31,10 +31,10 @@ from typing import Any
 
 from edge_agent import protocol, sdnotify
 from edge_agent.channels import Channel, Selection, build_channels
+from edge_agent.common.memory import release_code_pages
 from edge_agent.config import AgentConfig
 from edge_agent.fleet_spreads import FleetSpreads
 from edge_agent.mechanisms.registry import AUTO_REPORTS
-from edge_agent.memory import release_code_pages
 from edge_agent.range_responder import RangeResponder
 from edge_agent.readings import Readings
 from edge_agent.sources import build_source

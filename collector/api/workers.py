@@ -12,7 +12,7 @@ them.
 The workers start when there is history to estimate and stop after ``IDLE_SECONDS``
 without any (an interpreter with numpy, scipy and numba is about 160 MB): a collector at
 rest has none.  A worker gives LLVM's code pages back after its first job and then at most
-every ``RELEASE_SECONDS`` (``edge_agent.memory``): 67 MB that estimating with the kernels
+every ``RELEASE_SECONDS`` (``edge_agent.common.memory``): 67 MB that estimating with the kernels
 it loaded never reads, and that would count twice in the collector's summed RSS.
 """
 
@@ -29,7 +29,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from collector.aggregation.series import Key, Series
-from edge_agent.memory import release_freed_memory
+from edge_agent.common.memory import release_freed_memory
 
 log = logging.getLogger(__name__)
 

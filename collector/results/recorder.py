@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from collector.aggregation.ingest import Ingestor
 from collector.aggregation.series import ClosedWindow
 from collector.results.store import ResultsStore, SeriesRecord, WindowRow
-from edge_agent.memory import release_freed_heap
+from edge_agent.common.memory import release_freed_heap
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,15 @@ SIGHUP or after ``--duration``):
   so that parts can be killed while watching the counts;
 * ``edge-agent fleet --count N``: N simulated wearables, each its own agent
   (id ``wearable-<i>``, seed, budget and sequence numbers), streaming
-  accelerometer axes, attitude angles and a polar channel.  Because this
-  is a simulation, the fleet also writes the true mean of what it reported
-  (``truth.json``, see ``edge_agent.fleet``), so the live summary can show
-  estimate next to truth.  Real agents never do this.
+  accelerometer axes, attitude angles, a polar channel, activity and heart
+  rate.  By default (1,000 wearers) under the sample configuration's
+  guarantees, which the planner spends: what a study could publish, with the
+  errors per minute, hour and day it allows printed at the start; with
+  ``--fast`` (24 wearers) 4 reports a second per channel under a budget no
+  study could publish.  Because this is a simulation, the fleet also writes
+  the true mean of what it reported (``truth.json``, see ``edge_agent.fleet``),
+  so the live summary can show estimate next to truth.  Real agents never do
+  this.
 
 Nothing needs root.  Configs, state and logs go to ``--workdir`` (default: a
 temporary directory, removed at the end); an existing one must be empty.
@@ -70,6 +75,7 @@ FAST_AGENTS = 24
 FAST_EPSILON = {"accel_z": 2.0, "accel_polar": 4.0}
 FAST_REPORT_INTERVAL = 0.25
 FAST_RATE_HZ = 20
+CHECK_SECONDS = 120  # edge-agent check-config of the generated configuration, at most
 
 
 # Ctrl-C, SIGTERM and SIGHUP (a closed terminal) stop the demo: the children run in
@@ -386,18 +392,22 @@ every_seconds = {range_every}
             return ["Privacy: [bold red]ε ≤ 1,000,000 in any hour: no study could publish "
                     "this[/]; it lets a few wearers report 4 times a second so that estimates "
                     "settle in seconds (without --fast the demo states a real guarantee)."]
-        from edge_agent.config import load_config
-        from edge_agent.spending import duration_text, guarantee_text, plan_document
-
-        config = load_config(agent_config)
-        plan = plan_document(config, fleet=self.agents)
-        lines = [f"Privacy: {guarantee_text(config.privacy.horizons)} (as a study could "
-                 f"publish; the planner sets each channel's ε per report and spacing)."]
+        # What the agents' own command line says of their configuration (the collector
+        # does not load the agent's configuration itself).
+        checked = subprocess.run([sys.executable, "-m", "edge_agent", "check-config",
+                                  str(agent_config)], capture_output=True, text=True,
+                                 timeout=CHECK_SECONDS)
+        if checked.returncode != 0:
+            raise RuntimeError(f"the agents' configuration is refused: {checked.stderr}")
+        effective = json.loads(checked.stdout)
+        plan = effective["plan"]
+        lines = [f"Privacy: {effective['budget']['promise']} (as a study could publish; the "
+                 f"planner sets each channel's ε per report and spacing)."]
         for name in PLAN_SHOWN:
             channel = plan["channels"][name]
             errors = channel["relative_rmse"]
             lines.append(
-                f"  {name}: one report every {duration_text(channel['every_seconds'])} per "
+                f"  {name}: one report every {channel['every_seconds'] / 60:.0f} minutes per "
                 f"wearer at ε {channel['epsilon_per_report']:.2g}; the mean of "
                 f"{self.agents:,} wearers errs by about {errors['1m']:.2g} of the domain's "
                 f"width per minute, {errors['1h']:.2g} per hour, {errors['1d']:.2g} per day")
@@ -418,6 +428,7 @@ every_seconds = {range_every}
             stack.callback(self.stop)
             host, port, version, what = self._start_broker()
             agent_config, collector_config = self._write_configs(host, port, version)
+            privacy = self._privacy_lines(agent_config)  # refused: before anything else
             if self.scale_out:
                 what += "; " + self._start_scale_out(collector_config)
             else:
@@ -430,7 +441,7 @@ every_seconds = {range_every}
                                   str(self.workdir / "truth.json")])
             self.console.print(f"[bold]edge-ldp demo[/]: {self.agents:,} simulated wearables "
                                f"through {what}")
-            for line in self._privacy_lines(agent_config):
+            for line in privacy:
                 self.console.print(line)
             page = f"{self.url}/" if self.fast else f"{self.url}/?resolution=1h"
             self.console.print(f"Dashboard: [link={page}]{page}[/link]   "

@@ -1,4 +1,4 @@
-"""A real collector gives memory back (``edge_agent.memory.release_freed_memory`` after
+"""A real collector gives memory back (``edge_agent.common.memory.release_freed_memory`` after
 each checkpoint): LLVM's code pages, which its estimates never read once their kernels
 are loaded, leave its RSS and stay out while it goes on estimating."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 from edge_agent import protocol
+from edge_agent.common.memory import clean_mappings
 from edge_agent.mechanisms import ClassicalOGPM
-from edge_agent.memory import clean_mappings
 from tests.support import CollectorProcess, MqttClient
 from tests.support import wait_for_api as wait_until
 

@@ -1,4 +1,4 @@
-"""edge_agent.memory: LLVM's clean code pages given back after the warm-up."""
+"""edge_agent.common.memory: LLVM's clean code pages given back after the warm-up."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from edge_agent.memory import clean_mappings
+from edge_agent.common.memory import clean_mappings
 
 SMAPS = """\
 7f0000000000-7f0000400000 r--p 00000000 08:01 11 /venv/llvmlite/binding/libllvmlite.so
@@ -52,7 +52,7 @@ def test_released_pages_leave_rss_and_numba_still_compiles_and_runs(tmp_path):
     script = textwrap.dedent("""
         import numpy as np
         from numba import njit
-        from edge_agent.memory import clean_mappings, release_code_pages
+        from edge_agent.common.memory import clean_mappings, release_code_pages
 
         def resident():
             return sum(r for _, _, r in clean_mappings())

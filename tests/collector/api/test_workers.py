@@ -12,7 +12,7 @@ from collector.aggregation.ingest import Ingestor
 from collector.api.documents import Views
 from collector.api.workers import EstimateWorkers
 from collector.estimation.jsonsafe import json_safe
-from edge_agent.memory import clean_mappings
+from edge_agent.common.memory import clean_mappings
 from tests.support import wait_until
 from tests.support.burst import burst, channel_names
 from tests.support.configs import FLEET

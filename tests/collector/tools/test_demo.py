@@ -390,6 +390,8 @@ def test_the_default_demo_states_a_guarantee_a_study_could_publish_and_keeps_to_
     demo = Demo(agents=1000, duration=0, http_port=8080, broker=None, workdir=tmp_path)
     agent_path, collector_path = demo._write_configs("127.0.0.1", 1883, "5")
     agent, collector = load_config(agent_path), load_collector_config(collector_path)
+    sample = load_config(REPO / "configs" / "agent.toml")  # the demo promises what it does
+    assert agent.privacy.horizons == sample.privacy.horizons
     assert [(g.epsilon, g.per) for g in agent.privacy.horizons] == [(4, "10m"), (120, "1d")]
     assert {c.name for c in agent.channels} == CHANNELS
     assert agent.privacy.plan_fleet == 1000 and agent.plan is not None
