@@ -425,6 +425,26 @@ def test_the_static_view_shows_the_view_of_its_url_and_starts_no_timer(browser, 
         board.close()
 
 
+def test_the_demos_link_opens_on_the_hours_up_to_the_one_under_way(browser, fleet):
+    """`edge-collector demo` links the dashboard at ?resolution=1h (minutes are noise
+    under a real guarantee): hourly windows, without a range (the server's recent
+    ones, the hour under way last), asked again as the hour fills."""
+    board = Dashboard(browser, fleet.web, context_options=UTC, path="/?resolution=1h")
+    try:
+        page = board.page
+        assert page.input_value(RESOLUTION) == "1h" and page.input_value(RANGE) == "live"
+        wait_cards(board, "query", "ready")
+        paths = history_queries(board)
+        query = parse_qs(urlsplit(paths["x"]).query)
+        assert query == {"resolution": ["1h"]}, query
+        answers = assert_charts_match(board, fleet.web, paths)
+        assert answers["x"]["window_seconds"] == HOUR and len(answers["x"]["points"]) > 0
+        assert board.text('#view [data-stat="view"]').startswith("1h windows")
+        assert board.problems == []
+    finally:
+        board.close()
+
+
 def test_a_query_is_asked_again_every_30_s_but_not_in_a_background_tab(browser, fleet):
     board = Dashboard(browser, fleet.web, init_script=RECORD_QUERIES, context_options=UTC,
                       fake_clock=True)
