@@ -56,6 +56,7 @@ from collector.broker.lifetime import CHILDREN_GRACE_SECONDS, preexec_die_with_p
 from collector.scaleout.local_cluster import NOT_INSTALLED as NATS_NOT_INSTALLED
 from collector.scaleout.local_cluster import Node, find_nats_server, node_config
 from collector.tools.watch import fetch, render
+from edge_agent.common.config import toml_value
 
 # The wearables' channels: a data file beside this module.
 DEMO_CHANNELS = importlib.resources.files("collector.tools").joinpath("demo_channels.toml")
@@ -136,26 +137,6 @@ def parse_broker(text: str, source: str = "--broker") -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise DemoError(f"{source}: must be HOST:PORT, got {text!r}")
     return host, int(port)
-
-
-def toml_str(value) -> str:
-    """A TOML basic string: JSON's escapes are TOML's (non-ASCII is kept as is,
-    since JSON would write astral characters as surrogate pairs, which TOML refuses)."""
-    return json.dumps(str(value), ensure_ascii=False)
-
-
-def toml_value(value) -> str:
-    """A TOML value of the strings, booleans, numbers, lists and inline tables a channel
-    table holds."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(map(toml_value, value)) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{key} = {toml_value(v)}" for key, v in value.items()) + "}"
-    return toml_str(value)
 
 
 def demo_channels(*, fast: bool) -> str:
@@ -287,9 +268,9 @@ class Demo:
             config.write_text(base.replace('client_id = "demo-collector',
                                            f'client_id = "demo-{name}') + f"""
 [scale_out]
-servers = [{", ".join(toml_str(url) for url in urls)}]
+servers = [{", ".join(toml_value(url) for url in urls)}]
 partitions = 8
-member = {toml_str(name)}
+member = {toml_value(name)}
 """)
             self._spawn(name, ["-m", "collector", role, "--config", str(config)],
                         restart=role != "merge")
@@ -318,7 +299,7 @@ member = {toml_str(name)}
         # "edge-collector-range") and no session left behind there.
         suffix = f"-{secrets.token_hex(4)}" if self.broker_text else ""
         expiry = "session_expiry_seconds = 0\n" if self.broker_text else ""
-        state_dir = toml_str(self.workdir / "agents")
+        state_dir = toml_value(self.workdir / "agents")
         if self.fast:
             # Each agent spends 11 eps per tick (FAST_EPSILON) at 4 ticks/s: 44 eps/s,
             # 158,400 per hour, plus range discovery's 1 eps per side, min and max once a
@@ -346,7 +327,7 @@ state_dir = {state_dir}"""
 fleet = "demo"
 batch_seconds = 1.0
 [broker]
-host = {toml_str(host)}
+host = {toml_value(host)}
 port = {port}
 [privacy]
 {privacy}
@@ -361,15 +342,15 @@ derive = ["horizontal"]
         collector = self.workdir / "collector.toml"
         collector.write_text(f"""fleet = "demo"
 [broker]
-host = {toml_str(host)}
+host = {toml_value(host)}
 port = {port}
-mqtt_version = {toml_str(version)}
+mqtt_version = {toml_value(version)}
 client_id = "demo-collector{suffix}"
 {expiry}[http]
 host = "127.0.0.1"
 port = {self.http_port}
 [storage]
-path = {toml_str(self.workdir / 'collector.sqlite')}
+path = {toml_value(self.workdir / 'collector.sqlite')}
 checkpoint_seconds = 5
 [aggregates]
 {aggregates}[snapshots]

@@ -10,6 +10,7 @@ table both programs connect with.
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -234,3 +235,18 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
+
+def toml_value(value: Any) -> str:
+    """``value`` as TOML, for configurations programs write (the demo's, the tests'):
+    booleans, numbers, arrays, inline tables, and anything else (strings, paths) as a
+    basic string.  JSON's escapes are TOML's; non-ASCII is kept as is (JSON would write
+    astral characters as surrogate pairs, which TOML refuses)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(toml_value, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} = {toml_value(v)}" for key, v in value.items()) + "}"
+    return json.dumps(str(value), ensure_ascii=False)

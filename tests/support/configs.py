@@ -8,9 +8,10 @@ go to ``parse_config`` / ``parse_collector_config`` directly, or through
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from edge_agent.common.config import toml_value
 
 FLEET = "demo"
 
@@ -22,17 +23,6 @@ AX_CHANNEL = {"name": "ax", "source": "imu", "field": "accel_x", "kind": "linear
 
 
 # -- TOML -----------------------------------------------------------------------------
-
-def toml_value(value) -> str:
-    """A scalar or an array as TOML (strings, paths and anything else as basic strings)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))
-
 
 def _is_table_array(value) -> bool:
     return isinstance(value, (list, tuple)) and bool(value) and all(
