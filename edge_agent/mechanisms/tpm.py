@@ -26,6 +26,10 @@ from edge_agent.mechanisms._layout import TOTAL_BITS, TickLayout
 from edge_agent.mechanisms.base import ExactLoss, Mechanism
 from edge_agent.mechanisms.randomness import RandomSource
 
+# A flat end narrower than this share of the domain is rounding (a report's finest cell is
+# 2**-GRID_BITS_MAX = 2**-16 of it): affine_mean reports none.
+FLAT_END_ROUNDING = 1e-9
+
 
 def _antiderivative(y: np.ndarray, x: np.ndarray, p: int) -> np.ndarray:
     """G with G' = |y - x|**p."""
@@ -144,7 +148,14 @@ class ThreePieceMechanism(BoundedLineSampling):
         c_hi = self.output_high - self.length / 2.0
         x_lo = self.low + (c_lo - self._centre_at_low) / self._centre_slope
         x_hi = self.low + (c_hi - self._centre_at_low) / self._centre_slope
-        return slope, intercept, max(self.low, x_lo), min(self.high, x_hi)
+        # Where the clamp never binds, x_lo and x_hi are the domain's ends up to rounding
+        # (PM-C at eps 2: 4e-16 of the width short).  A flat region that narrow is no
+        # region: read as one, a collector would note data "where the mechanism reports the
+        # same distribution for every value" and widen its bias bound for it.
+        rounding = FLAT_END_ROUNDING * (self.high - self.low)
+        x_lo = self.low if x_lo - self.low <= rounding else x_lo
+        x_hi = self.high if self.high - x_hi <= rounding else x_hi
+        return slope, intercept, x_lo, x_hi
 
     def expected_error(self, x: Any, p: int = 2) -> np.ndarray:
         p = _validate.error_power(p)

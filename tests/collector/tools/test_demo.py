@@ -52,6 +52,8 @@ CHANNELS = {"accel_x", "accel_y", "accel_z", "roll", "pitch", "yaw", "accel_pola
 # the day before, which were within 0.36 in the runs seen then).  accel_z's allows PM's
 # noise wherever the simulated wearers' gravity and steps put the mean (0.18-0.20 at
 # 2,500 reports) and the raw average's standard error when it is the estimate chosen.
+# (It measured 0.265 in a CI run of 2026-12-06: rounding had given PM-C a flat end 4e-16
+# wide, and the bias bound the reconstruction's distance from the inversion for it.)
 REPORTS = 2500  # per channel: ~29 s of 24 agents at 4 reports/s on an idle machine
 TOLERANCE_MAX = {"accel_x": 0.45, "accel_y": 1.0, "accel_z": 0.26}
 # Activity shares (GRR over 3 categories at eps 1): a standard error of about 0.025 at

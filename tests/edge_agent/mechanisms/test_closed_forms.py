@@ -477,7 +477,7 @@ def test_pm_c_coincides_with_ogpm_at_the_ends(epsilon):
 
 @pytest.mark.parametrize("kind", ["ogpm", "ogpm-unbiased", "pm", "pm-c", "sw", "sw-c", "ptt",
                                   "duchi", "ii-ptt"])
-@pytest.mark.parametrize("epsilon", [0.5, 2.0, 6.0])
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 2.0, 4.0, 6.0])
 def test_affine_mean_region_is_exact_and_maximal(kind, epsilon):
     m = make(kind, epsilon, low=-1.0, high=3.0)
     a, b, lo, hi = m.affine_mean()
@@ -487,8 +487,9 @@ def test_affine_mean_region_is_exact_and_maximal(kind, epsilon):
         assert (lo, hi) == pytest.approx((-1.0 + m.half_width, 3.0 - m.half_width))
         outside = np.array([-1.0, 3.0])
         assert np.all(np.abs(m.mean_output(outside) - (a * outside + b)) > 1e-6)
-    else:
-        assert (lo, hi) == pytest.approx((-1.0, 3.0))
+    else:  # exactly: a flat end of rounding's width (PM-C at eps 1, 2, 4) is one to a
+        # collector, which then notes data near it and widens its bias bound
+        assert (lo, hi) == (-1.0, 3.0)
     if m.unbiased:
         assert (a, b) == pytest.approx((1.0, 0.0), abs=1e-12)
 
