@@ -36,6 +36,12 @@ import msgspec
 from collector.aggregation.ingest import Ingestor
 from collector.aggregation.series import TOTAL, series_type
 from collector.api.workers import EstimateWorkers
+from collector.estimation.strata import (
+    StratumMean,
+    stratified_mean,
+    stratum_of_point,
+    stratum_weights,
+)
 from collector.results.durations import duration_name
 from collector.results.store import SeriesRecord
 from edge_agent.protocol import as_dict
@@ -187,8 +193,9 @@ def plan(ingestor: Ingestor, later_limit: int | None,
 
     The first part is 1; the later part is 2 and 3, at most ``later_limit`` keys (None:
     no limit), none of those computed ``elsewhere`` (worker processes: (identity, key)).
-    Only a channel's newest series is computed (the others show only their counts)."""
-    latest = sorted((ingestor.series[name][ingestor.latest[name]] for name in ingestor.series),
+    Of a channel's series only its newest and the strata of its fleet's mean (``strata``)
+    are computed (the others show only their counts)."""
+    latest = sorted((series for name in ingestor.series for series in strata(ingestor, name)),
                     key=lambda series: -len(series.agents))
     stale = [(series, series.stale()) for series in latest]
     many = [(series, keys) for series, keys in stale if len(series.agents) >= FEW_AGENTS]
@@ -245,6 +252,54 @@ def compute(ingestor: Ingestor, work_plan: Plan, budget: float | None) -> Work:
 
 # -- the documents --------------------------------------------------------------------------
 
+def strata(ingestor: Ingestor, name: str) -> list:
+    """The series of channel ``name`` that measure what its newest does, newest first: a
+    linear channel's in the unit of its newest, whatever their mechanism, ε or domain
+    (wearers with guarantees of their own, PRIVACY.md "Wearers' own guarantees"; a domain
+    range discovery moved), each a stratum of the fleet's mean (``fleet_mean``); the
+    newest alone for the other kinds."""
+    by_identity = ingestor.series[name]
+    newest = by_identity[ingestor.latest[name]]
+    if newest.kind != "linear":
+        return [newest]
+    return [newest, *(series for series in by_identity.values() if series is not newest
+                      and series.kind == "linear" and series.unit == newest.unit)]
+
+
+def fleet_mean(members: list) -> tuple[dict, list[dict]]:
+    """The channel's ``fleet_mean`` over its strata (``strata``, two or more): the total's
+    mean, and each kept window's (``fleet_windows``, oldest first), each stratum weighed
+    by its share of the wearers (``collector.estimation.strata``); ``state`` "computing"
+    while a stratum's total is not estimated yet (it is then left out)."""
+    weights = stratum_weights([series.agents for series in members])
+    low = min(series.domain()[0] for series in members)
+    high = max(series.domain()[1] for series in members)
+    described, totals = [], []
+    for series, weight in zip(members, weights):
+        mean = (series.summary[1].get("mean") or {}) if series.summary is not None else {}
+        estimate = mean.get("estimate")
+        totals.append(StratumMean(weight, math.nan, math.nan, math.nan, 0) if estimate is None
+                      else StratumMean(weight, estimate, mean["stderr"], mean["bias_bound"],
+                                       series.count()))
+        described.append({"mechanism": as_dict(series.description), "agents": len(series.agents),
+                          "weight": weight, "count": series.count(), "estimate": estimate,
+                          "stderr": mean.get("stderr"), "bias_bound": mean.get("bias_bound")})
+    windows = []
+    for start in sorted({start for series in members for start in series.starts
+                         if start in series.points}):
+        points = [(series.points[start][1], weight) for series, weight in zip(members, weights)
+                  if start in series.points]
+        combined = stratified_mean([stratum_of_point(weight, point, low=low, high=high)
+                                    for point, weight in points], low=low, high=high)
+        if combined is not None:
+            windows.append({"start": points[0][0].start, "end": points[0][0].end,
+                            "count": sum(point.count for point, _ in points),
+                            "strata": len(points), "mean": combined})
+    return {"mean": stratified_mean(totals, low=low, high=high), "strata": described,
+            "state": "ready" if all(series.current(TOTAL) for series in members)
+            else "computing"}, windows
+
+
 def channel_detail(ingestor: Ingestor, name: str) -> dict:
     """GET /api/channels/<name>: the channel's entry (its newest series' total estimates
     and latest history point, ``state`` "computing" while they are older than its sums)
@@ -255,6 +310,9 @@ def channel_detail(ingestor: Ingestor, name: str) -> dict:
     detail = series.entry()
     detail["other_series"] = [{"mechanism": as_dict(s.description), "count": s.count()}
                               for identity, s in by_identity.items() if identity != latest]
+    members = strata(ingestor, name)
+    if len(members) > 1:
+        detail["fleet_mean"], detail["fleet_windows"] = fleet_mean(members)
     newest = max(series.starts, default=None)
     if not all(series.current(start) for start in series.starts):  # the history's
         detail["state"] = "computing"
@@ -420,7 +478,8 @@ class Views:
         windows = {name: open_windows(ingestor.series[name][ingestor.latest[name]])
                    for name in details}
         # An entry of /api/channels is its detail without the windows.
-        entries = {name: {key: value for key, value in detail.items() if key != "windows"}
+        entries = {name: {key: value for key, value in detail.items()
+                          if key not in ("windows", "fleet_windows")}
                    for name, detail in details.items()}
         return Documents(
             channels=self._document(ingestor, t, broker, ranges, extra, entries),

@@ -392,17 +392,17 @@ def circular_histogram(counts, matrix: np.ndarray) -> dict:
 
 
 @lru_cache(maxsize=1024)
-def _student95(degrees: int) -> float:
+def student95(degrees: int) -> float:
     # scipy.special's inverse of Student's t, not scipy.stats's: importing scipy.stats
     # loads much of scipy (about 47 MB in the collector and in each estimate worker).
     return float(special.stdtrit(degrees, 0.975))
 
 
-def _quantile95(n: int) -> float:
+def quantile95(n: int) -> float:
     """The two-sided 95% quantile for a mean over ``n`` reports whose variance is
     estimated from them: Student's t with n - 1 degrees of freedom (the normal's beyond
     a thousand, where they differ by less than 0.1%)."""
-    return _student95(n - 1) if 1 < n <= 1000 else Z95
+    return student95(n - 1) if 1 < n <= 1000 else Z95
 
 
 def _robust_spread(values: np.ndarray) -> float:
@@ -481,7 +481,7 @@ def _choose_mean(model: LinearModel, fits: _Fits, boots: _Fits, report_variance:
     # reports take Student's t quantile rather than the normal's: with population division
     # a window of a small fleet hears from a few dozen wearers (bench_stream: 17 reports
     # a slot covered 93% with 1.96 on a skewed signal).
-    z = _quantile95(n)
+    z = quantile95(n)
     unknowable = bias
     bias += abs(estimates[chosen] - estimates[reference])
     estimate = float(np.clip(estimates[chosen], m.low, m.high))  # the truth is in the domain
