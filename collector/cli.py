@@ -355,6 +355,8 @@ def results(config_path: str, channel: str, resolution: str | None, start: str |
         _fail(str(exc))
     try:
         found = HistoryQuery(store, config.aggregates.spans).select(channel, request, None)
+    except QueryError as exc:  # series=fleet weighs the strata by the live view's agents
+        _fail(f"--{exc}")
     finally:
         store.close()
     if found is None:

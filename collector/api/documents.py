@@ -38,8 +38,9 @@ from collector.aggregation.series import TOTAL, series_type
 from collector.api.workers import EstimateWorkers
 from collector.estimation.strata import (
     StratumMean,
+    WindowMean,
+    fleet_windows,
     stratified_mean,
-    stratum_of_point,
     stratum_weights,
 )
 from collector.results.durations import duration_name
@@ -74,6 +75,9 @@ class Documents:
     # live view has (the open ones; the finest level's recent ones), for history queries
     # of the results store (collector.results.query), which has the closed ones.
     open_windows: dict[str, dict[float, list]] = field(default_factory=dict)
+    # Per channel with strata (``Strata.open``): the same of each, with its weight, for
+    # history queries of the fleet's mean.
+    fleet_open: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -266,53 +270,80 @@ def strata(ingestor: Ingestor, name: str) -> list:
                       and series.kind == "linear" and series.unit == newest.unit)]
 
 
-def fleet_mean(members: list) -> tuple[dict, list[dict]]:
-    """The channel's ``fleet_mean`` over its strata (``strata``, two or more): the total's
-    mean, and each kept window's (``fleet_windows``, oldest first), each stratum weighed
-    by its share of the wearers (``collector.estimation.strata``); ``state`` "computing"
-    while a stratum's total is not estimated yet (it is then left out)."""
-    weights = stratum_weights([series.agents for series in members])
-    low = min(series.domain()[0] for series in members)
-    high = max(series.domain()[1] for series in members)
-    described, totals = [], []
-    for series, weight in zip(members, weights):
-        mean = (series.summary[1].get("mean") or {}) if series.summary is not None else {}
-        estimate = mean.get("estimate")
-        totals.append(StratumMean(weight, math.nan, math.nan, math.nan, 0) if estimate is None
-                      else StratumMean(weight, estimate, mean["stderr"], mean["bias_bound"],
-                                       series.count()))
-        described.append({"mechanism": as_dict(series.description), "agents": len(series.agents),
-                          "weight": weight, "count": series.count(), "estimate": estimate,
-                          "stderr": mean.get("stderr"), "bias_bound": mean.get("bias_bound")})
-    windows = []
-    for start in sorted({start for series in members for start in series.starts
-                         if start in series.points}):
-        points = [(series.points[start][1], weight) for series, weight in zip(members, weights)
-                  if start in series.points]
-        combined = stratified_mean([stratum_of_point(weight, point, low=low, high=high)
-                                    for point, weight in points], low=low, high=high)
-        if combined is not None:
-            windows.append({"start": points[0][0].start, "end": points[0][0].end,
-                            "count": sum(point.count for point, _ in points),
-                            "strata": len(points), "mean": combined})
-    return {"mean": stratified_mean(totals, low=low, high=high), "strata": described,
-            "state": "ready" if all(series.current(TOTAL) for series in members)
-            else "computing"}, windows
+@dataclass(frozen=True)
+class Strata:
+    """A channel's strata (``strata``, two or more), each with its share of the wearers
+    (``collector.estimation.strata.stratum_weights``), and the domain they span."""
+
+    members: list
+    weights: list[float]
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, ingestor: Ingestor, name: str) -> Strata | None:
+        members = strata(ingestor, name)
+        if len(members) < 2:
+            return None
+        return cls(members, stratum_weights([series.agents for series in members]),
+                   min(series.domain()[0] for series in members),
+                   max(series.domain()[1] for series in members))
+
+    def mean(self) -> dict:
+        """The channel's ``fleet_mean``: the totals' (``state`` "computing" while a
+        stratum's total is not estimated yet: it is then left out) and each stratum's."""
+        described, totals = [], []
+        for series, weight in zip(self.members, self.weights):
+            mean = (series.summary[1].get("mean") or {}) if series.summary is not None else {}
+            estimate = mean.get("estimate")
+            totals.append(StratumMean(weight, math.nan, math.nan, math.nan, 0)
+                          if estimate is None else
+                          StratumMean(weight, estimate, mean["stderr"], mean["bias_bound"],
+                                      series.count()))
+            described.append({"series": SeriesRecord.of(series).key,
+                              "mechanism": as_dict(series.description),
+                              "agents": len(series.agents), "weight": weight,
+                              "count": series.count(), "estimate": estimate,
+                              "stderr": mean.get("stderr"), "bias_bound": mean.get("bias_bound")})
+        return {"mean": stratified_mean(totals, low=self.low, high=self.high),
+                "strata": described,
+                "state": "ready" if all(series.current(TOTAL) for series in self.members)
+                else "computing"}
+
+    def windows(self) -> list[dict]:
+        """The channel's ``fleet_windows``: each kept window's fleet mean, oldest first."""
+        return fleet_windows([(weight, window_means(series.points[start][1]
+                                                    for start in series.starts
+                                                    if start in series.points))
+                              for series, weight in zip(self.members, self.weights)],
+                             low=self.low, high=self.high)
+
+    def open(self) -> dict:
+        """What a history query of the fleet's mean takes from the live view
+        (``collector.results.query``): each stratum's series key, weight and open windows."""
+        return {"low": self.low, "high": self.high,
+                "strata": [{"series": SeriesRecord.of(series).key, "weight": weight,
+                            "open": open_windows(series)}
+                           for series, weight in zip(self.members, self.weights)]}
 
 
-def channel_detail(ingestor: Ingestor, name: str) -> dict:
+def window_means(points) -> list[WindowMean]:
+    """Linear history points (``LinearPoint``) as ``fleet_windows`` takes them."""
+    return [WindowMean(point.start, point.end, point.count, point.mean.estimate,
+                       point.mean.stderr, point.mean.ci95) for point in points]
+
+
+def channel_detail(ingestor: Ingestor, name: str, layers: Strata | None = None) -> dict:
     """GET /api/channels/<name>: the channel's entry (its newest series' total estimates
     and latest history point, ``state`` "computing" while they are older than its sums)
-    and its kept windows' history points (``windows``)."""
+    and its kept windows' history points (``windows``); with ``layers``, the channel's
+    strata, also the fleet's mean (``fleet_mean``, and ``fleet_windows`` per window)."""
     by_identity = ingestor.series[name]
     latest = ingestor.latest[name]
     series = by_identity[latest]
     detail = series.entry()
     detail["other_series"] = [{"mechanism": as_dict(s.description), "count": s.count()}
                               for identity, s in by_identity.items() if identity != latest]
-    members = strata(ingestor, name)
-    if len(members) > 1:
-        detail["fleet_mean"], detail["fleet_windows"] = fleet_mean(members)
     newest = max(series.starts, default=None)
     if not all(series.current(start) for start in series.starts):  # the history's
         detail["state"] = "computing"
@@ -324,6 +355,8 @@ def channel_detail(ingestor: Ingestor, name: str) -> dict:
     detail["series"] = SeriesRecord.of(series).key
     detail["resolutions"] = [duration_name(series.span(level))
                              for level in range(len(series.levels))]
+    if layers is not None:
+        detail["fleet_mean"], detail["fleet_windows"] = layers.mean(), layers.windows()
     return detail
 
 
@@ -471,7 +504,9 @@ class Views:
     # -- building them ----------------------------------------------------------------------
     def _documents(self, ingestor: Ingestor, t: float, broker: dict, ranges: tuple[dict, dict],
                    extra: dict, estimates: Estimates | None = None) -> Documents:
-        details = {name: channel_detail(ingestor, name) for name in sorted(ingestor.series)}
+        layered = {name: Strata.of(ingestor, name) for name in ingestor.series}
+        details = {name: channel_detail(ingestor, name, layered[name])
+                   for name in sorted(ingestor.series)}
         histories = {name: history_document(name, detail, ingestor.window_seconds,
                                             ingestor.keep_windows, t)
                      for name, detail in details.items()}
@@ -485,7 +520,9 @@ class Views:
             channels=self._document(ingestor, t, broker, ranges, extra, entries),
             channel_details=details, histories=histories,
             range=range_document(*ranges, t), dead_letters=list(ingestor.dead_letters),
-            estimates=estimates, open_windows=windows)
+            estimates=estimates, open_windows=windows,
+            fleet_open={name: layers.open() for name, layers in layered.items()
+                        if layers is not None})
 
     def _document(self, ingestor: Ingestor, now: float, broker: dict,
                   ranges: tuple[dict, dict], extra: dict, entries: dict) -> dict:

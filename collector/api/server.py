@@ -432,7 +432,8 @@ class WebServer:
         live = None
         if name in snapshot.documents.histories:
             live = {**snapshot.documents.histories[name],
-                    "open": snapshot.documents.open_windows.get(name, {})}
+                    "open": snapshot.documents.open_windows.get(name, {}),
+                    "fleet": snapshot.documents.fleet_open.get(name)}
         self._history_queries += 1
         try:
             found = await run_in_threadpool(self.history.run, name, query, live)

@@ -51,22 +51,56 @@ def stratum_weights(agents: Sequence[Iterable[str]]) -> list[float]:
     return [sum(1.0 / strata_of[agent] for agent in group) / wearers for group in sets]
 
 
-def stratum_of_point(weight: float, point, *, low: float, high: float) -> StratumMean:
-    """A window's stratum from its history point (``LinearPoint``: count, and the mean's
-    estimate, standard error and interval), which does not keep the bias bound: the
-    estimator's interval is estimate +- (t s + b) cut to [low, high]
-    (``estimators.linear_estimates``, t for the point's count), so b is its wider side's
-    half less t s; where both sides are cut, the whole width."""
-    mean = point.mean
-    if mean.estimate is None or mean.stderr is None or mean.ci95 is None:
-        return StratumMean(weight, math.nan, math.nan, math.nan, point.count)
-    lo, hi = mean.ci95
+@dataclass(frozen=True)
+class WindowMean:
+    """One stratum's window as the collector keeps it (a history point, ``LinearPoint``):
+    its time, its count, and the mean's estimate, standard error and interval (not its
+    bias bound)."""
+
+    start: float
+    end: float
+    count: int
+    estimate: float | None
+    stderr: float | None
+    ci95: tuple[float, float] | None
+
+
+def window_stratum(weight: float, window: WindowMean, *, low: float, high: float) \
+        -> StratumMean:
+    """A window's stratum.  Its bias bound is read back from its interval: the estimator's
+    is estimate +- (t s + b) cut to [low, high] (``estimators.linear_estimates``, t for the
+    window's count), so b is its wider side's half less t s; where both sides are cut,
+    the whole width."""
+    if window.estimate is None or window.stderr is None or window.ci95 is None:
+        return StratumMean(weight, math.nan, math.nan, math.nan, window.count)
+    lo, hi = window.ci95
     if lo <= low and hi >= high:
         bias = high - low
     else:
-        bias = max(0.0, max(mean.estimate - lo, hi - mean.estimate)
-                   - quantile95(point.count) * mean.stderr)
-    return StratumMean(weight, mean.estimate, mean.stderr, bias, point.count)
+        bias = max(0.0, max(window.estimate - lo, hi - window.estimate)
+                   - quantile95(window.count) * window.stderr)
+    return StratumMean(weight, window.estimate, window.stderr, bias, window.count)
+
+
+def fleet_windows(strata: Sequence[tuple[float, Iterable[WindowMean]]], *, low: float,
+                  high: float) -> list[dict]:
+    """The fleet's mean of each window any stratum has, oldest first, from the strata's
+    (weight, windows): ``start``, ``end``, ``count`` (all strata's), ``strata`` (how many
+    have the window) and ``mean`` (``stratified_mean``)."""
+    by_start: dict[float, list[tuple[float, WindowMean]]] = {}
+    for weight, windows in strata:
+        for window in windows:
+            by_start.setdefault(window.start, []).append((weight, window))
+    found = []
+    for start in sorted(by_start):
+        present = by_start[start]
+        mean = stratified_mean([window_stratum(weight, window, low=low, high=high)
+                                for weight, window in present], low=low, high=high)
+        if mean is not None:
+            found.append({"start": start, "end": present[0][1].end,
+                          "count": sum(window.count for _, window in present),
+                          "strata": len(present), "mean": mean})
+    return found
 
 
 def stratified_mean(strata: Sequence[StratumMean], *, low: float, high: float) -> dict | None:

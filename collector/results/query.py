@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from collector.estimation.strata import WindowMean, fleet_windows
 from collector.results import table
 from collector.results.durations import duration_name
 from collector.results.store import ResultsStore, StoreError
@@ -28,6 +29,7 @@ PARAMETERS = ("resolution", "start", "end", "format", "series")
 FORMATS = ("json", "csv")
 MAX_TIME = 1e11  # Unix seconds: about the year 5000
 CSV_TYPE = "text/csv; charset=utf-8"
+FLEET = "fleet"  # series=fleet: the fleet's mean over a channel's strata
 
 
 class QueryError(ValueError):
@@ -80,9 +82,10 @@ def parse_request(params: Mapping[str, str], *, spans: list[float], now: float) 
     if output not in FORMATS:
         raise QueryError("format", f"expected one of {', '.join(FORMATS)}")
     series = params.get("series")
-    if series is not None and not (len(series) == 32 and all(c in "0123456789abcdef"
-                                                             for c in series)):
-        raise QueryError("series", "expected a series key as the history lists them")
+    if series is not None and series != FLEET and not (
+            len(series) == 32 and all(c in "0123456789abcdef" for c in series)):
+        raise QueryError("series", f"expected a series key as the history lists them, or "
+                                   f"{FLEET!r}")
     return HistoryRequest(resolution, span, start, end, output, series)
 
 
@@ -125,8 +128,11 @@ class HistoryQuery:
     def select(self, channel: str, request: HistoryRequest, live: dict | None) \
             -> tuple[dict, list[dict], list[dict]] | None:
         """(the series' header: kind, units, labels, fields and key; its windows' points,
-        oldest first; the channel's other series), or None if it has none."""
+        oldest first; the channel's other series), or None if it has none.  ``series``
+        "fleet": the fleet's mean over the channel's strata (``fleet``)."""
         known = self.store.series_of(channel)
+        if request.series == FLEET:
+            return self.fleet(request, live, known)
         key = request.series or (live or {}).get("series") or \
             (known[0][0].key if known else None)
         record = next((record for record, _ in known if record.key == key), None)
@@ -134,22 +140,62 @@ class HistoryQuery:
             if request.series is not None:
                 raise QueryError("series", "not a series of the channel")
             return None
+        is_live = live is not None and live.get("series") == key
+        # the windows still open from the live view (the store has the closed ones): the
+        # newest series', or a stratum's of the fleet's mean
+        opened = live.get("open", {}) if is_live else next(
+            (stratum["open"] for stratum in ((live or {}).get("fleet") or {}).get("strata", [])
+             if stratum["series"] == key), {})
+        points = self._points(record, request, opened.get(request.span, []))
+        header = {**_header(live if is_live else None, record), "series": key}
+        return header, points, _others(known, key)
+
+    def fleet(self, request: HistoryRequest, live: dict | None, known: list) \
+            -> tuple[dict, list[dict], list[dict]]:
+        """The fleet's mean of each window over the channel's strata, weighed as the live
+        view weighs them now (``collector.api.documents.Strata``; the weights come from
+        the agents each series has heard, which the store does not keep)."""
+        if live is None:
+            raise QueryError("series", "the fleet's mean comes from a running collector "
+                                       "(GET /api/channels/<name>/history?series=fleet): the "
+                                       "results store does not keep the agents that weigh it")
+        fleet = live.get("fleet")
+        if fleet is None:
+            raise QueryError("series", "no fleet mean: the channel's wearers report under one "
+                                       "guarantee, or this collector does not hold the channel")
+        records = {record.key: record for record, _ in known}
+        strata = []
+        for stratum in fleet["strata"]:
+            points = self._points(records.get(stratum["series"]), request,
+                                  stratum["open"].get(request.span, []))
+            strata.append((stratum["weight"], [
+                WindowMean(point["start"], point["end"], point["count"],
+                           point["mean"]["estimate"], point["mean"]["stderr"],
+                           point["mean"]["ci95"]) for point in points]))
+        header = {"kind": "linear", "series": FLEET,
+                  **{name: live[name] for name in ("unit",) if name in live}}
+        return header, fleet_windows(strata, low=fleet["low"], high=fleet["high"]), \
+            _others(known, None)
+
+    def _points(self, record, request: HistoryRequest, open_points: list) -> list[dict]:
+        """A series' windows in the request's range, oldest first: the store's (``record``
+        None: none) and then those of ``open_points`` (live, still open) it lacks."""
         points = {} if record is None else {
             row.start: _stored_point(record.kind, row.point)
-            for row in self.store.windows(key, request.span, request.first, request.last,
-                                          MAX_POINTS + 1)}
-        is_live = live is not None and live.get("series") == key
-        if is_live:  # the windows still open (the store has the closed ones)
-            for point in live.get("open", {}).get(request.span, []):
-                point = msgspec.to_builtins(point)
-                start = round(point["start"] / request.span)
-                if request.first <= start <= request.last:
-                    points.setdefault(start, point)
-        others = [{"series": other.key,
-                   "mechanism": as_dict(_stored_series(other).mechanism),
-                   "newest_end": newest} for other, newest in known if other.key != key]
-        header = {**_header(live if is_live else None, record), "series": key}
-        return header, [points[start] for start in sorted(points)], others
+            for row in self.store.windows(record.key, request.span, request.first,
+                                          request.last, MAX_POINTS + 1)}
+        for point in open_points:
+            point = msgspec.to_builtins(point)
+            start = round(point["start"] / request.span)
+            if request.first <= start <= request.last:
+                points.setdefault(start, point)
+        return [points[start] for start in sorted(points)]
+
+
+def _others(known: list, key: str | None) -> list[dict]:
+    """The channel's stored series but ``key``."""
+    return [{"series": other.key, "mechanism": as_dict(_stored_series(other).mechanism),
+             "newest_end": newest} for other, newest in known if other.key != key]
 
 
 def table_columns(header: dict) -> list[table.Column]:

@@ -11,12 +11,15 @@ import pytest
 from scipy import stats
 
 from collector.aggregation.series import new_series
+from collector.api.documents import window_means
 from collector.estimation.estimators import Z95, quantile95, student95
 from collector.estimation.strata import (
     StratumMean,
+    WindowMean,
+    fleet_windows,
     stratified_mean,
-    stratum_of_point,
     stratum_weights,
+    window_stratum,
 )
 from edge_agent import protocol
 from edge_agent.mechanisms import linear_mechanism
@@ -85,7 +88,7 @@ def test_the_bias_bound_read_back_from_a_point_is_the_estimators(name, epsilon, 
     mechanism = linear_mechanism(name, epsilon=epsilon, low=-2.0, high=2.0, grid_bits=16)
     point, view = window_point(mechanism, np.clip(rng.normal(centre, 0.2, 3000), -2, 2), rng)
     assert view["ci95"][0] > -2.0 or view["ci95"][1] < 2.0  # not cut on both sides
-    stratum = stratum_of_point(0.5, point, low=-2.0, high=2.0)
+    stratum = window_stratum(0.5, window_means([point])[0], low=-2.0, high=2.0)
     assert stratum.bias_bound == pytest.approx(view["bias_bound"], abs=1e-9)
     assert (stratum.estimate, stratum.stderr, stratum.count) == \
         (view["estimate"], view["stderr"], 3000)
@@ -111,9 +114,24 @@ def test_a_stratified_interval_of_the_collectors_estimates_covers_the_wearers_me
         strata = []
         for (mechanism, values), weight in zip(groups, weights):
             point, _ = window_point(mechanism, np.clip(values, -2, 2).ravel(), rng)
-            strata.append(stratum_of_point(weight, point, low=-2.0, high=2.0))
+            strata.append(window_stratum(weight, window_means([point])[0], low=-2.0, high=2.0))
         combined = stratified_mean(strata, low=-2.0, high=2.0)
         covered += combined["ci95"][0] <= truth <= combined["ci95"][1]
         # a mean over reports (300 x 4 against 100 x 2) weighs the stricter wearers 1/7
         assert weights == [0.75, 0.25]
     assert covered >= coverage_floor(trials)
+
+
+def test_fleet_windows_combine_each_start_of_any_stratum():
+    a = [WindowMean(0.0, 60.0, 100, 1.0, 0.1, (1.0 - Z95 * 0.1, 1.0 + Z95 * 0.1)),
+         WindowMean(60.0, 120.0, 100, 1.0, 0.1, (1.0 - Z95 * 0.1, 1.0 + Z95 * 0.1))]
+    b = [WindowMean(60.0, 120.0, 50, 0.0, 0.2, (-0.5, 0.5)),
+         WindowMean(120.0, 180.0, 0, None, None, None)]
+    found = fleet_windows([(0.5, a), (0.5, b)], low=-2.0, high=2.0)
+    assert [(w["start"], w["end"], w["count"], w["strata"]) for w in found] == \
+        [(0.0, 60.0, 100, 1), (60.0, 120.0, 150, 2)]  # no estimate at 120: no window
+    assert found[0]["mean"]["estimate"] == 1.0 and found[0]["mean"]["share"] == 0.5
+    both = found[1]["mean"]
+    assert both["estimate"] == 0.5 and both["share"] == 1.0
+    # the bias bound read back from b's interval: 0.5 - t(49) 0.2, halved
+    assert both["bias_bound"] == pytest.approx(0.5 * (0.5 - student95(49) * 0.2))
