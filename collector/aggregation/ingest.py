@@ -340,8 +340,9 @@ class Ingestor:
         """Count a new report: its codes go to its series, its seq to the tracker."""
         message = report.message
         series = self._series_for(message, create=True)
-        self.latest[message.channel] = series.identity
-        self.latest_at[message.channel] = now
+        if self._shows(message.channel, series, now):
+            self.latest[message.channel] = series.identity
+            self.latest_at[message.channel] = now
         values = series.values_in(report.codes)
         if self._batch is None:
             self._update(series, [(message.agent, message.t, report.codes)])
@@ -354,6 +355,20 @@ class Ingestor:
         agent = self.agents.setdefault(message.agent, AgentStats())
         agent.messages += 1
         agent.values += values
+
+    def _shows(self, channel: str, series: Series, now: float) -> bool:
+        """Whether a report to ``series`` makes it the channel's newest (``latest``, the
+        series its entry shows): a new series does (a changed configuration), and so does
+        one with more agents than the newest, or any once the newest has been silent for a
+        window.  Series that report side by side (wearers with guarantees of their own,
+        the strata of the fleet's mean) then leave the one of most wearers shown, rather
+        than the last to report."""
+        current = self.latest.get(channel)
+        if current is None or current == series.identity or series.messages == 0:
+            return True
+        shown = self.series[channel][current]
+        return (len(series.agents) > len(shown.agents)
+                or now - self.latest_at.get(channel, -math.inf) > self.window_seconds)
 
     def _update(self, series: Series, messages: list) -> None:
         opened = series.opened

@@ -101,3 +101,22 @@ def test_a_device_in_many_strata_weighs_as_one_wearer():
     strata = Views(lambda: ingestor, clock=lambda: 1020.0).channel_json("x")["fleet_mean"][
         "strata"]
     assert sum(s["weight"] for s in strata if s["mechanism"]["epsilon"] != 4.0) == 0.25
+
+
+def test_strata_reporting_side_by_side_leave_the_channel_showing_the_most_wearers():
+    """The entry shows one series (its mechanism, its history): reports alternating
+    between strata must not make it flip at every push; a new series (a changed
+    configuration) is shown at once, and any once the shown one is silent for a window."""
+    rng = np.random.default_rng(49)
+    ingestor, _ = fleet(rng)  # the last report of each window is a stricter wearer's
+    shown = Views(lambda: ingestor, clock=lambda: 1040.0).channels_json()["channels"]["x"]
+    assert shown["mechanism"]["epsilon"] == 4.0 and shown["agents"] == 6
+    changed = linear_mechanism("pm-c", epsilon=3.0, low=-2.0, high=2.0, grid_bits=16)
+    send(ingestor, "s0", changed, 5, 1031.0, np.zeros(10), rng)
+    assert ingestor.series["x"][ingestor.latest["x"]].mechanism.epsilon == 3.0
+    send(ingestor, "s1", STUDY, 5, 1032.0, np.zeros(10), rng)  # 6 wearers against 1
+    assert ingestor.series["x"][ingestor.latest["x"]].mechanism.epsilon == 4.0
+    send(ingestor, "p0", STRICT, 5, 1033.0, np.zeros(10), rng)  # 2 against 6: kept
+    assert ingestor.series["x"][ingestor.latest["x"]].mechanism.epsilon == 4.0
+    send(ingestor, "p0", STRICT, 6, 1033.0 + WINDOW, np.zeros(10), rng)  # silent: shown
+    assert ingestor.series["x"][ingestor.latest["x"]].mechanism.epsilon == 1.0
