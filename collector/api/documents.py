@@ -357,6 +357,9 @@ def channel_detail(ingestor: Ingestor, name: str, layers: Strata | None = None) 
                              for level in range(len(series.levels))]
     if layers is not None:
         detail["fleet_mean"], detail["fleet_windows"] = layers.mean(), layers.windows()
+        # the latest, for the dashboard to extend its chart of the fleet's mean with
+        detail["fleet_window"] = detail["fleet_windows"][-1] if detail["fleet_windows"] \
+            else None
     return detail
 
 
@@ -378,12 +381,14 @@ def history_document(name: str, detail: dict, window_seconds: float, windows_kep
     windows (``[aggregates] history_seconds``), oldest first: each window's history point
     (``Series.history_point``).  ``windows_kept``: at most that many (the most recent
     windows with reports), so that a page extending the history with each entry's
-    ``window`` keeps what the server keeps."""
+    ``window`` keeps what the server keeps.  A channel with strata: also the fleet's mean
+    per window (``fleet_points``, extended with each entry's ``fleet_window``)."""
     kind = series_type(detail["kind"])
     units = {key: detail[key] for key in ("unit", "angle_unit") if key in detail}
     return {"channel": name, "kind": detail["kind"], **units, **kind.history_header(detail),
             "t": t, "window_seconds": window_seconds, "windows_kept": windows_kept,
-            "state": detail["state"], "series": detail.get("series"), "points": detail["windows"]}
+            "state": detail["state"], "series": detail.get("series"), "points": detail["windows"],
+            **({"fleet_points": detail["fleet_windows"]} if "fleet_windows" in detail else {})}
 
 
 class Views:

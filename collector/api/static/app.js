@@ -829,6 +829,60 @@
     }
   }
 
+  // A linear channel whose wearers report under guarantees of their own (the API's
+  // fleet_mean): the mean of all its wearers over the strata, each weighed by its
+  // share of the wearers, and that mean per window.
+  class FleetBlock {
+    constructor(unit) {
+      this.fields = {};
+      const f = this.fields;
+      const u = () => unitNode(unit);
+      this.trend = new SeriesChart("fleet-trend", `mean of all wearers${unit ? ` (${unit})` : ""}`
+        + " and 95% interval per window", unit);
+      this.root = el("div", { class: "block", "data-block": "fleet" }, [
+        el("h3", {}, "all wearers"),
+        el("dl", { class: "stats" }, [
+          wideTerm("fleet mean", value(f, "fleet-estimate", "main"), plusMinus("standard error"),
+            value(f, "fleet-stderr"), u(), standardError()),
+          wideTerm("95% CI", "[", value(f, "fleet-ci-low"), ", ", value(f, "fleet-ci-high"), "]",
+            u()),
+          term("bias bound", value(f, "fleet-bias-bound"), u()),
+          wideTerm("guarantees", value(f, "fleet-strata")),
+        ]),
+        this.trend.label,
+        this.trend.canvas,
+      ]);
+    }
+
+    update(fleet) {
+      const mean = (fleet && fleet.mean) || {};
+      const ci = Array.isArray(mean.ci95) ? mean.ci95 : [];
+      const f = this.fields;
+      setText(f["fleet-estimate"], fmt(mean.estimate));
+      setText(f["fleet-stderr"], fmt(mean.stderr));
+      setText(f["fleet-ci-low"], fmt(ci[0]));
+      setText(f["fleet-ci-high"], fmt(ci[1]));
+      setText(f["fleet-bias-bound"], fmt(mean.bias_bound));
+      setText(f["fleet-strata"], strataText(fleet && fleet.strata));
+    }
+
+    setHistory(points, info) {
+      this.trend.set(meanSamples(points, (p) => p), info);
+    }
+
+    charts() {
+      return [this.trend];
+    }
+  }
+
+  // "ε 4: 6 wearers (75%); ε 1: 2 wearers (25%)": each stratum's weight in the mean.
+  function strataText(strata) {
+    if (!Array.isArray(strata) || !strata.length) return DASH;
+    return strata.map((s) => `ε ${fmt(s.mechanism && s.mechanism.epsilon)}: `
+      + `${fmtCount(s.agents)} wearer${s.agents === 1 ? "" : "s"} (${fmt(100 * s.weight, 3)}%)`)
+      .join("; ");
+  }
+
   class CircularBlock {
     constructor(name, title, period, unit) {
       this.fields = {};
@@ -1142,6 +1196,14 @@
     }
   }
 
+  // The fleet's mean per window over a channel's strata: the history's fleet_points,
+  // extended with every event's fleet_window.
+  class FleetHistory extends History {
+    merge(doc) {
+      super.merge({ ...(doc || {}), points: doc && doc.fleet_points });
+    }
+  }
+
   // At most QUERIES_AT_ONCE results store queries in flight (the server answers
   // 503 beyond a few at once): the others wait their turn.
   const queryQueue = { running: 0, waiting: [] };
@@ -1234,7 +1296,7 @@
     const axes = ch.kind === "vector" && ch.axes ? Object.keys(ch.axes).join(",") : "";
     const labels = ch.kind === "categorical" ? JSON.stringify(categoryLabels(ch)) : "";
     return JSON.stringify([ch.kind, ch.mechanism || null, unitOf(ch.unit), unitOf(ch.angle_unit),
-      axes, labels]);
+      axes, labels, ch.kind === "linear" && Boolean(ch.fleet_mean)]);
   }
 
   class Card {
@@ -1261,6 +1323,9 @@
         role: "status", hidden: "" });
       this.root.append(f["history-error"]);
       this.addBlocks(ch, meta);
+      // Wearers under guarantees of their own: the mean of them all first.
+      this.fleet = ch.kind === "linear" && ch.fleet_mean ? new FleetBlock(unitOf(ch.unit)) : null;
+      if (this.fleet) meta.after(this.fleet.root);
       f["other-series"] = el("p", { class: "other", "data-stat": "other-series" });
       this.root.append(f["other-series"]);
       this.resolutions = resolutionsOf(ch);
@@ -1274,6 +1339,12 @@
       };
       this.history.onChange = changed;
       this.query.onChange = changed;
+      if (this.fleet) {
+        this.fleetHistory = new FleetHistory(name);
+        this.fleetQuery = new RangeQuery(name);
+        this.fleetHistory.onChange = changed;
+        this.fleetQuery.onChange = changed;
+      }
       // Channels with charts over time draw the past from the server's history (the
       // live view's, or the results store's at the view's resolution and range).
       this.charted = this.blocks.some((b) => b.point);
@@ -1289,16 +1360,27 @@
       const live = viewIsLive(this.resolutions);
       const was = this.mode;
       this.mode = live ? "live" : "query";
-      let loading;
+      const loading = [];
       if (live) {
         this.query.cancel();
-        loading = was === "live" && this.history.points.length ? Promise.resolve()
-          : this.history.load();
+        if (was !== "live" || !this.history.points.length) loading.push(this.history.load());
+        if (this.fleet) {
+          this.fleetQuery.cancel();
+          if (was !== "live" || !this.fleetHistory.points.length) {
+            loading.push(this.fleetHistory.load());
+          }
+        }
       } else {
-        loading = this.query.load(queryParams(this.resolutions), viewKey());
+        const params = queryParams(this.resolutions);
+        loading.push(this.query.load(params, viewKey()));
+        if (this.fleet) {
+          const fleet = new URLSearchParams(params);
+          fleet.set("series", "fleet");
+          loading.push(this.fleetQuery.load(fleet, viewKey()));
+        }
       }
       this.showHistory();
-      return loading;
+      return Promise.all(loading);
     }
 
     addBlocks(ch, meta) {
@@ -1380,12 +1462,16 @@
         setText(f["mean-vector-magnitude"], fmt(v.magnitude));
         setText(f["mean-vector-direction"], fmt(v.direction));
       }
-      setText(f["other-series"], otherSeries(ch.other_series));
+      setText(f["other-series"], otherSeries(ch));
       this.resolutions = resolutionsOf(ch);
       for (const { block, pick } of this.blocks) block.update(pick(ch));
       // The live history follows every event, also while a query is shown (it is
       // shown again on the way back); a query's points change only with its answers.
       if (ch.window) this.history.extend(ch.window);
+      if (this.fleet) {
+        this.fleet.update(ch.fleet_mean);
+        if (ch.fleet_window) this.fleetHistory.extend(ch.fleet_window);
+      }
       if (this.mode === "live") this.showHistory();
     }
 
@@ -1397,6 +1483,10 @@
       const info = source.info();
       for (const { block, point } of this.blocks) {
         if (point) block.setHistory(points, info, point);
+      }
+      if (this.fleet) {
+        const fleet = live ? this.fleetHistory : this.fleetQuery;
+        this.fleet.setHistory(fleet.points, fleet.info());
       }
       const state = live ? (this.history.error ? "error" : "live") : this.query.state;
       setAttr(this.root, "data-history", state);
@@ -1413,13 +1503,19 @@
 
     draw() {
       for (const { block } of this.blocks) for (const chart of block.charts()) chart.draw();
+      if (this.fleet) for (const chart of this.fleet.charts()) chart.draw();
     }
   }
 
-  function otherSeries(list) {
+  function otherSeries(ch) {
+    const list = ch.other_series;
     if (!Array.isArray(list) || !list.length) return "";
     const parts = list.map(
       (s) => `ε ${fmt(s.mechanism && s.mechanism.epsilon)}: ${fmtCount(s.count)} values`);
+    if (ch.kind === "linear" && ch.fleet_mean) {
+      return `The statistics after “all wearers” are of the series with the most wearers; `
+        + `the others, in “all wearers” too: ${parts.join("; ")}`;
+    }
     return `Earlier series with other mechanism parameters (kept apart): ${parts.join("; ")}`;
   }
 
