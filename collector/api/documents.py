@@ -273,7 +273,9 @@ def strata(ingestor: Ingestor, name: str) -> list:
 @dataclass(frozen=True)
 class Strata:
     """A channel's strata (``strata``, two or more), each with its share of the wearers
-    (``collector.estimation.strata.stratum_weights``), and the domain they span."""
+    (``collector.estimation.strata.stratum_weights``), and the domain of the one of most
+    wearers, which every stratum's mean is kept in: a sender may state any domain in its
+    own series, and moves the mean of all wearers no more than one wearer can."""
 
     members: list
     weights: list[float]
@@ -285,9 +287,9 @@ class Strata:
         members = strata(ingestor, name)
         if len(members) < 2:
             return None
-        return cls(members, stratum_weights([series.agents for series in members]),
-                   min(series.domain()[0] for series in members),
-                   max(series.domain()[1] for series in members))
+        weights = stratum_weights([series.agents for series in members])
+        low, high = members[weights.index(max(weights))].domain()
+        return cls(members, weights, low, high)
 
     def mean(self) -> dict:
         """The channel's ``fleet_mean``: the totals' (``state`` "computing" while a

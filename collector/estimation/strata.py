@@ -105,7 +105,7 @@ def fleet_windows(strata: Sequence[tuple[float, Iterable[WindowMean]]], *, low: 
 
 def stratified_mean(strata: Sequence[StratumMean], *, low: float, high: float) -> dict | None:
     """The fleet's mean of ``strata`` (None if none has a weight and an estimate), kept in
-    [low, high]:
+    [low, high] (each stratum's mean too):
 
     * ``estimate``: sum of W_h m_h, the weights of the strata present made to sum to 1;
     * ``stderr``: sqrt(sum of W_h**2 s_h**2) (the strata's reports are independent);
@@ -123,7 +123,9 @@ def stratified_mean(strata: Sequence[StratumMean], *, low: float, high: float) -
     if share <= 0:
         return None
     weights = [s.weight / share for s in present]
-    estimate = sum(w * s.estimate for w, s in zip(weights, present))
+    # Each stratum's mean kept in [low, high] too: a sender's own series may state any
+    # domain, and must move the fleet's mean no more than one wearer of the domain can.
+    estimate = sum(w * min(max(s.estimate, low), high) for w, s in zip(weights, present))
     parts = [(w * s.stderr) ** 2 for w, s in zip(weights, present)]
     variance = sum(parts)
     bias = sum(w * s.bias_bound for w, s in zip(weights, present))

@@ -120,3 +120,19 @@ def test_strata_reporting_side_by_side_leave_the_channel_showing_the_most_wearer
     assert ingestor.series["x"][ingestor.latest["x"]].mechanism.epsilon == 4.0
     send(ingestor, "p0", STRICT, 6, 1033.0 + WINDOW, np.zeros(10), rng)  # silent: shown
     assert ingestor.series["x"][ingestor.latest["x"]].mechanism.epsilon == 1.0
+
+
+def test_a_sender_stating_a_wide_domain_moves_the_mean_as_one_wearer_can():
+    """A series of its own on [-1000, 1000] at its end: its mean is kept in the domain of
+    the stratum of most wearers, so it moves the mean of all wearers by at most that
+    domain's width over the wearers."""
+    rng = np.random.default_rng(50)
+    ingestor, _ = fleet(rng)
+    honest = Views(lambda: ingestor, clock=lambda: 1040.0).channel_json("x")["fleet_mean"]
+    wide = linear_mechanism("pm-c", epsilon=8.0, low=-1000.0, high=1000.0, grid_bits=16)
+    send(ingestor, "hostile", wide, 0, 1020.0, np.full(500, 1000.0), rng)
+    fleet_mean = Views(lambda: ingestor, clock=lambda: 1040.0).channel_json("x")["fleet_mean"]
+    assert len(fleet_mean["strata"]) == 3
+    shift = fleet_mean["mean"]["estimate"] - honest["mean"]["estimate"]
+    assert 0 < shift <= 4.0 / 9 + 1e-9  # the domain [-2, 2], nine wearers
+    assert -2.0 <= fleet_mean["mean"]["ci95"][0] <= fleet_mean["mean"]["ci95"][1] <= 2.0
