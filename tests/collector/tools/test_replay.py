@@ -102,8 +102,8 @@ def same_aggregates(live: dict, replayed: dict, *, same_windows: bool = True) ->
     """Two /api/channels documents agree on everything but what depends on the clock
     or the broker connection of the collector showing them (``t``, ``broker``, who is
     online), and on the float sums of angles, which depend on how messages were grouped
-    (``streams.comparable``); and on each channel's latest ``window`` and
-    ``resolutions`` (the finest is the window length) unless ``same_windows`` (both made
+    (``streams.comparable``); and on each channel's latest ``window`` (and
+    ``fleet_window``) and ``resolutions`` (the finest is the window length) unless ``same_windows`` (both made
     with the same window length)."""
     def aggregates(document: dict) -> dict:
         document = {k: v for k, v in document.items()
@@ -115,6 +115,7 @@ def same_aggregates(live: dict, replayed: dict, *, same_windows: bool = True) ->
         if not same_windows:
             for channel in document["channels"].values():
                 channel.pop("window", None)
+                channel.pop("fleet_window", None)
                 channel.pop("resolutions", None)
         return document
 
