@@ -20,10 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from collector.estimation.estimators import Z95, quantile95, student95
-
-# Beyond this many degrees of freedom Student's quantile is the normal's within 0.1%.
-NORMAL_DEGREES = 1000
+from collector.estimation.estimators import Z95, quantile95
 
 
 @dataclass(frozen=True)
@@ -134,9 +131,8 @@ def stratified_mean(strata: Sequence[StratumMean], *, low: float, high: float) -
         spread = sum(v * v / (s.count - 1) if s.count > 1 else math.inf
                      for v, s in zip(parts, present) if v > 0)
         degrees = variance * variance / spread if spread > 0 else math.inf
-        if degrees <= NORMAL_DEGREES:
-            quantile = student95(max(1, math.floor(degrees)))
-    estimate = min(max(estimate, low), high)
+        if math.isfinite(degrees):  # quantile95 takes a count of reports: degrees + 1
+            quantile = quantile95(max(1, math.floor(degrees)) + 1)
     stderr = math.sqrt(variance)
     half = quantile * stderr + bias
     return {"estimate": estimate, "stderr": stderr, "bias_bound": bias,
