@@ -103,8 +103,8 @@ def same_aggregates(live: dict, replayed: dict, *, same_windows: bool = True) ->
     or the broker connection of the collector showing them (``t``, ``broker``, who is
     online), and on the float sums of angles, which depend on how messages were grouped
     (``streams.comparable``); and on each channel's latest ``window`` (and
-    ``fleet_window``) and ``resolutions`` (the finest is the window length) unless ``same_windows`` (both made
-    with the same window length)."""
+    ``fleet_window``) and ``resolutions`` (the finest is the window length) unless
+    ``same_windows`` (both made with the same window length)."""
     def aggregates(document: dict) -> dict:
         document = {k: v for k, v in document.items()
                     if k not in ("t", "broker", "agents_online")}
