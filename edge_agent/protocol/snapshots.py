@@ -161,13 +161,15 @@ SNAPSHOTS: dict[str, type[Struct]] = {
 ChannelSnapshot = Union[tuple(SNAPSHOTS.values())]  # noqa: UP007
 
 
-API_ONLY = ("window", "state", "series", "resolutions")
+API_ONLY = ("window", "state", "series", "resolutions", "fleet_mean", "fleet_window")
 
 
 def snapshot(view: dict, *, channel: str, t: float) -> bytes:
     """A channel's API entry (``Views``) as its typed snapshot message: the cumulative
-    aggregates (the entry's latest ``window``, its ``state``, and the results store's
-    ``series`` key and ``resolutions`` for history queries are the API's, left out)."""
+    aggregates of its series (the entry's latest ``window``, its ``state``, the results
+    store's ``series`` key and ``resolutions`` for history queries, and the mean of all
+    wearers over the channel's series, ``fleet_mean`` and ``fleet_window``, are the
+    API's, left out)."""
     summary = {key: value for key, value in view.items() if key not in API_ONLY}
     return encode(msgspec.convert({**summary, "channel": channel, "t": t}, ChannelSnapshot))
 

@@ -6,10 +6,15 @@ of all wearers weighs each stratum by its wearers, not its reports; the history 
 
 from __future__ import annotations
 
+import json
+import time
+
 import numpy as np
 
-from tests.support import CollectorProcess, FleetProcess, write_agent_config
+from edge_agent import protocol
+from tests.support import CollectorProcess, FleetProcess, Subscriber, write_agent_config
 from tests.support import wait_for_api as wait_until  # every wait here asks the API
+from tests.support.configs import FLEET
 
 # (fleet id, wearers, readings each, centre of the readings, epsilon per report)
 GROUPS = [("study", 6, 400, -0.5, 4.0), ("strict", 2, 150, 1.0, 1.0)]
@@ -72,6 +77,16 @@ def test_the_mean_of_all_wearers_weighs_each_guarantees_wearers(tmp_path, mosqui
         history = collector.api("/api/channels/ax/history?resolution=1m&series=fleet")
         assert history["series"] == "fleet" and history["points"]
         assert sum(p["count"] for p in history["points"]) == total
+        # The channel's snapshot (its shown series' aggregates) goes on being published
+        # with both strata there (one made after now).
+        since = time.time()
+        subscriber = Subscriber(mosquitto, protocol.aggregates_topic(FLEET, "ax"))
+        try:
+            assert subscriber.wait_for(lambda: any(
+                json.loads(p)["t"] > since for _, p, _ in list(subscriber.messages) if p),
+                30), collector.output()[-2000:]
+        finally:
+            subscriber.close()
         # A restart keeps the strata, their wearers and the fleet's mean.
         assert collector.terminate() == 0
         collector.start()

@@ -3,6 +3,7 @@ one fleet mean (``fleet_mean``, ``fleet_windows``), each weighed by its wearers.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 
 from collector.aggregation.ingest import Ingestor
@@ -136,3 +137,20 @@ def test_a_sender_stating_a_wide_domain_moves_the_mean_as_one_wearer_can():
     shift = fleet_mean["mean"]["estimate"] - honest["mean"]["estimate"]
     assert 0 < shift <= 4.0 / 9 + 1e-9  # the domain [-2, 2], nine wearers
     assert -2.0 <= fleet_mean["mean"]["ci95"][0] <= fleet_mean["mean"]["ci95"][1] <= 2.0
+
+
+def test_a_channel_with_strata_still_publishes_its_retained_snapshot():
+    """The retained snapshot is the shown series' aggregates: the mean of all wearers is
+    the API's (an unknown field would make the typed snapshot refuse the channel, and
+    the publisher every channel after it)."""
+    from collector.estimation.jsonsafe import json_safe
+    from edge_agent.protocol.snapshots import SNAPSHOTS
+
+    rng = np.random.default_rng(51)
+    ingestor, _ = fleet(rng)
+    document = Views(lambda: ingestor, clock=lambda: 1040.0).channels_json()
+    entry = document["channels"]["x"]
+    assert "fleet_mean" in entry
+    payload = protocol.snapshot(json_safe(entry), channel="x", t=document["t"])
+    decoded = msgspec.json.decode(payload, type=SNAPSHOTS["linear"])
+    assert decoded.count == entry["count"] and decoded.agents == 6
