@@ -40,6 +40,13 @@ CHANNEL_GAUGES = {
     "ldp_channel_angle_resultant_length": (
         "Estimated mean resultant length of the angle (polar channels).",
         lambda c: ((c.get("angle") or {}).get("resultant_length") or {}).get("estimate")),
+    "ldp_channel_fleet_mean_estimate": (
+        "Estimated mean of all wearers over the channel's series (linear channels whose "
+        "wearers report under guarantees of their own; API.md fleet_mean).",
+        lambda c: ((c.get("fleet_mean") or {}).get("mean") or {}).get("estimate")),
+    "ldp_channel_fleet_mean_stderr": (
+        "Standard error of the mean of all wearers.",
+        lambda c: ((c.get("fleet_mean") or {}).get("mean") or {}).get("stderr")),
 }
 # A vector channel's axes: (help, the key in the axis's "mean").
 AXIS_GAUGES = {

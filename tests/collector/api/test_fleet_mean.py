@@ -154,3 +154,25 @@ def test_a_channel_with_strata_still_publishes_its_retained_snapshot():
     payload = protocol.snapshot(json_safe(entry), channel="x", t=document["t"])
     decoded = msgspec.json.decode(payload, type=SNAPSHOTS["linear"])
     assert decoded.count == entry["count"] and decoded.agents == 6
+
+
+def test_the_mean_of_all_wearers_is_a_prometheus_gauge():
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from collector.api.metrics import document_metrics
+
+    rng = np.random.default_rng(52)
+    ingestor, _ = fleet(rng)
+    document = Views(lambda: ingestor, clock=lambda: 1040.0).channels_json()
+
+    class Source:
+        def collect(self):
+            return document_metrics(document)
+
+    registry = CollectorRegistry()
+    registry.register(Source())
+    text = generate_latest(registry).decode()
+    mean = document["channels"]["x"]["fleet_mean"]["mean"]
+    assert f'ldp_channel_fleet_mean_estimate{{channel="x"}} {mean["estimate"]!r}' in text
+    assert f'ldp_channel_fleet_mean_stderr{{channel="x"}} {mean["stderr"]!r}' in text
