@@ -12,6 +12,8 @@ import logging
 import time
 from collections.abc import Callable
 
+import msgspec
+
 from collector.config import CollectorConfig
 from collector.estimation.jsonsafe import json_safe
 from edge_agent import protocol
@@ -66,7 +68,13 @@ class CollectorClient:
         return self.mqtt.publish(topic, payload, qos=1, retain=retain)
 
     def publish_snapshots(self, document: dict) -> None:
-        """Every channel's aggregates of an /api/channels ``document``, retained."""
+        """Every channel's aggregates of an /api/channels ``document``, retained.  A
+        channel whose entry its typed snapshot refuses is logged and left out, never the
+        channels after it."""
         for name, channel in document["channels"].items():
-            self.publish(protocol.aggregates_topic(self.fleet, name),
-                         protocol.snapshot(json_safe(channel), channel=name, t=document["t"]))
+            try:
+                payload = protocol.snapshot(json_safe(channel), channel=name, t=document["t"])
+            except msgspec.ValidationError as exc:
+                log.error("channel %s: no snapshot published: %s", name, exc)
+                continue
+            self.publish(protocol.aggregates_topic(self.fleet, name), payload)

@@ -176,3 +176,20 @@ def test_the_mean_of_all_wearers_is_a_prometheus_gauge():
     mean = document["channels"]["x"]["fleet_mean"]["mean"]
     assert f'ldp_channel_fleet_mean_estimate{{channel="x"}} {mean["estimate"]!r}' in text
     assert f'ldp_channel_fleet_mean_stderr{{channel="x"}} {mean["stderr"]!r}' in text
+
+
+def test_a_channel_its_snapshot_refuses_leaves_the_others_published():
+    from collector.broker.publisher import CollectorClient
+    from collector.config import parse_collector_config
+
+    rng = np.random.default_rng(53)
+    ingestor, _ = fleet(rng)
+    document = Views(lambda: ingestor, clock=lambda: 1040.0).channels_json()
+    document["channels"] = {"a": {**document["channels"]["x"], "unknown": 1},
+                            "x": document["channels"]["x"]}
+    client = CollectorClient(parse_collector_config({"fleet": FLEET}), role="test",
+                             label="test", follow={})
+    published = []
+    client.publish = lambda topic, payload, retain=True: published.append(topic)
+    client.publish_snapshots(document)
+    assert published == [protocol.aggregates_topic(FLEET, "x")]
