@@ -1143,6 +1143,7 @@
       this.error = "";
       this.loading = null;     // the fetch under way (a promise)
       this.onChange = () => {};
+      this.followers = [];     // histories read from the same document (FleetHistory)
     }
 
     info() {
@@ -1172,6 +1173,7 @@
       this.points = served.concat(this.points.filter((p) => p.start > lastStart));
       this.error = "";
       this.trim();
+      for (const follower of this.followers) follower.merge(doc);
     }
 
     failed(err) {
@@ -1196,8 +1198,9 @@
     }
   }
 
-  // The fleet's mean per window over a channel's strata: the history's fleet_points,
-  // extended with every event's fleet_window.
+  // The fleet's mean per window over a channel's strata: the history's fleet_points
+  // (a follower of the channel's History: one fetch), extended with every event's
+  // fleet_window.
   class FleetHistory extends History {
     merge(doc) {
       super.merge({ ...(doc || {}), points: doc && doc.fleet_points });
@@ -1341,8 +1344,8 @@
       this.query.onChange = changed;
       if (this.fleet) {
         this.fleetHistory = new FleetHistory(name);
+        this.history.followers.push(this.fleetHistory);
         this.fleetQuery = new RangeQuery(name);
-        this.fleetHistory.onChange = changed;
         this.fleetQuery.onChange = changed;
       }
       // Channels with charts over time draw the past from the server's history (the
@@ -1363,12 +1366,10 @@
       const loading = [];
       if (live) {
         this.query.cancel();
-        if (was !== "live" || !this.history.points.length) loading.push(this.history.load());
-        if (this.fleet) {
-          this.fleetQuery.cancel();
-          if (was !== "live" || !this.fleetHistory.points.length) {
-            loading.push(this.fleetHistory.load());
-          }
+        if (this.fleet) this.fleetQuery.cancel();
+        if (was !== "live" || !this.history.points.length
+          || (this.fleet && !this.fleetHistory.points.length)) {
+          loading.push(this.history.load());
         }
       } else {
         const params = queryParams(this.resolutions);

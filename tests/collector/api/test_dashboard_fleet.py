@@ -85,6 +85,8 @@ def test_the_card_shows_the_mean_of_all_wearers_live_and_at_hours(browser, serve
         board.page.wait_for_function(f"() => Number(document.querySelector('{FLEET_CHART}')"
                                      f".dataset.points) > 0", timeout=HANG_GUARD_MS)
         assert chart_points(board) == len(history["fleet_points"]) > 0
+        # ... read from the channel's one history document, not fetched twice
+        assert sum(url.endswith("/api/channels/x/history") for url in board.requests) == 1
         assert board.problems == []
     finally:
         board.close()
