@@ -173,7 +173,7 @@ class HistoryQuery:
                            point["mean"]["estimate"], point["mean"]["stderr"],
                            point["mean"]["ci95"]) for point in points]))
         header = {"kind": "linear", "series": FLEET,
-                  **{name: live[name] for name in ("unit",) if name in live}}
+                  **({"unit": live["unit"]} if "unit" in live else {})}
         return header, fleet_windows(strata, low=fleet["low"], high=fleet["high"]), \
             _others(known, None)
 

@@ -9,6 +9,7 @@
   to completion), wait_for_api, and the clean-up of whatever a test leaves running
 - fakes: FakeTransport, SimulatedTime
 - paths: REPO, child_env
+- results: RecordedFleet (aggregates recording into a SQLite results store, served)
 
 The benchmarks import them too (``python -m benchmarks.<name>`` from the
 repository root), so nothing here may need pytest at import time.

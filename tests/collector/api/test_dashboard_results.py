@@ -5,7 +5,6 @@ fails, the periodic refresh (not in a background tab) and the way back to the li
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC as TZ_UTC
 from datetime import datetime
 from urllib.parse import parse_qs, urlsplit
@@ -13,21 +12,14 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 import pytest
 
-from collector.aggregation.ingest import Ingestor
-from collector.api.documents import Views
 from collector.api.server import WebServer
-from collector.results.query import HistoryQuery
-from collector.results.recorder import ResultsRecorder
-from collector.results.sqlite import SqliteResultsStore
-from edge_agent import protocol
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM, PolarOGPM, UnbiasedOGPM
 from edge_agent.mechanisms.categorical import ORACLES
 from tests.collector.api.test_dashboard_history import COUNT_TIMERS, READY
 from tests.support.ports import HANG_GUARD_MS
+from tests.support.results import HOUR, RecordedFleet
 from tests.support.web import Dashboard, request, strict_json
 
-FLEET = "demo"
-HOUR = 3600.0
 T0 = 1_699_920_000.0  # 2023-11-14 00:00 UTC, a day's start
 HOURS = 6
 LINEAR = ClassicalOGPM(epsilon=2.0, low=0.0, high=1.0)
@@ -43,34 +35,21 @@ FROM = '#view [data-control="from"]'
 TO = '#view [data-control="to"]'
 
 
-class Fleet:
+class Fleet(RecordedFleet):
     """An ingestor with stored windows and a clock, served with a results store."""
 
     def __init__(self, path):
+        super().__init__(path)
         self.rng = np.random.default_rng(8)
-        self.lock = threading.RLock()
         self.seq = 0
         self.now = T0 + HOURS * HOUR
-        self.store = SqliteResultsStore(path)
-        self.ingestor = Ingestor(fleet=FLEET, bins=20, window_seconds=60.0, coarser=(60, 24),
-                                 keep_windows=61, recording=True)
-        recorder = ResultsRecorder(self.store, source="test", aggregates=lambda: self.ingestor,
-                                   lock=self.lock, retention={})
         for t in np.arange(T0, self.now, 600.0).tolist():
             self.report(t, hour=int((t - T0) // HOUR))
-        recorder.durable = self.ingestor.close_windows(now=self.now - HOUR, grace=0.0)
-        recorder.record()
-        views = Views(lambda: self.ingestor, self.lock, clock=lambda: self.now,
-                      budget_seconds=None)
-        self.web = WebServer(views, host="127.0.0.1", port=0, push_seconds=0.2,
-                             history=HistoryQuery(self.store, [60.0, HOUR, 86400.0])).start()
+        self.record(before=self.now - HOUR)
+        self.serve(lambda: self.now)
 
     def send(self, channel, kind, t, codes, mechanism, **extra) -> None:
-        payload = protocol.report(agent="w1", channel=channel, kind=kind, seq=self.seq, t=t,
-                                  dt=1.0, codes=codes, mechanism=mechanism.describe(), **extra)
-        with self.lock:
-            assert self.ingestor.ingest(protocol.data_topic(FLEET, "w1", channel), payload,
-                                        now=1e10) == "accepted"
+        super().send("w1", channel, kind, self.seq, t, codes, mechanism, **extra)
 
     def report(self, t: float, hour: int) -> None:
         """A report of every channel at ``t``: x's mean follows the hour; hr has 5 readings
@@ -92,10 +71,6 @@ class Fleet:
         self.send("activity", "categorical", t,
                   GRR.perturb(rng.integers(0, 3, 200), rng).tolist(), GRR)
         self.seq += 1
-
-    def close(self) -> None:
-        self.web.stop()
-        self.store.close()
 
 
 @pytest.fixture(scope="module")

@@ -5,26 +5,18 @@ open ones, through a real SQLite store and the real web server."""
 from __future__ import annotations
 
 import json
-import threading
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from collector.aggregation.ingest import Ingestor
-from collector.api.documents import Views
-from collector.api.server import WebServer
 from collector.cli import main
 from collector.estimation.strata import WindowMean, fleet_windows
-from collector.results.query import HistoryQuery
-from collector.results.recorder import ResultsRecorder
-from collector.results.sqlite import SqliteResultsStore
-from edge_agent import protocol
 from edge_agent.mechanisms import linear_mechanism
+from tests.support.configs import FLEET
+from tests.support.results import HOUR, RecordedFleet
 from tests.support.web import request
 
-FLEET = "demo"
-HOUR = 3600.0
 STUDY = linear_mechanism("pm-c", epsilon=4.0, low=0.0, high=1.0, grid_bits=16)
 STRICT = linear_mechanism("pm-c", epsilon=1.0, low=0.0, high=1.0, grid_bits=16)
 # Three study wearers around 0.3 and one stricter wearer around 0.8 (fewer readings).
@@ -32,38 +24,31 @@ WEARERS = [("s0", STUDY, 0.3, 300), ("s1", STUDY, 0.3, 300), ("s2", STUDY, 0.3, 
            ("p0", STRICT, 0.8, 100)]
 
 
+def record_strata(fleet: RecordedFleet, start: float, end: float,
+                  channels: tuple[str, ...] = ("x",)) -> None:
+    """Every wearer's report every 10 minutes from ``start`` to ``end`` on ``channels``
+    (a channel other than "x": the study's wearers alone, one series), then every window
+    closed before the last hour written to the store."""
+    rng = np.random.default_rng(45)
+    for seq, t in enumerate(np.arange(start, end, 600.0).tolist()):
+        for agent, mechanism, centre, n in WEARERS:
+            for channel in channels:
+                if channel != "x" and mechanism is STRICT:
+                    continue
+                codes = mechanism.perturb_codes(np.clip(rng.normal(centre, 0.1, n), 0, 1), rng)
+                fleet.send(agent, channel, "linear", seq, t, codes.tolist(), mechanism,
+                           unit="g")
+    fleet.record(before=end - HOUR)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A day of reports every 10 minutes from each wearer at 1m/1h/1d, the windows before
     the last hour closed into the store; a channel "one" of a single series."""
-    rng = np.random.default_rng(45)
-    path = tmp_path_factory.mktemp("results") / "results.sqlite"
-    store = SqliteResultsStore(path)
-    ingestor = Ingestor(fleet=FLEET, bins=20, window_seconds=60.0, coarser=(60, 24),
-                        keep_windows=61, recording=True)
-    lock = threading.RLock()
-    recorder = ResultsRecorder(store, source="test", aggregates=lambda: ingestor, lock=lock,
-                               retention={})
-    end = 86400.0
-    for seq, t in enumerate(np.arange(0.0, end, 600.0).tolist()):
-        for agent, mechanism, centre, n in WEARERS:
-            for channel in ("x", "one"):
-                if channel == "one" and mechanism is STRICT:
-                    continue
-                codes = mechanism.perturb_codes(np.clip(rng.normal(centre, 0.1, n), 0, 1), rng)
-                payload = protocol.report(agent=agent, channel=channel, kind="linear", seq=seq,
-                                          t=t, dt=1.0, codes=codes.tolist(),
-                                          mechanism=mechanism.describe(), unit="g")
-                assert ingestor.ingest(protocol.data_topic(FLEET, agent, channel), payload,
-                                       now=1e10) == "accepted"
-    recorder.durable = ingestor.close_windows(now=end - HOUR, grace=0.0)
-    recorder.record()
-    views = Views(lambda: ingestor, lock, clock=lambda: end, budget_seconds=None)
-    web = WebServer(views, host="127.0.0.1", port=0, push_seconds=0.2,
-                    history=HistoryQuery(store, [60.0, HOUR, 86400.0])).start()
-    yield web, path
-    web.stop()
-    store.close()
+    fleet = RecordedFleet(tmp_path_factory.mktemp("results") / "results.sqlite")
+    record_strata(fleet, 0.0, 86400.0, channels=("x", "one"))
+    yield fleet.serve(lambda: 86400.0), fleet.path
+    fleet.close()
 
 
 def get(web, path) -> tuple[int, bytes]:

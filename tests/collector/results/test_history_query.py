@@ -9,39 +9,25 @@ import csv
 import io
 import json
 import math
-import threading
 
 import msgspec
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from collector.aggregation.ingest import Ingestor
-from collector.api.documents import Views
-from collector.api.server import WebServer
 from collector.cli import main
-from collector.results.query import MAX_POINTS, HistoryQuery
-from collector.results.recorder import ResultsRecorder
-from collector.results.sqlite import SqliteResultsStore
-from edge_agent import protocol
+from collector.results.query import MAX_POINTS
 from edge_agent.mechanisms import CircularOGPM, ClassicalOGPM
 from edge_agent.mechanisms.categorical import ORACLES
+from tests.support.configs import FLEET
+from tests.support.results import HOUR, RecordedFleet
 from tests.support.web import request
 
-FLEET = "demo"
-HOUR = 3600.0
 DAYS = 2
 LINEAR = ClassicalOGPM(epsilon=2.0, low=0.0, high=1.0)
 HEART = ClassicalOGPM(epsilon=1.0, low=40.0, high=200.0)  # 20 readings per report
 CIRCULAR = CircularOGPM(epsilon=2.0, period=360.0)
 GRR = ORACLES["grr"](epsilon=2.0, categories=3, labels=("sit", "walk", "run"))
-
-
-def _send(ingestor, channel, kind, seq, t, codes, mechanism):
-    payload = protocol.report(agent="w1", channel=channel, kind=kind, seq=seq, t=t, dt=1.0,
-                              codes=codes, mechanism=mechanism.describe())
-    assert ingestor.ingest(protocol.data_topic(FLEET, "w1", channel), payload, now=1e10) \
-        == "accepted"
 
 
 @pytest.fixture(scope="module")
@@ -50,32 +36,22 @@ def served(tmp_path_factory):
     of each every 10 minutes, the mean of x following the hour; every window before the
     last hour closed into the store, the rest open; the web server over both."""
     rng = np.random.default_rng(8)
-    path = tmp_path_factory.mktemp("results") / "results.sqlite"
-    store = SqliteResultsStore(path)
-    ingestor = Ingestor(fleet=FLEET, bins=20, window_seconds=60.0, coarser=(60, 24),
-                        keep_windows=61, recording=True)
-    lock = threading.RLock()
-    recorder = ResultsRecorder(store, source="test", aggregates=lambda: ingestor, lock=lock,
-                               retention={})
+    fleet = RecordedFleet(tmp_path_factory.mktemp("results") / "results.sqlite")
     end = DAYS * 86400.0
     for seq, t in enumerate(np.arange(0.0, end, 600.0).tolist()):
         hour = int(t // HOUR) % 24
-        _send(ingestor, "x", "linear", seq, t,
-              LINEAR.perturb_codes(np.full(400, 0.2 + 0.025 * hour), rng).tolist(), LINEAR)
-        _send(ingestor, "yaw", "circular", seq, t,
-              CIRCULAR.perturb_codes(rng.normal(90, 10, 200) % 360, rng).tolist(), CIRCULAR)
-        _send(ingestor, "hr", "linear", seq, t,
-              HEART.perturb_codes(rng.normal(70, 5, 20).clip(40, 200), rng).tolist(), HEART)
-        _send(ingestor, "activity", "categorical", seq, t,
-              GRR.perturb(rng.integers(0, 3, 200), rng).tolist(), GRR)
-    recorder.durable = ingestor.close_windows(now=end - HOUR, grace=0.0)
-    recorder.record()
-    views = Views(lambda: ingestor, lock, clock=lambda: end, budget_seconds=None)
-    web = WebServer(views, host="127.0.0.1", port=0, push_seconds=0.2,
-                    history=HistoryQuery(store, [60.0, HOUR, 86400.0])).start()
-    yield web, ingestor, path
-    web.stop()
-    store.close()
+        fleet.send("w1", "x", "linear", seq, t,
+                   LINEAR.perturb_codes(np.full(400, 0.2 + 0.025 * hour), rng).tolist(), LINEAR)
+        fleet.send("w1", "yaw", "circular", seq, t,
+                   CIRCULAR.perturb_codes(rng.normal(90, 10, 200) % 360, rng).tolist(),
+                   CIRCULAR)
+        fleet.send("w1", "hr", "linear", seq, t,
+                   HEART.perturb_codes(rng.normal(70, 5, 20).clip(40, 200), rng).tolist(), HEART)
+        fleet.send("w1", "activity", "categorical", seq, t,
+                   GRR.perturb(rng.integers(0, 3, 200), rng).tolist(), GRR)
+    fleet.record(before=end - HOUR)
+    yield fleet.serve(lambda: end), fleet.ingestor, fleet.path
+    fleet.close()
 
 
 def _get(web, path):
